@@ -1,0 +1,49 @@
+"""Typed errors raised by lpx_tvm library code. Only the CLI prints and exits."""
+
+
+class LPXError(Exception):
+    """Base class of every error lpx_tvm raises on purpose."""
+
+
+class ConfigError(LPXError):
+    """A machine config file or field is invalid."""
+
+
+class EncodingError(LPXError):
+    """A program binary or assembly text is malformed, truncated or incompatible."""
+
+
+class ProgramError(LPXError):
+    """A program is structurally invalid (bad operand, bad binding) before it runs."""
+
+
+class ScheduleHazard(LPXError):
+    """The simulator found a violation of the static schedule.
+
+    Carries the offending instruction's index and text, the unit and the cycle,
+    so a compiler engineer can find it in the assembly listing.
+    """
+
+    def __init__(self, kind, message, *, index=None, instr=None, unit=None, cycle=None):
+        self.kind = kind
+        self.index = index
+        self.instr = instr
+        self.unit = unit
+        self.cycle = cycle
+        where = []
+        if index is not None:
+            where.append(f"instruction #{index}")
+        if unit is not None:
+            where.append(f"unit {unit}")
+        if cycle is not None:
+            where.append(f"cycle {cycle}")
+        text = f"{kind}: {message}"
+        if where:
+            text += f" [{', '.join(where)}]"
+        if instr is not None:
+            text += f"\n  {instr}"
+        super().__init__(text)
+
+
+class SchedulingError(LPXError):
+    """The program builder could not produce a valid schedule (e.g. inconsistent stream timing)."""

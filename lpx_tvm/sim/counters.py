@@ -1,0 +1,72 @@
+"""Performance counters of one simulated run, overall and per tag (graph op)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class TagCounters:
+    instructions: int = 0
+    busy_cycles: int = 0
+    macs: int = 0
+    sram_bytes_read: int = 0
+    sram_bytes_written: int = 0
+    offchip_bytes: int = 0
+    first_cycle: int = -1
+    last_cycle: int = 0  # cycle by which the tag's last effect landed
+
+    @property
+    def span_cycles(self) -> int:
+        return max(0, self.last_cycle - self.first_cycle)
+
+
+@dataclass
+class Counters:
+    """Counter names read ``<unit>_<resource>_<event>`` where they are unit-specific."""
+
+    cycles: int = 0
+    instructions: int = 0
+    macs: int = 0
+    sram_bytes_read: int = 0
+    sram_bytes_written: int = 0
+    offchip_bytes_read: int = 0  # dma.load: off-chip -> SRAM
+    offchip_bytes_written: int = 0  # dma.store
+    c2c_bytes_sent: int = 0
+    port_busy_cycles: dict = field(default_factory=lambda: defaultdict(int))  # "mxm0.compute" -> cycles
+    by_tag: dict = field(default_factory=lambda: defaultdict(TagCounters))
+
+    def utilization(self, port: str) -> float:
+        return self.port_busy_cycles.get(port, 0) / self.cycles if self.cycles else 0.0
+
+    def kind_utilization(self, kind: str, instances: int) -> float:
+        """Busy fraction of all ports of a kind, e.g. ``kind_utilization("mxm.compute", 4)``."""
+        if not self.cycles or not instances:
+            return 0.0
+        busy = sum(v for k, v in self.port_busy_cycles.items() if _port_kind(k) == kind)
+        return busy / (instances * self.cycles)
+
+    def mxm_mac_utilization(self, peak_macs_per_cycle: float) -> float:
+        """Useful MACs over what the planes could do in ``cycles`` at ``peak_macs_per_cycle``."""
+        return self.macs / (peak_macs_per_cycle * self.cycles) if self.cycles else 0.0
+
+    def to_json(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k not in ("port_busy_cycles", "by_tag")}
+        d["port_busy_cycles"] = dict(sorted(self.port_busy_cycles.items()))
+        d["by_tag"] = {t: asdict(c) for t, c in self.by_tag.items()}
+        return d
+
+
+def _port_kind(port: str) -> str:
+    """'mxm2.compute' -> 'mxm.compute'; 'vxm3' -> 'vxm'."""
+    head, _, tail = port.partition(".")
+    base = head.rstrip("0123456789")
+    return f"{base}.{tail}" if tail else base
+
+
+def port_name(port: tuple) -> str:
+    """('mxm.compute', 2) -> 'mxm2.compute'."""
+    kind, index = port
+    unit, _, sub = kind.partition(".")
+    return f"{unit}{index}.{sub}" if sub else f"{unit}{index}"

@@ -1,0 +1,159 @@
+"""SRAM and accumulator storage with per-line timestamps for race checks.
+
+A vector of dtype width ``w`` bytes occupies ``w`` consecutive lines; line ``i`` of a
+vector holds byte ``i`` of every lane's element (byte planes: each lane is its own
+strip of silicon). Every line remembers the cycle it was last written and last read,
+and by which instruction, so the simulator can tell when running instructions in
+issue order would differ from the hardware's cycle-by-cycle order: such a schedule is
+a race, reported as a hazard instead of giving a silently different answer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..target.layout import lines_to_vectors, vectors_to_lines
+
+NEVER = -(2**62)
+
+
+class Race(Exception):
+    """A memory access that breaks the schedule; the simulator adds the instruction context."""
+
+    def __init__(self, kind: str, message: str):
+        self.kind = kind
+        super().__init__(message)
+
+
+def _index(addr: int, stride: int, count: int, width: int):
+    """Lines touched by ``count`` vectors of ``width`` lines, ``stride`` lines apart.
+
+    A slice for the contiguous case (cheap views), else an (n, w) index array.
+    """
+    if stride == width:
+        return slice(addr, addr + count * width)
+    return (addr + np.arange(count, dtype=np.int64)[:, None] * stride
+            + np.arange(width, dtype=np.int64)[None, :])
+
+
+class Banked:
+    """Storage of ``banks`` x ``lines`` lines of ``lanes`` bytes with timestamps.
+
+    Used for SRAM (a bank is a slice) and for MXM accumulators (a bank is a plane).
+    ``data`` is None in timing-only mode.
+    """
+
+    def __init__(self, name: str, banks: int, lines: int, lanes: int, functional: bool):
+        self.name = name
+        self.lines = lines
+        self.lanes = lanes
+        self.data = np.zeros((banks, lines, lanes), np.uint8) if functional else None
+        self.written_at = np.full((banks, lines), NEVER, np.int64)
+        self.written_by = np.full((banks, lines), -1, np.int64)
+        self.read_at = np.full((banks, lines), NEVER, np.int64)
+        self.read_by = np.full((banks, lines), -1, np.int64)
+
+    # -- checks ------------------------------------------------------------
+    def check_range(self, bank: int, addr: int, stride: int, count: int, width: int, what: str = "line"):
+        last = addr + (count - 1) * stride
+        lo, hi = min(addr, last), max(addr, last) + width - 1
+        if lo < 0 or hi >= self.lines:
+            raise Race("address-out-of-range",
+                       f"{self.name} {bank}: {what}s {lo}..{hi} outside 0..{self.lines - 1}")
+
+    def _cycles(self, first: int, count: int, width: int, index, per_vector: bool):
+        k = np.arange(count, dtype=np.int64) if per_vector else np.zeros(count, np.int64)
+        cyc = first + k
+        return np.repeat(cyc, width) if isinstance(index, slice) else np.broadcast_to(cyc[:, None], (count, width))
+
+    def _check_read(self, bank, index, cycles, me):
+        written = self.written_at[bank, index]
+        bad = written > cycles
+        if bad.any():
+            j = np.flatnonzero(bad.ravel())[0]
+            line = _line_at(index, j)
+            raise Race("sram-read-before-write" if self.name == "slice" else "acc-read-before-write",
+                       f"{self.name} {bank} line {line} is read at cycle {int(cycles.ravel()[j])} but its "
+                       f"write by instruction #{int(self.written_by[bank, line])} lands at cycle "
+                       f"{int(written.ravel()[j])}")
+
+    def _check_write(self, bank, index, cycles, me):
+        for stamp, by, what in ((self.read_at, self.read_by, "read"), (self.written_at, self.written_by, "written")):
+            prev = stamp[bank, index]
+            bad = prev >= cycles
+            if bad.any():
+                j = np.flatnonzero(bad.ravel())[0]
+                line = _line_at(index, j)
+                raise Race("sram-write-race" if self.name == "slice" else "acc-write-race",
+                           f"{self.name} {bank} line {line} is written at cycle {int(cycles.ravel()[j])}, not after "
+                           f"it was {what} at cycle {int(prev.ravel()[j])} by instruction #{int(by[bank, line])}")
+
+    # -- access ------------------------------------------------------------
+    def read(self, bank, addr, stride, count, dtype, first_cycle, me, *, per_vector=True):
+        """Check and record a read of ``count`` vectors; returns (count, lanes) data or None."""
+        width = np.dtype(dtype).itemsize
+        self.check_range(bank, addr, stride, count, width)
+        index = _index(addr, stride, count, width)
+        cycles = self._cycles(first_cycle, count, width, index, per_vector)
+        self._check_read(bank, index, cycles, me)
+        self._stamp(self.read_at, self.read_by, bank, index, cycles, me)
+        if self.data is None:
+            return None
+        lines = self.data[bank, index]
+        return lines_to_vectors(lines.reshape(count, width, self.lanes), dtype)
+
+    def write(self, bank, addr, stride, count, vectors, dtype, first_cycle, me, *, per_vector=True):
+        """Check and record a write; ``vectors`` is (count, lanes) or None in timing-only mode."""
+        width = np.dtype(dtype).itemsize
+        self.check_range(bank, addr, stride, count, width)
+        index = _index(addr, stride, count, width)
+        cycles = self._cycles(first_cycle, count, width, index, per_vector)
+        self._check_write(bank, index, cycles, me)
+        self._stamp(self.written_at, self.written_by, bank, index, cycles, me)
+        if self.data is not None and vectors is not None:
+            lines = vectors_to_lines(vectors)
+            if isinstance(index, slice):
+                self.data[bank, index] = lines.reshape(count * width, self.lanes)
+            else:
+                self.data[bank, index] = lines
+
+    def gather(self, bank, addrs: np.ndarray, dtype, first_cycle, me):
+        """Read one vector at each line address in ``addrs`` (data-dependent addresses)."""
+        width = np.dtype(dtype).itemsize
+        lo, hi = int(addrs.min()), int(addrs.max()) + width - 1
+        if lo < 0 or hi >= self.lines:
+            raise Race("address-out-of-range",
+                       f"{self.name} {bank}: gathered lines {lo}..{hi} outside 0..{self.lines - 1}")
+        index = addrs.astype(np.int64)[:, None] + np.arange(width, dtype=np.int64)[None, :]
+        cycles = self._cycles(first_cycle, len(addrs), width, index, True)
+        self._check_read(bank, index, cycles, me)
+        self._stamp(self.read_at, self.read_by, bank, index, cycles, me)
+        if self.data is None:
+            return None
+        return lines_to_vectors(self.data[bank, index], dtype)
+
+    def poke(self, bank, lines: np.ndarray, raw: np.ndarray):
+        """Load lines before the program starts (initial image, inputs): no timing."""
+        if self.data is not None:
+            self.data[bank, lines] = raw
+
+    def peek(self, bank, lines: np.ndarray) -> np.ndarray:
+        return self.data[bank, lines]
+
+    @staticmethod
+    def _stamp(stamp, by, bank, index, cycles, me):
+        if isinstance(index, slice):
+            stamp[bank, index] = cycles
+            by[bank, index] = me
+        else:
+            # Strides smaller than a vector revisit lines: keep the latest cycle of each.
+            flat_idx, flat_cyc = index.ravel(), np.asarray(cycles).ravel()
+            row = stamp[bank]
+            np.maximum.at(row, flat_idx, flat_cyc)
+            by[bank, flat_idx] = me
+
+
+def _line_at(index, j):
+    if isinstance(index, slice):
+        return index.start + j
+    return int(index.ravel()[j])

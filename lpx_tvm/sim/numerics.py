@@ -1,0 +1,176 @@
+"""LPX arithmetic on whole tiles: the definition of what each VXM/SXM/MXM op computes.
+
+Rules (docs/isa.md, "Numerics"):
+- float add/sub/mul/max/min are computed in fp32 and rounded once to the dtype
+  (round to nearest even); fp32 is exact-rounding for fp16 and bf16 operands.
+- transcendental functions are computed in fp64 and rounded once to the dtype.
+- int8/uint8 arithmetic saturates; int32 arithmetic wraps (two's complement).
+- float -> int conversion rounds half to even and saturates; NaN becomes 0.
+- requant: clip(round_half_even(x * scale) + zp) in fp64.
+- MXM: int8/uint8 products summed exactly in int32 (through fp32 BLAS, exact while
+  |sum| < 2^24, which K <= 320 guarantees); fp16/bf16 products are exact in fp32 and
+  summed in fp32; fp32 mode multiplies and sums in fp32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import special
+
+from ..target.isa import DType
+
+_INT_RANGE = {DType.INT8: (-128, 127), DType.UINT8: (0, 255), DType.INT32: (-(2**31), 2**31 - 1)}
+
+
+class NumericsError(Exception):
+    """An op applied to a dtype it does not support."""
+
+
+def to_dtype(x: np.ndarray, dtype: DType) -> np.ndarray:
+    """Convert with LPX rules (round half even, saturate for ints)."""
+    if dtype.is_float:
+        return np.asarray(x).astype(dtype.np)
+    lo, hi = _INT_RANGE[dtype]
+    x = np.asarray(x)
+    if x.dtype.kind == "f" or x.dtype == np.dtype("bfloat16") or x.dtype.kind == "V":
+        x = np.nan_to_num(np.rint(x.astype(np.float64)), nan=0.0)
+        return np.clip(x, lo, hi).astype(dtype.np)
+    return np.clip(x.astype(np.int64), lo, hi).astype(dtype.np)
+
+
+def _int_result(x64: np.ndarray, dtype: DType) -> np.ndarray:
+    if dtype is DType.INT32:
+        return x64.astype(np.int32)  # wraps
+    lo, hi = _INT_RANGE[dtype]
+    return np.clip(x64, lo, hi).astype(dtype.np)
+
+
+def imm_value(imm: float, dtype: DType):
+    if dtype.is_int:
+        if imm != int(imm):
+            raise NumericsError(f"immediate {imm} is not an integer for dtype {dtype.short}")
+        return int(imm)
+    return np.float32(imm)
+
+
+_BINARY = {
+    "vxm.add": np.add,
+    "vxm.sub": np.subtract,
+    "vxm.mul": np.multiply,
+    "vxm.max": np.maximum,
+    "vxm.min": np.minimum,
+}
+
+
+def binary(op: str, a: np.ndarray, b, dtype: DType) -> np.ndarray:
+    fn = _BINARY[op]
+    if dtype.is_float:
+        bb = b.astype(np.float32) if isinstance(b, np.ndarray) else b
+        return fn(a.astype(np.float32), bb).astype(dtype.np)
+    bb = b.astype(np.int64) if isinstance(b, np.ndarray) else np.int64(b)
+    return _int_result(fn(a.astype(np.int64), bb), dtype)
+
+
+def _gelu(x):
+    return 0.5 * x * (1.0 + special.erf(x / np.sqrt(2.0)))
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+
+_UNARY = {
+    "vxm.exp": np.exp,
+    "vxm.tanh": np.tanh,
+    "vxm.sigmoid": special.expit,
+    "vxm.gelu": _gelu,
+    "vxm.gelu_tanh": _gelu_tanh,
+    "vxm.erf": special.erf,
+    "vxm.rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "vxm.recip": lambda x: 1.0 / x,
+}
+
+
+def unary(op: str, a: np.ndarray, dtype: DType) -> np.ndarray:
+    if not dtype.is_float:
+        raise NumericsError(f"{op} needs a float dtype, got {dtype.short}")
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return _UNARY[op](a.astype(np.float64)).astype(dtype.np)
+
+
+def requant(a: np.ndarray, scale, zp: int, out: DType) -> np.ndarray:
+    x = a.astype(np.float64) * (scale.astype(np.float64) if isinstance(scale, np.ndarray) else float(scale))
+    return to_dtype(np.rint(x) + zp, out)
+
+
+def reduce(op: str, a: np.ndarray, width: int, dtype: DType) -> np.ndarray:
+    """Reduce the first ``width`` lanes of each vector; the result fills every lane."""
+    part = a[:, :width]
+    if op == "vxm.reduce_max":
+        r = part.max(axis=1)
+    elif dtype.is_float:
+        r = part.astype(np.float32).sum(axis=1, dtype=np.float32)
+    else:
+        r = part.astype(np.int64).sum(axis=1)
+    r = r.astype(dtype.np) if dtype.is_float or op == "vxm.reduce_max" else _int_result(r, dtype)
+    return np.repeat(r[:, None], a.shape[1], axis=1)
+
+
+# ---- SXM -----------------------------------------------------------------
+def shift(a: np.ndarray, by: int) -> np.ndarray:
+    out = np.zeros_like(a)
+    lanes = a.shape[1]
+    if by >= 0:
+        if by < lanes:
+            out[:, by:] = a[:, :lanes - by]
+    elif -by < lanes:
+        out[:, :lanes + by] = a[:, -by:]
+    return out
+
+
+def rotate(a: np.ndarray, by: int) -> np.ndarray:
+    return np.roll(a, by, axis=1)
+
+
+def permute(a: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """out[:, i] = a[:, table[i]]; a table entry of -1 gives zero."""
+    out = a[:, np.maximum(table, 0)]
+    out[:, table < 0] = 0
+    return out
+
+
+def transpose(a: np.ndarray, out_count: int) -> np.ndarray:
+    n, lanes = a.shape
+    out = np.zeros((out_count, lanes), a.dtype)
+    out[:, :n] = a[:, :out_count].T
+    return out
+
+
+def broadcast(a: np.ndarray, lane: int) -> np.ndarray:
+    return np.repeat(a[:, lane:lane + 1], a.shape[1], axis=1)
+
+
+def pad(a: np.ndarray, before: int, width: int) -> np.ndarray:
+    out = np.zeros_like(a)
+    lanes = a.shape[1]
+    w = max(0, min(width, lanes - before))
+    out[:, before:before + w] = a[:, :w]
+    return out
+
+
+# ---- MXM -----------------------------------------------------------------
+ACC_INT, ACC_FLOAT = 1, 2
+
+
+def acc_kind(dtype: DType) -> int:
+    return ACC_INT if dtype in (DType.INT8, DType.UINT8) else ACC_FLOAT
+
+
+def weights_matrix(rows: np.ndarray, width: int) -> np.ndarray:
+    """Installed weight rows (K, lanes) -> the (K, width) matrix the plane multiplies by.
+
+    fp32 is exact for every product and sum except uint8 x uint8 with large K, which
+    gets fp64 so that integer results stay exact.
+    """
+    exact_in_fp32 = rows.dtype != np.uint8 or rows.shape[0] * 255 * 255 < 2**24
+    return rows[:, :width].astype(np.float32 if exact_in_fp32 else np.float64)

@@ -1,0 +1,96 @@
+"""The stream network: values moving one floorplan position per cycle.
+
+A producer at position ``p`` emitting vector ``k`` at cycle ``c0 + k`` puts it on the
+stream; an eastward value is at position ``x >= p`` at cycle ``c0 + k + (x - p)``, a
+westward one at ``x <= p`` at ``c0 + k + (p - x)``. Values flow on to the chip's edge.
+Along such a trajectory ``D = cycle - sign * position`` is constant, so each producer
+owns an interval of ``D`` on its stream, and two producers whose intervals overlap
+would meet on some stream segment: that is a conflict. A consumer at ``x`` reading
+``n`` vectors from cycle ``c`` needs ``[c - sign*x, c - sign*x + n)`` to lie inside one
+producer's interval, downstream of the producer.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..target.isa import DType, Stream
+
+
+class StreamFault(Exception):
+    def __init__(self, kind: str, message: str):
+        self.kind = kind
+        super().__init__(message)
+
+
+@dataclass
+class Emission:
+    d0: int
+    d1: int  # exclusive
+    position: int
+    dtype: DType
+    data: "np.ndarray | None"
+    producer: int  # instruction index
+    last_cycle: int  # cycle at which its last vector leaves the chip
+
+
+class StreamNetwork:
+    def __init__(self, positions: int):
+        self.positions = positions
+        self._starts: dict = {}  # Stream -> sorted list of d0
+        self._emissions: dict = {}  # Stream -> list of Emission, same order
+
+    def emit(self, stream: Stream, position: int, first_cycle: int, dtype: DType, data, count: int, producer: int):
+        d0 = first_cycle - stream.sign * position
+        d1 = d0 + count
+        starts = self._starts.setdefault(stream, [])
+        ems = self._emissions.setdefault(stream, [])
+        i = bisect.bisect_left(starts, d0)
+        for j in (i - 1, i):
+            if 0 <= j < len(ems) and ems[j].d0 < d1 and d0 < ems[j].d1:
+                other = ems[j]
+                raise StreamFault(
+                    "stream-conflict",
+                    f"stream {stream}: its values would meet those of instruction #{other.producer} "
+                    f"(emitted from position {other.position}) on one stream segment")
+        edge = self.positions - 1 if stream.sign > 0 else 0
+        last = d1 - 1 + stream.sign * edge
+        starts.insert(i, d0)
+        ems.insert(i, Emission(d0, d1, position, dtype, data, producer, last))
+
+    def read(self, stream: Stream, position: int, first_cycle: int, count: int, dtype: DType):
+        """Return (emission, offset, data) of the vectors passing ``position`` from ``first_cycle``."""
+        d0 = first_cycle - stream.sign * position
+        starts = self._starts.get(stream, ())
+        i = bisect.bisect_right(starts, d0) - 1
+        if i < 0 or not (self._emissions[stream][i].d0 <= d0 < self._emissions[stream][i].d1):
+            raise StreamFault("stream-empty",
+                              f"stream {stream}: nothing is passing position {position} at cycle {first_cycle}")
+        em = self._emissions[stream][i]
+        if (position - em.position) * stream.sign < 0:
+            raise StreamFault("stream-empty",
+                              f"stream {stream}: position {position} is upstream of the producer "
+                              f"(instruction #{em.producer} at position {em.position})")
+        if d0 + count > em.d1:
+            raise StreamFault("stream-misaligned",
+                              f"stream {stream}: reading {count} vectors from cycle {first_cycle} at position "
+                              f"{position} runs {d0 + count - em.d1} past the end of the value emitted by "
+                              f"instruction #{em.producer}")
+        if em.dtype != dtype:
+            raise StreamFault("dtype-mismatch",
+                              f"stream {stream}: expects {dtype.short} but carries {em.dtype.short} "
+                              f"(from instruction #{em.producer})")
+        off = d0 - em.d0
+        data = None if em.data is None else em.data[off:off + count]
+        return em, off, data
+
+    def prune(self, now: int):
+        """Forget values that have left the chip before cycle ``now``."""
+        for stream, ems in self._emissions.items():
+            if ems and any(e.last_cycle < now for e in ems):
+                keep = [e for e in ems if e.last_cycle >= now]
+                self._emissions[stream] = keep
+                self._starts[stream] = [e.d0 for e in keep]

@@ -1,0 +1,507 @@
+"""ProgramBuilder: write LPX kernels as small dataflow groups; the scheduler times them.
+
+Example: copy a tensor through the VXM, adding one::
+
+    b = ProgramBuilder("mini")
+    x = b.input("x", (64, 16), "fp32")
+    y = b.output("y", (64, 16), "fp32")
+    g = b.group("add_one")
+    g.write(g.vxm("vxm.add", g.read(x.tile(0)), imm=1.0), y.tile(0))
+    program = b.build()
+
+Each ``group`` is rigid (its instructions are tied by streams); ``build`` places the
+groups at exact cycles with :mod:`lpx_tvm.target.scheduler` and allocates streams.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import SchedulingError
+from .config import LPXConfig, load_config
+from .isa import DType, Instr, Stream, Unit
+from .layout import coerce, tensor_tiles
+from .program import Binding, Program, SramImage, TensorLayout
+from .scheduler import Reservations
+from .timing import mxm_rate, timing, unit_position
+
+
+@dataclass(frozen=True)
+class Region:
+    """``count`` vectors of ``dtype`` in one slice, at ``addr + k * stride``."""
+
+    slice: int
+    addr: int
+    count: int
+    stride: int
+    dtype: DType
+
+    @property
+    def lines(self) -> tuple:
+        last = self.addr + (self.count - 1) * self.stride
+        return min(self.addr, last), max(self.addr, last) + self.dtype.itemsize - 1
+
+    def rows(self, start: int, stop: int) -> "Region":
+        if not 0 <= start < stop <= self.count:
+            raise SchedulingError(f"rows {start}:{stop} outside a region of {self.count} vectors")
+        return Region(self.slice, self.addr + start * self.stride, stop - start, self.stride, self.dtype)
+
+    def repeat(self, count: int) -> "Region":
+        """The region's first vector read ``count`` times (stride 0), e.g. a bias row."""
+        return Region(self.slice, self.addr, count, 0, self.dtype)
+
+
+@dataclass(frozen=True)
+class SramTensor:
+    name: str
+    layout: TensorLayout
+
+    @property
+    def ntiles(self) -> int:
+        return len(self.layout.tiles)
+
+    def tile(self, j: int = 0) -> Region:
+        sl, addr = self.layout.tiles[j]
+        return Region(sl, addr, self.layout.rows, self.layout.row_stride, self.layout.dtype)
+
+
+@dataclass(eq=False)
+class Value:
+    """A stream value: ``count`` vectors of ``dtype`` emitted by ``node``."""
+
+    node: "Node"
+    count: int
+    dtype: DType
+    consumers: list = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Node:
+    op: str
+    count: int
+    units: tuple  # alternative unit indices (equivalent, same floorplan position)
+    fields: dict
+    inputs: list  # [(instr field, Value)]
+    effects: list  # [(state key, lo, hi, "r"|"w", rel_start, rel_end)] relative to the node's issue
+    out: "Value | None" = None
+    weights: "DType | None" = None
+    offset: int = 0
+
+    def probe(self, unit: int) -> Instr:
+        return Instr(self.op, 0, unit=unit, count=self.count, **self.fields)
+
+
+class Group:
+    """A rigid set of instructions connected by streams, tagged with the op it implements."""
+
+    def __init__(self, builder: "ProgramBuilder", tag: str):
+        self.b = builder
+        self.cfg = builder.config
+        self.tag = tag
+        self.nodes = []
+
+    # -- helpers -------------------------------------------------------------
+    def _node(self, op, count, units, fields, inputs=(), effects=(), out_dtype=None, out_count=None,
+              weights=None) -> Node:
+        node = Node(op, count, tuple(units), fields, list(inputs), list(effects), weights=weights)
+        for f, v in node.inputs:
+            if v.node not in self.nodes:
+                raise SchedulingError(f"{op}: its {f} operand comes from another group; values do not "
+                                      "cross groups (write it to SRAM and read it again)")
+            v.consumers.append((node, f))
+        if out_dtype is not None:
+            node.out = Value(node, out_count or count, DType.parse(out_dtype))
+        self.nodes.append(node)
+        return node
+
+    @staticmethod
+    def _check_count(v: Value, n: int, what: str):
+        if v.count != n:
+            raise SchedulingError(f"{what}: the value has {v.count} vectors but {n} are expected")
+
+    # -- MEM -----------------------------------------------------------------
+    def read(self, region: Region) -> Value:
+        lo, hi = region.lines
+        n = region.count
+        node = self._node("mem.read", n, (region.slice,),
+                          dict(addr=region.addr, stride=region.stride, dtype=region.dtype),
+                          effects=[(("sram", region.slice), lo, hi, "r", 0, n - 1)], out_dtype=region.dtype)
+        return node.out
+
+    def write(self, v: Value, region: Region):
+        self._check_count(v, region.count, "write")
+        if v.dtype != region.dtype:
+            raise SchedulingError(f"write: value is {v.dtype.short}, region is {region.dtype.short}")
+        lo, hi = region.lines
+        lw, n = self.cfg.latency["mem_write"], region.count
+        self._node("mem.write", n, (region.slice,), dict(addr=region.addr, stride=region.stride, dtype=region.dtype),
+                   inputs=[("src0", v)], effects=[(("sram", region.slice), lo, hi, "w", lw, n - 1 + lw)])
+
+    def gather(self, index: Value, table: Region) -> Value:
+        """Rows of ``table`` picked by lane 0 of each int32 vector of ``index``."""
+        lo, hi = table.lines
+        n = index.count
+        node = self._node("mem.gather", n, (table.slice,), dict(addr=table.addr, stride=table.stride,
+                                                                dtype=table.dtype),
+                          inputs=[("src0", index)], effects=[(("sram", table.slice), lo, hi, "r", 0, n - 1)],
+                          out_dtype=table.dtype)
+        return node.out
+
+    def dma_load(self, host: int, region: Region, engine: int = 0):
+        lo, hi = region.lines
+        probe = Instr("dma.load", 0, count=region.count, dtype=region.dtype)
+        d = timing(self.cfg, probe).done
+        nbytes = region.count * self.cfg.lanes * region.dtype.itemsize
+        self._node("dma.load", region.count, (engine,), dict(slice=region.slice, addr=region.addr,
+                                                              stride=region.stride, dtype=region.dtype, aux0=host),
+                   effects=[(("sram", region.slice), lo, hi, "w", d, d),
+                            (("host",), host, host + nbytes - 1, "r", 0, d)])
+
+    def dma_store(self, region: Region, host: int, engine: int = 0):
+        lo, hi = region.lines
+        probe = Instr("dma.store", 0, count=region.count, dtype=region.dtype)
+        d = timing(self.cfg, probe).done
+        nbytes = region.count * self.cfg.lanes * region.dtype.itemsize
+        self._node("dma.store", region.count, (engine,), dict(slice=region.slice, addr=region.addr,
+                                                               stride=region.stride, dtype=region.dtype, aux0=host),
+                   effects=[(("sram", region.slice), lo, hi, "r", 0, 0),
+                            (("host",), host, host + nbytes - 1, "w", d, d)])
+
+    # -- MXM -----------------------------------------------------------------
+    def install(self, plane: int, buf: int, v: Value, width: int):
+        """Install ``v.count`` weight rows (K) of ``width`` columns (N) into a weight buffer."""
+        n = v.count
+        done = n + self.cfg.latency["mxm_install"]
+        self._node("mxm.install", n, (plane,), dict(buf=buf, dtype=v.dtype, aux0=width), inputs=[("src0", v)],
+                   effects=[(("wbuf", plane, buf), 0, 0, "w", 0, done)])
+        self.b._installed[(plane, buf)] = v.dtype
+
+    def mul(self, plane: int, buf: int, v: Value, acc: int, accumulate: bool = False):
+        """Multiply each vector of ``v`` by the installed weights into accumulator rows ``acc..``."""
+        weights = self.b._installed.get((plane, buf))
+        if weights is None:
+            raise SchedulingError(f"mul on plane {plane} buffer {buf} before any install into it")
+        r = mxm_rate(self.cfg, v.dtype, weights)
+        n, lat = v.count, self.cfg.latency["mxm_mul"]
+        effects = [(("wbuf", plane, buf), 0, 0, "r", 0, r * n - 1),
+                   (("acc", plane), acc, acc + n - 1, "w", r + lat - 1, r * n + lat - 1)]
+        if accumulate:
+            effects.append((("acc", plane), acc, acc + n - 1, "r", r + lat - 2, r * n + lat - 2))
+        self._node("mxm.mac" if accumulate else "mxm.mul", n, (plane,), dict(buf=buf, addr=acc, dtype=v.dtype),
+                   inputs=[("src0", v)], effects=effects, weights=weights)
+
+    def drain(self, plane: int, acc: int, count: int, dtype) -> Value:
+        node = self._node("mxm.drain", count, (plane,), dict(addr=acc, dtype=DType.parse(dtype)),
+                          effects=[(("acc", plane), acc, acc + count - 1, "r", 0, count - 1)], out_dtype=dtype)
+        return node.out
+
+    # -- VXM -----------------------------------------------------------------
+    def vxm(self, op: str, a: Value, b: "Value | None" = None, *, imm: float = 0.0, to=None, zp: int = 0,
+            width: int = 0, alu: "int | None" = None) -> Value:
+        """One VXM op on the whole value; ``b`` is a second stream operand or ``imm`` a scalar."""
+        fields = dict(dtype=a.dtype)
+        inputs = [("src0", a)]
+        if b is not None:
+            self._check_count(b, a.count, op)
+            inputs.append(("src1", b))
+        elif op in ("vxm.add", "vxm.sub", "vxm.mul", "vxm.max", "vxm.min", "vxm.requant"):
+            fields["imm"] = float(imm)
+        out = a.dtype
+        if op in ("vxm.cvt", "vxm.requant"):
+            out = DType.parse(to)
+            fields["out_dtype"] = out
+        if op == "vxm.requant":
+            fields["aux0"] = int(zp)
+        if op in ("vxm.reduce_sum", "vxm.reduce_max"):
+            fields["aux0"] = int(width or self.cfg.lanes)
+        units = (alu,) if alu is not None else tuple(range(self.cfg.vxm_alus))
+        return self._node(op, a.count, units, fields, inputs, out_dtype=out).out
+
+    # -- SXM -----------------------------------------------------------------
+    def sxm(self, op: str, a: Value, *, unit: "int | None" = None, by: int = 0, map: int = 0, out: int = 0,
+            lane: int = 0, before: int = 0, width: int = 0) -> Value:
+        aux0 = {"sxm.shift": by, "sxm.rotate": by, "sxm.permute": map, "sxm.transpose": out,
+                "sxm.broadcast": lane, "sxm.pad": before}[op]
+        fields = dict(dtype=a.dtype, aux0=int(aux0))
+        if op == "sxm.pad":
+            fields["aux1"] = int(width)
+        if unit is None:
+            unit = self.b.nearest_sxm(a.node)
+        count_out = out if op == "sxm.transpose" else a.count
+        return self._node(op, a.count, (unit,), fields, [("src0", a)], out_dtype=a.dtype, out_count=count_out).out
+
+    # -- C2C -----------------------------------------------------------------
+    def send(self, link: int, v: Value):
+        probe = Instr("c2c.send", 0, unit=link, count=v.count, dtype=v.dtype)
+        d = timing(self.cfg, probe).done
+        self._node("c2c.send", v.count, (link,), dict(dtype=v.dtype), [("src0", v)],
+                   effects=[(("link", link), 0, 0, "w", d, d)])
+
+    def recv(self, link: int, count: int, dtype) -> Value:
+        node = self._node("c2c.recv", count, (link,), dict(dtype=DType.parse(dtype)),
+                          effects=[(("link", link), 0, 0, "r", 0, 0)], out_dtype=dtype)
+        return node.out
+
+
+class ProgramBuilder:
+    def __init__(self, config="tsp", name: str = ""):
+        self.config: LPXConfig = load_config(config)
+        self.name = name
+        self._top = [0] * self.config.mem_slices  # bump allocator, lines used per slice
+        self._groups = []
+        self._images = []
+        self._bindings = []
+        self._tables = []
+        self._symbols = {}
+        self._host = bytearray()
+        self._installed = {}
+
+    # -- storage -------------------------------------------------------------
+    def alloc_lines(self, lines: int, slice: "int | None" = None) -> tuple:
+        cfg = self.config
+        if slice is None:
+            order = sorted(range(cfg.mem_slices), key=lambda s: (self._top[s], s))
+            slice = next((s for s in order if self._top[s] + lines <= cfg.lines_per_slice), None)
+            if slice is None:
+                raise SchedulingError(f"SRAM full: no slice has {lines} free lines "
+                                      f"({sum(self._top)} of {cfg.mem_slices * cfg.lines_per_slice} used)")
+        elif self._top[slice] + lines > cfg.lines_per_slice:
+            raise SchedulingError(f"slice {slice} has {cfg.lines_per_slice - self._top[slice]} free lines, "
+                                  f"{lines} needed")
+        addr = self._top[slice]
+        self._top[slice] += lines
+        return slice, addr
+
+    def tensor(self, name: str, shape, dtype, *, role: "str | None" = None, data=None, slices=None) -> SramTensor:
+        """Allocate a tensor in SRAM, one column tile of ``lanes`` columns per allocation."""
+        dt = DType.parse(dtype)
+        shape = tuple(int(s) for s in shape)
+        rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+        ntiles = -(-shape[-1] // self.config.lanes)
+        w = dt.itemsize
+        tiles = tuple(self.alloc_lines(rows * w, None if slices is None else slices[j % len(slices)])
+                      for j in range(ntiles))
+        layout = TensorLayout(shape, dt, tiles, w)
+        if data is not None:
+            arr = coerce(name, data, layout)
+            for (sl, addr), (_, _, raw) in zip(tiles, tensor_tiles(layout, arr, self.config.lanes)):
+                self._images.append(SramImage(sl, addr, raw.tobytes()))
+        if role is not None:
+            self._bindings.append(Binding(name, role, layout))
+        self._symbols[name] = layout.to_json()
+        return SramTensor(name, layout)
+
+    def input(self, name, shape, dtype, **kw) -> SramTensor:
+        return self.tensor(name, shape, dtype, role="input", **kw)
+
+    def output(self, name, shape, dtype, **kw) -> SramTensor:
+        return self.tensor(name, shape, dtype, role="output", **kw)
+
+    def constant(self, name, array, dtype, **kw) -> SramTensor:
+        array = np.asarray(array)
+        return self.tensor(name, array.shape, dtype, data=array, **kw)
+
+    def host_buffer(self, array: np.ndarray) -> int:
+        """Place an array in off-chip memory (row-major vectors); returns its byte offset."""
+        off = len(self._host)
+        self._host += np.ascontiguousarray(array).tobytes()
+        return off
+
+    def table(self, entries) -> int:
+        t = np.asarray(entries, np.int32)
+        if t.shape != (self.config.lanes,):
+            raise SchedulingError(f"a permutation map needs {self.config.lanes} entries, got {t.shape}")
+        self._tables.append(t)
+        return len(self._tables) - 1
+
+    def group(self, tag: str = "") -> Group:
+        g = Group(self, tag)
+        self._groups.append(g)
+        return g
+
+    def sync(self):
+        """A barrier: later groups start after everything before it has completed."""
+        self._groups.append("sync")
+
+    def nearest_sxm(self, node: Node) -> int:
+        pos = unit_position(self.config, _UNIT_OF[node.op.split(".")[0]], node.units[0])
+        n_sxm = sum(1 for k in self.config.floorplan if k == "SXM")
+        if pos is None:
+            return 0
+        return min(range(n_sxm), key=lambda u: abs(self.config.position("SXM", u) - pos))
+
+    # -- scheduling ------------------------------------------------------------
+    def build(self) -> Program:
+        placer = _Placer(self.config)
+        instrs = []
+        for g in self._groups:
+            if g == "sync":
+                instrs.append(Instr("icu.sync", placer.sync()))
+            elif g.nodes:
+                instrs.extend(placer.place(g))
+        instrs.sort(key=lambda i: (i.cycle, i.op, i.unit))
+        return Program(self.config.hash, instrs, sram_init=list(self._images), host_init=bytes(self._host),
+                       host_bytes=len(self._host), bindings=list(self._bindings), tables=list(self._tables),
+                       symbols=dict(self._symbols), name=self.name)
+
+
+_UNIT_OF = {"mem": Unit.MEM, "dma": Unit.DMA, "mxm": Unit.MXM, "vxm": Unit.VXM, "sxm": Unit.SXM,
+            "c2c": Unit.C2C, "icu": Unit.ICU}
+
+
+class _Placer:
+    """Places groups one after another at their earliest valid cycle."""
+
+    def __init__(self, cfg: LPXConfig):
+        self.cfg = cfg
+        self.res = Reservations()
+        self.barrier = 0
+        self.max_done = 0
+
+    def sync(self) -> int:
+        t = max(self.max_done, self.barrier)
+        self.barrier = t
+        return t
+
+    def _timing(self, node: Node, unit: int):
+        return timing(self.cfg, node.probe(unit), mxm_weights=node.weights)
+
+    def _position(self, node: Node) -> int:
+        return unit_position(self.cfg, _UNIT_OF[node.op.split(".")[0]], node.units[0])
+
+    def _solve(self, g: Group):
+        """Fix every node's offset from the stream timing equalities; check consistency."""
+        nodes = g.nodes
+        adj = defaultdict(list)
+        for c in nodes:
+            pc = self._position(c)
+            for _, v in c.inputs:
+                p = v.node
+                d = self._timing(p, p.units[0]).emit + abs(pc - self._position(p))
+                adj[p].append((c, d))
+                adj[c].append((p, -d))
+        off = {nodes[0]: 0}
+        queue = deque([nodes[0]])
+        while queue:
+            a = queue.popleft()
+            for b, d in adj[a]:
+                if b not in off:
+                    off[b] = off[a] + d
+                    queue.append(b)
+                elif off[b] != off[a] + d:
+                    raise SchedulingError(
+                        f"group {g.tag!r}: {b.op} would need its operands at two different cycles "
+                        f"(paths differ by {off[b] - off[a] - d} cycles); read the operand again instead")
+        if len(off) != len(nodes):
+            raise SchedulingError(f"group {g.tag!r}: instructions not connected by streams belong in "
+                                  "separate groups")
+        base = min(off.values())
+        for n in nodes:
+            n.offset = off[n] - base
+
+    def _direction(self, v: Value) -> "str | None":
+        pp = self._position(v.node)
+        dirs = {"E" if self._position(c) > pp else "W" for c, _ in v.consumers if self._position(c) != pp}
+        if len(dirs) > 1:
+            raise SchedulingError(f"{v.node.op}: its value has consumers both east and west of it")
+        return dirs.pop() if dirs else None
+
+    def place(self, g: Group) -> list:
+        self._solve(g)
+        effects = [(k, lo, hi, kind, n.offset + a, n.offset + b)
+                   for n in g.nodes for (k, lo, hi, kind, a, b) in n.effects]
+        values = [n.out for n in g.nodes if n.out is not None]
+        dirs = {id(v): self._direction(v) for v in values}
+        t = max(self.res.lower_bound(effects), self.barrier)
+        while True:
+            plan, bump = self._try(g, values, dirs, t)
+            if plan is not None:
+                break
+            t = max(t + 1, bump)
+        units, streams = plan
+        return self._commit(g, effects, values, units, streams, t)
+
+    def _try(self, g: Group, values, dirs, t: int):
+        local = defaultdict(list)
+        units = {}
+        for n in g.nodes:
+            best = None
+            for u in n.units:
+                tm_ = self._timing(n, u)
+                a, b = t + n.offset, t + n.offset + tm_.occupancy
+                end = None
+                if tm_.occupancy:
+                    for port in tm_.ports:
+                        e = self.res.ports[port].conflict(a, b)
+                        for la, lb in local[port]:
+                            if la < b and a < lb:
+                                e = max(e or 0, lb)
+                        if e is not None:
+                            end = max(end or 0, e)
+                if end is None:
+                    units[n] = u
+                    for port in tm_.ports:
+                        local[port].append((a, b))
+                    break
+                best = end if best is None else min(best, end)
+            else:
+                return None, best - n.offset
+        streams = {}
+        local_s = defaultdict(list)
+        for v in values:
+            d0, n = self._dinterval(v, units, t, dirs[id(v)] or "E")
+            options = [dirs[id(v)]] if dirs[id(v)] else ["E", "W"]
+            best = None
+            for dr in options:
+                d0, n = self._dinterval(v, units, t, dr)
+                count = self.cfg.streams_east if dr == "E" else self.cfg.streams_west
+                for sid in range(count):
+                    key = (dr, sid)
+                    e = self.res.streams[key].conflict(d0, d0 + n)
+                    for la, lb in local_s[key]:
+                        if la < d0 + n and d0 < lb:
+                            e = max(e or 0, lb)
+                    if e is None:
+                        streams[id(v)] = Stream(dr, sid)
+                        local_s[key].append((d0, d0 + n))
+                        break
+                    best = (e - d0) if best is None else min(best, e - d0)
+                if id(v) in streams:
+                    break
+            if id(v) not in streams:
+                return None, t + best
+        return (units, streams), None
+
+    def _dinterval(self, v: Value, units, t: int, direction: str):
+        p = v.node
+        tm_ = self._timing(p, units[p])
+        first = t + p.offset + tm_.emit
+        sign = 1 if direction == "E" else -1
+        return first - sign * tm_.position, tm_.emit_count
+
+    def _commit(self, g, effects, values, units, streams, t) -> list:
+        out = []
+        for n in g.nodes:
+            u = units[n]
+            tm_ = self._timing(n, u)
+            start = t + n.offset
+            for port in tm_.ports:
+                if tm_.occupancy:
+                    self.res.ports[port].add(start, start + tm_.occupancy)
+            self.max_done = max(self.max_done, tm_.done + start)
+            kw = dict(n.fields)
+            for f, v in n.inputs:
+                kw[f] = streams[id(v)]
+            if n.out is not None:
+                kw["dst"] = streams[id(n.out)]
+            out.append(Instr(n.op, start, unit=u, count=n.count, tag=g.tag, **kw))
+        for v in values:
+            s = streams[id(v)]
+            d0, cnt = self._dinterval(v, units, t, s.dir)
+            self.res.streams[(s.dir, s.id)].add(d0, d0 + cnt)
+        self.res.record(effects, t)
+        return out
