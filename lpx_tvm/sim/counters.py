@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 
 @dataclass
@@ -52,7 +52,8 @@ class Counters:
         return self.macs / (peak_macs_per_cycle * self.cycles) if self.cycles else 0.0
 
     def to_json(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k not in ("port_busy_cycles", "by_tag")}
+        # Not asdict(self): on Python 3.11 it cannot rebuild the defaultdict fields.
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("port_busy_cycles", "by_tag")}
         d["port_busy_cycles"] = dict(sorted(self.port_busy_cycles.items()))
         d["by_tag"] = {t: asdict(c) for t, c in self.by_tag.items()}
         return d

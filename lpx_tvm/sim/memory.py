@@ -52,6 +52,7 @@ class Banked:
         self.written_by = np.full((banks, lines), -1, np.int64)
         self.read_at = np.full((banks, lines), NEVER, np.int64)
         self.read_by = np.full((banks, lines), -1, np.int64)
+        self.generation = np.zeros(banks, np.int64)  # bumped by every write to a bank
 
     # -- checks ------------------------------------------------------------
     def check_range(self, bank: int, addr: int, stride: int, count: int, width: int, what: str = "line"):
@@ -110,6 +111,7 @@ class Banked:
         cycles = self._cycles(first_cycle, count, width, index, per_vector)
         self._check_write(bank, index, cycles, me)
         self._stamp(self.written_at, self.written_by, bank, index, cycles, me)
+        self.generation[bank] += 1
         if self.data is not None and vectors is not None:
             lines = vectors_to_lines(vectors)
             if isinstance(index, slice):
@@ -134,6 +136,7 @@ class Banked:
 
     def poke(self, bank, lines: np.ndarray, raw: np.ndarray):
         """Load lines before the program starts (initial image, inputs): no timing."""
+        self.generation[bank] += 1
         if self.data is not None:
             self.data[bank, lines] = raw
 
@@ -143,7 +146,9 @@ class Banked:
     @staticmethod
     def _stamp(stamp, by, bank, index, cycles, me):
         if isinstance(index, slice):
-            stamp[bank, index] = cycles
+            # Keep the latest cycle: a DMA on its own port may touch a line earlier than
+            # a longer access issued before it.
+            stamp[bank, index] = np.maximum(stamp[bank, index], cycles)
             by[bank, index] = me
         else:
             # Strides smaller than a vector revisit lines: keep the latest cycle of each.

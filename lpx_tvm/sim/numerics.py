@@ -26,8 +26,31 @@ class NumericsError(Exception):
     """An op applied to a dtype it does not support."""
 
 
+def _to_bf16(x) -> np.ndarray:
+    """Round to bfloat16 once, to nearest even.
+
+    A plain cast of a float64 or int32 goes through float32 and rounds twice. Rounding
+    to float32 "to odd" first (truncate, then set the last bit when inexact) keeps the
+    second rounding exact.
+    """
+    x = np.asarray(x)
+    if x.dtype in (np.float32, DType.BF16.np):
+        return x.astype(DType.BF16.np)
+    x = x.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = x.astype(np.float32)
+        f64 = f.astype(np.float64)
+        inexact = np.isfinite(x) & (f64 != x)
+        if inexact.any():
+            toward_zero = np.where(np.abs(f64) > np.abs(x), np.nextafter(f, np.float32(0)), f)
+            f = np.where(inexact, (toward_zero.view(np.uint32) | 1).view(np.float32), f)
+    return f.astype(DType.BF16.np)
+
+
 def to_dtype(x: np.ndarray, dtype: DType) -> np.ndarray:
-    """Convert with LPX rules (round half even, saturate for ints)."""
+    """Convert with LPX rules (round once to nearest even, saturate for ints)."""
+    if dtype is DType.BF16:
+        return _to_bf16(x)
     if dtype.is_float:
         return np.asarray(x).astype(dtype.np)
     lo, hi = _INT_RANGE[dtype]
@@ -46,8 +69,9 @@ def _int_result(x64: np.ndarray, dtype: DType) -> np.ndarray:
 
 
 def imm_value(imm: float, dtype: DType):
+    imm = float(np.float32(imm))  # the instruction's imm field is a float32
     if dtype.is_int:
-        if imm != int(imm):
+        if not np.isfinite(imm) or imm != int(imm):
             raise NumericsError(f"immediate {imm} is not an integer for dtype {dtype.short}")
         return int(imm)
     return np.float32(imm)
@@ -71,12 +95,14 @@ def binary(op: str, a: np.ndarray, b, dtype: DType) -> np.ndarray:
     return _int_result(fn(a.astype(np.int64), bb), dtype)
 
 
+# Written without 1 + erf(..) / 1 + tanh(..), which cancel for negative x and lose
+# every significant bit there: 1 + erf(z) = erfc(-z) and (1 + tanh(y)) / 2 = sigmoid(2y).
 def _gelu(x):
-    return 0.5 * x * (1.0 + special.erf(x / np.sqrt(2.0)))
+    return 0.5 * x * special.erfc(-x / np.sqrt(2.0))
 
 
 def _gelu_tanh(x):
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+    return x * special.expit(2.0 * np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3))
 
 
 _UNARY = {
@@ -95,7 +121,7 @@ def unary(op: str, a: np.ndarray, dtype: DType) -> np.ndarray:
     if not dtype.is_float:
         raise NumericsError(f"{op} needs a float dtype, got {dtype.short}")
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        return _UNARY[op](a.astype(np.float64)).astype(dtype.np)
+        return to_dtype(_UNARY[op](a.astype(np.float64)), dtype)
 
 
 def requant(a: np.ndarray, scale, zp: int, out: DType) -> np.ndarray:

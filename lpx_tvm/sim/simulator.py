@@ -23,6 +23,7 @@ from ..target.program import Program
 from . import numerics as nx
 from .counters import Counters, port_name
 from .memory import Banked, Race
+from .mxm import Accumulators
 from .streams import StreamFault, StreamNetwork
 from .trace import TraceRecorder
 
@@ -100,9 +101,7 @@ class _Run:
         functional = not self.timing_only
         self.sram = Banked("slice", cfg.mem_slices, cfg.lines_per_slice, cfg.lanes, functional)
         self.acc_stamps = Banked("accumulator of plane", cfg.mxm_planes, cfg.mxm_acc_rows, 1, False)
-        shape = (cfg.mxm_planes, cfg.mxm_acc_rows, cfg.lanes)
-        self.acc_i = np.zeros(shape, np.int32) if functional else None
-        self.acc_f = np.zeros(shape, np.float32) if functional else None
+        self.accs = Accumulators(cfg.mxm_planes, cfg.mxm_acc_rows, cfg.lanes) if functional else None
         self.acc_kind = np.zeros((cfg.mxm_planes, cfg.mxm_acc_rows), np.int8)
         self.wbuf = [[_WeightBuffer() for _ in range(cfg.mxm_weight_buffers)] for _ in range(cfg.mxm_planes)]
         self.streams = StreamNetwork(len(cfg.floorplan))
@@ -112,7 +111,7 @@ class _Run:
             self.host[:len(prog.host_init)] = np.frombuffer(prog.host_init, np.uint8)
         self.busy_until = {}
         self.busy_by = {}
-        self._converted = (None, None)
+
         self.trace = TraceRecorder(cfg.clock_hz, prog.name) if self.want_trace else None
         for img in prog.sram_init:
             nlines = len(img.data) // cfg.lanes
@@ -271,7 +270,8 @@ class _Run:
     def _mem_read(self, i, ins, t, _):
         data = self.sram.read(ins.unit, ins.addr, ins.stride, ins.count, ins.dtype.np, ins.cycle, i)
         self._count_sram(ins, read=True)
-        self._emit(i, ins, t, ins.dtype, data)
+        source = (ins.unit, ins.addr, ins.stride, ins.dtype, int(self.sram.generation[ins.unit]))
+        self.streams.emit(ins.dst, t.position, t.emit, ins.dtype, data, t.emit_count, i, source)
 
     def _mem_write(self, i, ins, t, _):
         data = self._take(ins, ins.src0, ins.dtype, t.position)
@@ -316,6 +316,7 @@ class _Run:
         self.counters.offchip_bytes_read += nbytes
         self.counters.sram_bytes_written += nbytes
         self.counters.by_tag[ins.tag].offchip_bytes += nbytes
+        self.counters.by_tag[ins.tag].sram_bytes_written += nbytes
 
     def _dma_store(self, i, ins, t, _):
         rng, nbytes = self._host_range(ins)
@@ -326,6 +327,7 @@ class _Run:
         self.counters.offchip_bytes_written += nbytes
         self.counters.sram_bytes_read += nbytes
         self.counters.by_tag[ins.tag].offchip_bytes += nbytes
+        self.counters.by_tag[ins.tag].sram_bytes_read += nbytes
 
     # MXM
     def _mxm_install(self, i, ins, t, _):
@@ -372,19 +374,8 @@ class _Run:
         self.counters.by_tag[ins.tag].macs += macs
         if x is None:
             return
-        # Planes sharing one stream value multiply the same activations: convert them once.
-        key = (id(em), off, ins.count, buf.matrix.dtype, buf.rows)
-        if self._converted[0] != key:
-            self._converted = (key, x[:, :buf.rows].astype(buf.matrix.dtype))
-        y = self._converted[1] @ buf.matrix
-        if kind == nx.ACC_INT:
-            y = y.astype(np.int32)
-        acc = self.acc_i if kind == nx.ACC_INT else self.acc_f
-        if ins.op == "mxm.mul":
-            acc[plane, rows, :buf.width] = y
-            acc[plane, rows, buf.width:] = 0
-        else:
-            acc[plane, rows, :buf.width] += y
+        source = None if em.source is None else em.source + (off, n)
+        self.accs.multiply(plane, ins.addr, x, source, buf.matrix, buf.width, kind, ins.op == "mxm.mac")
 
     def _acc_access(self, plane, ins, rate, first, i, read):
         # Accumulator rows land one every `rate` cycles: stamp each row with its own cycle.
@@ -427,7 +418,7 @@ class _Run:
         self._acc_access(plane, ins, 1, ins.cycle, i, read=True)
         data = None
         if not self.timing_only:
-            data = (self.acc_i if want == nx.ACC_INT else self.acc_f)[plane, rows].copy()
+            data = self.accs.read(plane, ins.addr, ins.count, want)
         self._emit(i, ins, t, ins.dtype, data)
 
     # VXM
@@ -440,7 +431,7 @@ class _Run:
             if ins.src1 is not None:
                 b = self._take(ins, ins.src1, DType.FP32 if op == "vxm.requant" else dt, t.position)
             else:
-                b = ins.imm if op == "vxm.requant" else nx.imm_value(ins.imm, dt)
+                b = float(np.float32(ins.imm)) if op == "vxm.requant" else nx.imm_value(ins.imm, dt)
         if op in VXM_TRANSCENDENTAL and not dt.is_float:
             raise nx.NumericsError(f"{op} needs a float dtype, got {dt.short}")
         if op in ("vxm.cvt", "vxm.requant"):

@@ -35,6 +35,7 @@ class Emission:
     data: "np.ndarray | None"
     producer: int  # instruction index
     last_cycle: int  # cycle at which its last vector leaves the chip
+    source: "tuple | None" = None  # (slice, addr, stride, dtype, generation) for values read from SRAM
 
 
 class StreamNetwork:
@@ -43,7 +44,8 @@ class StreamNetwork:
         self._starts: dict = {}  # Stream -> sorted list of d0
         self._emissions: dict = {}  # Stream -> list of Emission, same order
 
-    def emit(self, stream: Stream, position: int, first_cycle: int, dtype: DType, data, count: int, producer: int):
+    def emit(self, stream: Stream, position: int, first_cycle: int, dtype: DType, data, count: int, producer: int,
+             source=None):
         d0 = first_cycle - stream.sign * position
         d1 = d0 + count
         starts = self._starts.setdefault(stream, [])
@@ -59,7 +61,7 @@ class StreamNetwork:
         edge = self.positions - 1 if stream.sign > 0 else 0
         last = d1 - 1 + stream.sign * edge
         starts.insert(i, d0)
-        ems.insert(i, Emission(d0, d1, position, dtype, data, producer, last))
+        ems.insert(i, Emission(d0, d1, position, dtype, data, producer, last, source))
 
     def read(self, stream: Stream, position: int, first_cycle: int, count: int, dtype: DType):
         """Return (emission, offset, data) of the vectors passing ``position`` from ``first_cycle``."""

@@ -426,6 +426,7 @@ class _Placer:
         return self._commit(g, effects, values, units, streams, t)
 
     def _try(self, g: Group, values, dirs, t: int):
+        """Units and streams for the group at ``t``, or (None, next cycle worth trying)."""
         local = defaultdict(list)
         units = {}
         for n in g.nodes:
@@ -433,38 +434,33 @@ class _Placer:
             for u in n.units:
                 tm_ = self._timing(n, u)
                 a, b = t + n.offset, t + n.offset + tm_.occupancy
-                end = None
-                if tm_.occupancy:
-                    for port in tm_.ports:
-                        e = self.res.ports[port].conflict(a, b)
-                        for la, lb in local[port]:
-                            if la < b and a < lb:
-                                e = max(e or 0, lb)
-                        if e is not None:
-                            end = max(end or 0, e)
-                if end is None:
+                if any(la < b and a < lb for port in tm_.ports for la, lb in local[port]):
+                    continue  # taken by another instruction of this group whatever t is
+                ends = [e for port in tm_.ports if tm_.occupancy
+                        for e in [self.res.ports[port].conflict(a, b)] if e is not None]
+                if not ends:
                     units[n] = u
                     for port in tm_.ports:
                         local[port].append((a, b))
                     break
-                best = end if best is None else min(best, end)
+                best = max(ends) if best is None else min(best, max(ends))
             else:
+                if best is None:
+                    raise SchedulingError(
+                        f"group {g.tag!r}: {n.op} on unit {n.units[0]} overlaps another instruction of the "
+                        "same group on the same port; read from another slice or split the group")
                 return None, best - n.offset
         streams = {}
         local_s = defaultdict(list)
         for v in values:
-            d0, n = self._dinterval(v, units, t, dirs[id(v)] or "E")
-            options = [dirs[id(v)]] if dirs[id(v)] else ["E", "W"]
             best = None
-            for dr in options:
+            for dr in ([dirs[id(v)]] if dirs[id(v)] else ["E", "W"]):
                 d0, n = self._dinterval(v, units, t, dr)
-                count = self.cfg.streams_east if dr == "E" else self.cfg.streams_west
-                for sid in range(count):
+                for sid in range(self.cfg.streams_east if dr == "E" else self.cfg.streams_west):
                     key = (dr, sid)
+                    if any(la < d0 + n and d0 < lb for la, lb in local_s[key]):
+                        continue
                     e = self.res.streams[key].conflict(d0, d0 + n)
-                    for la, lb in local_s[key]:
-                        if la < d0 + n and d0 < lb:
-                            e = max(e or 0, lb)
                     if e is None:
                         streams[id(v)] = Stream(dr, sid)
                         local_s[key].append((d0, d0 + n))
@@ -473,6 +469,8 @@ class _Placer:
                 if id(v) in streams:
                     break
             if id(v) not in streams:
+                if best is None:
+                    raise SchedulingError(f"group {g.tag!r} needs more simultaneous streams than the machine has")
                 return None, t + best
         return (units, streams), None
 

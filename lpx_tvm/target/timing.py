@@ -115,7 +115,8 @@ def timing(cfg: LPXConfig, ins: Instr, *, mxm_weights: DType = None) -> Timing:
         return Timing((("mxm.install", idx),), n, pos, None, 0, t + n + lat["mxm_install"])
     if op in ("mxm.mul", "mxm.mac"):
         r = mxm_rate(cfg, ins.dtype, mxm_weights or ins.dtype)
-        return Timing((("mxm.compute", idx),), r * n, pos, None, 0, t + r * n + lat["mxm_mul"])
+        # done: the last accumulator row has landed (mxm_row_landing of row n - 1)
+        return Timing((("mxm.compute", idx),), r * n, pos, None, 0, t + r * n + lat["mxm_mul"] - 1)
     if op == "mxm.drain":
         e = t + lat["mxm_drain"]
         return Timing((("mxm.drain", idx),), n, pos, e, n, e + n)
