@@ -90,8 +90,9 @@ class Accumulators:
                 target[:, entry.width:] = 0
 
     def _activations(self, entry: _Pending) -> np.ndarray:
-        sources = tuple(entry.sources)
-        cacheable = all(s is not None for s in sources)
+        # Each split uses the first K_i lanes of its activations: K_i is part of the key.
+        sources = tuple((s, x.shape[1]) for s, x in zip(entry.sources, entry.xs))
+        cacheable = all(s is not None for s in entry.sources)
         if cacheable and sources in self._concat:
             return self._concat[sources]
         x = np.concatenate(entry.xs, axis=1, dtype=np.float32) if len(entry.xs) > 1 \

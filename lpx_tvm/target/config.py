@@ -126,7 +126,7 @@ class LPXConfig:
     # ---- derived sizes -------------------------------------------------
     @property
     def lines_per_slice(self) -> int:
-        """SRAM address units per slice; one line is one byte in every lane."""
+        """SRAM address units per slice; one line holds ``lanes`` bytes."""
         return self.slice_bytes // self.lanes
 
     @property

@@ -337,3 +337,25 @@ def test_timing_only_needs_no_inputs_and_still_checks():
     h.add("mem.write", 4, unit=1, count=2, addr=0, stride=1, dtype="int8", src0=E(0))  # should be 3
     with pytest.raises(ScheduleHazard):
         h.run(timing_only=True)
+
+
+def test_long_program_of_many_copies():
+    """600 one-vector copies (streams are pruned every 512 instructions): slice s (pos 2 + s)
+    -> slice 4 + s (pos 7 + s) on stream E<s>; copy k reads at k, writes at k + 2 + 5."""
+    h = Hand()
+    n = 75
+    xs = [RNG.integers(-128, 128, (n, 16)).astype(np.int8) for _ in range(4)]
+    for s in range(4):
+        h.input(f"X{s}", n, "int8", s)
+        h.output(f"Y{s}", n, "int8", 4 + s)
+    for k in range(4 * n):
+        s, row = k % 4, k // 4
+        h.add("mem.read", k, unit=s, count=1, addr=row, stride=1, dtype="int8", dst=E(s), tag=f"c{s}")
+        h.add("mem.write", k + 7, unit=4 + s, count=1, addr=row, stride=1, dtype="int8", src0=E(s), tag=f"c{s}")
+    r = both_modes(h, {f"X{s}": xs[s] for s in range(4)})
+    for s in range(4):
+        assert np.array_equal(r.outputs[f"Y{s}"], xs[s])
+        assert r.counters.by_tag[f"c{s}"].instructions == 2 * n
+    assert r.counters.instructions == 600
+    assert r.cycles == 299 + 7 + 2  # the last write lands at 308
+    assert r.counters.sram_bytes_read == r.counters.sram_bytes_written == 300 * 16

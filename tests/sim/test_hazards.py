@@ -95,6 +95,25 @@ def test_stream_misaligned_one_cycle_late():
     expect(h, "stream-misaligned", 1, "mem1", 4)
 
 
+def test_back_to_back_values_cannot_be_read_as_one():
+    h = Hand()
+    # slice 0 (pos 2) emits 2 vectors on E0 from 2 (D = 0, 1); slice 1 (pos 3) emits 2 more
+    # right behind them from 5 (D = 2, 3). A write at pos 4 taking 4 vectors from 4 spans both.
+    h.add("mem.read", 0, unit=0, count=2, addr=0, stride=1, dtype="int8", dst=E(0))
+    h.add("mem.read", 3, unit=1, count=2, addr=0, stride=1, dtype="int8", dst=E(0))
+    i = h.add("mem.write", 4, unit=2, count=4, addr=0, stride=1, dtype="int8", src0=E(0))
+    err = expect(h, "stream-misaligned", i, "mem2", 4)
+    assert "instruction #0" in str(err)
+    # each value on its own is fine
+    h.instrs[i] = replace(h.instrs[i], count=2)
+    h.add("mem.write", 6, unit=3, count=2, addr=0, stride=1, dtype="int8", src0=E(0))  # slice 3 is pos 5
+    with pytest.raises(ScheduleHazard) as e:
+        h.run(timing_only=True)  # D = 6 - 5 = 1: starts inside the first value and runs past it
+    assert e.value.kind == "stream-misaligned" and e.value.index == i + 1
+    h.instrs[-1] = h.instrs[-1].moved(1)  # D = 2: exactly the second value
+    h.run(timing_only=True)
+
+
 def test_stream_conflict_two_producers_on_one_segment():
     h = Hand()
     # slice 0 (pos 2) emits 4 vectors on E0 from 2; at pos 3 they pass at 3..6.
@@ -370,6 +389,42 @@ def test_sram_write_after_read_race():
     assert "read at cycle 17 by instruction #0" in str(err)
 
 
+def test_sram_write_landing_in_the_cycle_of_an_earlier_issued_read():
+    h = Hand()
+    h.add("mem.read", 10, unit=1, count=4, addr=0, stride=0, dtype="int8", dst=E(0))  # line 0 at 10..13
+    h.add("mem.read", 9, unit=2, count=1, addr=0, stride=1, dtype="int8", dst=W(1))  # at pos 3 at 12
+    i = h.add("mem.write", 12, unit=1, count=1, addr=0, stride=1, dtype="int8", src0=W(1))  # lands at 14
+    h.run(timing_only=True)  # after the last read at 13: fine
+    h.instrs[0] = replace(h.instrs[0], count=5)  # the last read is now at 14, when the write lands
+    err = expect(h, "sram-write-race", i, "mem1", 12)
+    assert "written at cycle 14, not after it was read at cycle 14" in str(err)
+
+
+def test_two_writes_landing_in_one_cycle():
+    h = Hand()
+    h.host_bytes = 16
+    # 16 B: 900 + 1 cycles; its line lands at 901
+    h.add("dma.load", 0, unit=0, slice=1, addr=0, stride=1, count=1, dtype="int8")
+    h.add("mem.read", 896, unit=0, count=1, addr=0, stride=1, dtype="int8", dst=E(0))  # at pos 3 at 899
+    i = h.add("mem.write", 899, unit=1, count=1, addr=0, stride=1, dtype="int8", src0=E(0))  # lands at 901
+    err = expect(h, "sram-write-race", i, "mem1", 899)
+    assert "written at cycle 901, not after it was written at cycle 901" in str(err)
+    h.instrs[1], h.instrs[2] = h.instrs[1].moved(1), h.instrs[2].moved(1)  # lands at 902: fine
+    h.run(timing_only=True)
+
+
+def test_dma_store_does_not_hide_a_later_read():
+    """A dma.store reading a line early must not hide a longer mem.read's later access of it."""
+    h = Hand()
+    h.host_bytes = 64
+    h.add("mem.read", 10, unit=1, count=8, addr=0, stride=0, dtype="int8", dst=E(0))  # line 0 at 10..17
+    h.add("dma.store", 11, unit=0, slice=1, addr=0, stride=1, count=1, dtype="int8")  # line 0 at 11
+    h.add("mem.read", 9, unit=2, count=1, addr=0, stride=1, dtype="int8", dst=W(2))  # pos 4 -> 3 at 12
+    i = h.add("mem.write", 12, unit=1, count=1, addr=0, stride=1, dtype="int8", src0=W(2))  # lands at 14
+    err = expect(h, "sram-write-race", i, "mem1", 12)
+    assert "read at cycle 17" in str(err)
+
+
 def test_sram_write_after_write_out_of_order():
     h = Hand()
     h.host_bytes = 16
@@ -433,13 +488,13 @@ def test_weights_not_ready():
 def test_weights_overwritten_while_in_use():
     h = Hand()
     install_and_mul(h, "fp16", "fp16", n=4)  # computes 25..40 (4 cycles per vector)
-    # a new install into buffer 0 at 39, data from slice 2 (pos 4) read at 33
-    h.add("mem.read", 33, unit=2, count=16, addr=0, stride=2, dtype="fp16", dst=W(2))
-    i = h.add("mxm.install", 39, unit=0, buf=0, count=16, dtype="fp16", aux0=16, src0=W(2))
-    err = expect(h, "weights-in-use", i, "mxm0", 39)
+    # a new install into buffer 0 at 40, data from slice 2 (pos 4) read at 34
+    h.add("mem.read", 34, unit=2, count=16, addr=0, stride=2, dtype="fp16", dst=W(2))
+    i = h.add("mxm.install", 40, unit=0, buf=0, count=16, dtype="fp16", aux0=16, src0=W(2))
+    err = expect(h, "weights-in-use", i, "mxm0", 40)
     assert "until cycle 41" in str(err)
     # at 41 the multiply has finished with the weights
-    h.instrs[i - 1], h.instrs[i] = h.instrs[i - 1].moved(2), h.instrs[i].moved(2)
+    h.instrs[i - 1], h.instrs[i] = h.instrs[i - 1].moved(1), h.instrs[i].moved(1)
     h.run(timing_only=True)
 
 
@@ -448,9 +503,11 @@ def test_install_while_the_previous_install_completes():
     h.add("mem.read", 0, unit=1, count=16, addr=0, stride=1, dtype="int8", dst=W(0))
     h.add("mxm.install", 5, unit=0, buf=0, count=16, dtype="int8", aux0=16, src0=W(0))  # done at 25
     # the install port is free at 21, but buffer 0 is still being written until 25
-    h.add("mem.read", 15, unit=2, count=16, addr=0, stride=1, dtype="int8", dst=W(1))
-    i = h.add("mxm.install", 21, unit=0, buf=0, count=16, dtype="int8", aux0=16, src0=W(1))
-    expect(h, "weights-in-use", i, "mxm0", 21)
+    h.add("mem.read", 18, unit=2, count=16, addr=0, stride=1, dtype="int8", dst=W(1))
+    i = h.add("mxm.install", 24, unit=0, buf=0, count=16, dtype="int8", aux0=16, src0=W(1))
+    expect(h, "weights-in-use", i, "mxm0", 24)
+    h.instrs[i - 1], h.instrs[i] = h.instrs[i - 1].moved(1), h.instrs[i].moved(1)
+    h.run(timing_only=True)
 
 
 # =============================================================================
@@ -545,6 +602,7 @@ BAD = [
      "requant converts int32", "vxm0"),
     ("cvt target", dict(op="vxm.cvt", unit=0, dtype="int32", src0=E(0), dst=E(1)), "missing target dtype", "vxm0"),
     ("dma slice", dict(op="dma.load", unit=0, slice=8, dtype="int8"), "slice 8 out of range 0..7", "dma0"),
+    ("icu unit", dict(op="icu.sync", unit=1), "ICU index 1 out of range 0..0", "icu1"),
 ]
 
 

@@ -20,7 +20,10 @@ from scipy import special
 from lpx_tvm.target.encoding import decode_program, encode_program
 from lpx_tvm.target.isa import OPS, DType
 
-from lpx_hand import BF16, E, Hand, W, assert_same_float, clip_int, f64, round_to, wrap_int32
+from lpx_hand import BF16, E, Hand, W, assert_same_float, clip_int, f64, round_to, same_float, wrap_int32
+
+# Overflow to inf is a legitimate result here; numpy's warnings about it are noise.
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 
 RNG = np.random.default_rng(1234)
 LANES = 16
@@ -43,6 +46,25 @@ def vec(values, dtype, rows=None):
     rows = rows or -(-len(v) // LANES)
     flat = np.resize(v, rows * LANES)
     return flat.reshape(rows, LANES).astype(DType.parse(dtype).np)
+
+
+def test_reference_rounding():
+    """The reference rounding agrees with numpy's correctly rounded float64 casts, and with
+    hand-worked bf16 cases (ml_dtypes is not used: its float64 cast rounds twice)."""
+    x = np.concatenate([RNG.standard_normal(2000) * 10.0 ** RNG.integers(-9, 6, 2000),
+                        [65504.0, 65519.99, 65520.0, 1e-8, 2.0**-25, 2.0**-25 * 1.0000001, 3.5e38, -1e-46, 0.0]])
+    assert_same_float(round_to(x, "fp16"), x.astype(np.float16), "fp16")
+    assert_same_float(round_to(x, "fp32"), x.astype(np.float32), "fp32")
+    one = 1.0
+    cases = {one + 2**-8: 1.0, one + 3 * 2**-8: 1 + 2**-6, one + 2**-8 + 2**-40: 1 + 2**-7,
+             2.0**24 + 2**16 + 1: 2.0**24 + 2**17, 3.3961e38: float(ml_dtypes_max()), 3.3962e38: np.inf,
+             2.0**-134: 0.0, 2.0**-134 * 1.5: 2.0**-133, -(2.0**-133) * 2.5: -(2.0**-132)}
+    got = f64(round_to(np.array(list(cases)), "bf16"))
+    assert got.tolist() == list(cases.values())
+
+
+def ml_dtypes_max():
+    return (2 - 2.0**-7) * 2.0**127
 
 
 # =============================================================================
@@ -124,6 +146,36 @@ def test_write_stride_zero_keeps_last_vector():
     h.add("mem.read", 0, unit=0, count=3, addr=0, stride=4, dtype="int32", dst=E(0))
     h.add("mem.write", 3, unit=1, count=3, addr=0, stride=0, dtype="int32", src0=E(0))
     assert np.array_equal(h.run({"X": x}).outputs["Y"], x[2:3])
+
+
+@covers("mem.read", "mem.write")
+@pytest.mark.parametrize("dtype", ["int32", "fp16"])
+def test_vector_lines_hold_the_vector_bytes_in_order(dtype):
+    """A w-byte vector fills w lines with its little-endian bytes in order: reading its
+    lines as int8 shows the vector's bytes, lane 0 first."""
+    dt = DType.parse(dtype)
+    w = dt.itemsize
+    x = RNG.standard_normal((1, LANES)).astype(dt.np)
+    want = np.ascontiguousarray(x).view(np.uint8).reshape(w, LANES)
+    h = Hand()
+    h.input("X", 1, dtype, 0)
+    h.output("Y", w, "int8", 1)
+    h.add("mem.read", 0, unit=0, count=w, addr=0, stride=1, dtype="int8", dst=E(0))
+    h.add("mem.write", 3, unit=1, count=w, addr=0, stride=1, dtype="int8", src0=E(0))
+    assert np.array_equal(h.run({"X": x}).outputs["Y"].view(np.uint8), want)
+
+
+def test_initial_image_in_documented_byte_order_reads_back():
+    """An SRAM image written by hand in the documented byte order is the expected int32 tensor."""
+    from lpx_tvm.sim import Simulator
+    from lpx_tvm.target.program import SramImage
+    values = RNG.integers(-2**31, 2**31, (3, LANES)).astype(np.int32)
+    image = values.astype("<i4").tobytes()  # row after row, lane 0 first, little-endian
+    h = Hand()
+    h.output("Y", 3, "int32", 2, addr=8)
+    prog = h.program()
+    prog.sram_init = [SramImage(2, 8, image)]
+    assert np.array_equal(Simulator("mini").run(prog).outputs["Y"], values)
 
 
 @covers("mem.read")
@@ -344,6 +396,63 @@ def test_float_matmul_products_exact_sum_in_fp32(dtype):
     assert not np.array_equal(f64(round_to(ref, dtype)), ref)  # the check could tell them apart
 
 
+@covers("mxm.mul", "mxm.mac", "mxm.drain")
+@pytest.mark.parametrize("dtype", ["int8", "fp16", "fp32"])
+def test_narrow_mul_and_mac_over_wide_rows(dtype):
+    """mul of width 16; drain; mac of width 6 keeps lanes 6.. ; a drain does not clear the
+    rows; a mul of width 6 zeroes lanes 6.. of rows that held values."""
+    h = Hand()
+    dt = DType.parse(dtype)
+    acc = DType.INT32 if dt.is_int else DType.FP32
+    s, r, L = dt.itemsize, h.cfg.mxm_cycles_per_vector[dtype], h.lat
+    x1, x2 = (RNG.integers(-8, 8, (4, LANES)).astype(dt.np) for _ in range(2))
+    w16, w6 = (RNG.integers(-8, 8, (16, LANES)).astype(dt.np) for _ in range(2))
+    for name, arr, sl in (("X1", x1, 0), ("W16", w16, 1), ("W6", w6, 2), ("X2", x2, 3)):
+        h.input(name, len(arr), dtype, sl)
+    assert L["mxm_mul"] == 8 and L["mxm_drain"] == 2
+
+    def land(t, k):  # accumulator row k of a multiply issued at t
+        return t + r * (k + 1) + 8 - 1
+
+    def drain(t_min, stream, out_slice, name):
+        h.add("mxm.drain", t_min, unit=0, addr=0, count=4, dtype=acc, dst=stream)
+        h.output(name, 4, acc, out_slice)
+        h.add("mem.write", t_min + 2 + h.mem(out_slice), unit=out_slice, count=4, addr=0, stride=4, dtype=acc,
+              src0=stream)
+
+    # weights: W16 from slice 1 (pos 3) installed at 5 (ready 25); W6 from slice 2 (pos 4) at 21 (ready 41)
+    h.add("mem.read", 0, unit=1, count=16, addr=0, stride=s, dtype=dtype, dst=W(0))
+    h.add("mxm.install", 5, unit=0, buf=0, count=16, dtype=dtype, aux0=16, src0=W(0))
+    h.add("mem.read", 15, unit=2, count=16, addr=0, stride=s, dtype=dtype, dst=W(1))
+    h.add("mxm.install", 21, unit=0, buf=1, count=16, dtype=dtype, aux0=6, src0=W(1))
+    # mul X1 @ W16 at 25 (X1 from slice 0, pos 2: read at 21)
+    h.add("mem.read", 21, unit=0, count=4, addr=0, stride=s, dtype=dtype, dst=W(2))
+    h.add("mxm.mul", 25, unit=0, buf=0, addr=0, count=4, dtype=dtype, src0=W(2))
+    d_a = max(land(25, k) - k for k in range(4))
+    drain(d_a, E(0), 4, "Y1")
+    # mac X2 @ W6 once the port is free, buffer 1 ready, and after drain A's reads
+    t_mac = max(25 + 4 * r, 41, d_a + 4)
+    h.add("mem.read", t_mac - 2 - 5, unit=3, count=4, addr=0, stride=s, dtype=dtype, dst=W(3))
+    h.add("mxm.mac", t_mac, unit=0, buf=1, addr=0, count=4, dtype=dtype, src0=W(3))
+    d_b = max(max(land(t_mac, k) - k for k in range(4)), d_a + 4)
+    drain(d_b, E(1), 5, "Y2")
+    d_c = d_b + 4
+    drain(d_c, E(2), 6, "Y3")
+    # mul X1 @ W6 into the same rows, landing after drain C's reads
+    t_mul2 = max(t_mac + 4 * r, d_c + 4)
+    h.add("mem.read", t_mul2 - 4, unit=0, count=4, addr=0, stride=s, dtype=dtype, dst=W(4))
+    h.add("mxm.mul", t_mul2, unit=0, buf=1, addr=0, count=4, dtype=dtype, src0=W(4))
+    drain(max(land(t_mul2, k) - k for k in range(4)), E(3), 7, "Y4")
+    out = h.run({"X1": x1, "W16": w16, "W6": w6, "X2": x2}).outputs
+    y1 = f64(x1) @ f64(w16)
+    y2 = y1.copy()
+    y2[:, :6] += f64(x2) @ f64(w6[:, :6])
+    y4 = np.zeros_like(y1)
+    y4[:, :6] = f64(x1) @ f64(w6[:, :6])
+    for name, want in (("Y1", y1), ("Y2", y2), ("Y3", y2), ("Y4", y4)):
+        assert np.array_equal(f64(out[name]), want), name
+
+
 @covers("mxm.mac")
 @pytest.mark.parametrize("dtype", ["int8", "fp16"])
 def test_mac_accumulates_two_k_tiles(dtype):
@@ -462,7 +571,7 @@ def run_vxm(op, a, dtype, *, b=None, imm=0.0, to=None, zp=0, width=0, scale=None
         h.add("mem.read", tv - L["mem_read"] - (pv - h.mem(2)), unit=2, count=n, addr=0, stride=0,
               dtype="fp32", dst=E(2))
         kw["src1"] = E(2)
-    if op in ("vxm.add", "vxm.sub", "vxm.mul", "vxm.max", "vxm.min", "vxm.requant") and "src1" not in kw:
+    if op in ("vxm.add", "vxm.sub", "vxm.mul", "vxm.max", "vxm.min", "vxm.requant") and imm:
         kw["imm"] = imm
     if to:
         kw["out_dtype"] = out_dt
@@ -527,6 +636,21 @@ def test_float_binary_imm(op, dtype, imm):
     assert_same_float(run_vxm(op, a, dtype, imm=imm), want, f"{op} {dtype} imm={imm}")
 
 
+@covers("vxm.mul")
+@pytest.mark.parametrize("imm, a_vals", [
+    (0.1, [5 * 2.0**-24, 25 * 2.0**-24, 45 * 2.0**-24]),  # fp16 subnormals
+    (0.7, [8.732080459594727e-05, 8.851289749145508e-05, 8.970499038696289e-05]),
+])
+def test_fp16_times_float32_imm_rounds_through_fp32(imm, a_vals):
+    """fp16 * float32(imm) is rounded to fp32, then to fp16: for these operands that differs
+    from rounding the exact product once (the imm has 24 significant bits, not 11)."""
+    a = vec(a_vals, "fp16", 1)
+    want = float_binary_ref("vxm.mul", a, np.float32(imm), "fp16")
+    direct = round_to(f64(a) * float(np.float32(imm)), "fp16")
+    assert not same_float(want[0, :3], direct[0, :3])
+    assert_same_float(run_vxm("vxm.mul", a, "fp16", imm=imm), want, f"fp16 * {imm}")
+
+
 @covers(*BINARY_OPS)
 @pytest.mark.parametrize("op", BINARY_OPS)
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int32"])
@@ -555,6 +679,36 @@ def test_int_saturation_and_wrap_with_imm(op, dtype, a_vals, imm, want):
     a = vec(a_vals, dtype, 1)
     out = run_vxm(op, a, dtype, imm=imm)
     assert out[0].tolist() == (want * 4)
+
+
+@covers("vxm.max", "vxm.min")
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_float_max_min_propagate_nan(dtype):
+    a = vec([np.nan, 1.0, np.nan, -np.inf, 2.0, -0.5], dtype, 1)
+    b = vec([1.0, np.nan, np.nan, np.nan, -3.0, -0.25], dtype, 1)
+    for op, want in (("vxm.max", [np.nan, np.nan, np.nan, np.nan, 2.0, -0.25]),
+                     ("vxm.min", [np.nan, np.nan, np.nan, np.nan, -3.0, -0.5])):
+        got = f64(run_vxm(op, a, dtype, b=b)[0])
+        assert_same_float(got, f64(vec(want, dtype, 1)[0]), op)
+
+
+@covers("vxm.add")
+def test_stream_operand_wins_over_imm():
+    a = vec(np.arange(16), "int32", 1)
+    b = vec(np.arange(16) * 100, "int32", 1)
+    h_out = run_vxm("vxm.add", a, "int32", b=b, imm=7)  # both given: b is used
+    assert h_out.tolist() == (a + b).tolist()
+
+
+@covers("vxm.add")
+@pytest.mark.parametrize("dtype", ["int32", "fp32"])
+def test_imm_is_a_float32(dtype):
+    """imm = 16777217 is not a float32: the instruction means 16777216, before and after encoding."""
+    a = vec(np.arange(16), dtype, 1)
+    want = (np.arange(16) + 16777216).astype(DType.parse(dtype).np)
+    for roundtrip in (False, True):
+        got = run_vxm("vxm.add", a, dtype, imm=16777217.0, roundtrip=roundtrip)
+        assert got[0].tolist() == want.tolist()
 
 
 @covers("vxm.max", "vxm.min")
@@ -1110,8 +1264,8 @@ def test_builder_dma_round_trip():
     r, prog = builder_run(b, {})
     assert np.array_equal(r.outputs["y"], data)
     d = 900 + math.ceil(6 * 64 / (32e9 / 900e6))  # 384 B -> 900 + 11
-    assert [(i.op, i.cycle) for i in prog.instrs] == [("dma.load", 0), ("dma.store", d), ("icu.sync", 2 * d),
-                                                      ("dma.load", 2 * d)]
+    assert sorted((i.cycle, i.op) for i in prog.instrs) == [(0, "dma.load"), (d, "dma.store"),
+                                                            (2 * d, "dma.load"), (2 * d, "icu.sync")]
     assert r.cycles == 3 * d
 
 
@@ -1160,21 +1314,91 @@ def test_builder_sxm_chain():
     from lpx_tvm.target.builder import ProgramBuilder
     b = ProgramBuilder("mini")
     x = b.input("x", (16, 16), "int32")
+    t = b.output("t", (16, 16), "int32")
     y = b.output("y", (16, 16), "int32")
     z = b.output("z", (16, 16), "int32")
-    g = b.group("t")
-    v = g.sxm("sxm.transpose", g.read(x.tile(0)), out=16)
-    v = g.sxm("sxm.rotate", g.sxm("sxm.pad", v, before=2, width=10), by=-1)
-    g.write(g.sxm("sxm.shift", v, by=3), y.tile(0))
+    g = b.group("transpose")
+    g.write(g.sxm("sxm.transpose", g.read(x.tile(0)), out=16), t.tile(0))
+    g = b.group("chain")  # SXM0 -> SXM1 -> SXM0: each op on a free unit
+    v = g.sxm("sxm.pad", g.read(x.tile(0)), unit=0, before=2, width=10)
+    v = g.sxm("sxm.rotate", v, unit=1, by=-1)
+    g.write(g.sxm("sxm.shift", v, unit=0, by=3), y.tile(0))
     g = b.group("bmax")
     g.write(g.sxm("sxm.broadcast", g.vxm("vxm.reduce_max", g.read(x.tile(0)), width=7), lane=4), z.tile(0))
     data = RNG.integers(-10**6, 10**6, (16, 16)).astype(np.int32)
     r, _ = builder_run(b, {"x": data})
-    t = data.T
-    padded = np.zeros_like(t)
-    padded[:, 2:12] = t[:, :10]
+    assert np.array_equal(r.outputs["t"], data.T)
+    padded = np.zeros_like(data)
+    padded[:, 2:12] = data[:, :10]
     rot = np.roll(padded, -1, axis=1)
     shifted = np.zeros_like(rot)
     shifted[:, 3:] = rot[:, :13]
     assert np.array_equal(r.outputs["y"], shifted)
     assert np.array_equal(r.outputs["z"], np.repeat(data[:, :7].max(axis=1, keepdims=True), 16, axis=1))
+
+
+@covers("mxm.mul", "mxm.drain")
+@pytest.mark.parametrize("dtype", ["fp16", "int8"])
+def test_same_activations_through_weights_of_different_k(dtype):
+    """One SRAM region multiplied twice, by 16-row weights and by 12-row weights."""
+    h = Hand()
+    dt = DType.parse(dtype)
+    acc = DType.INT32 if dt.is_int else DType.FP32
+    s = dt.itemsize
+    r = h.cfg.mxm_cycles_per_vector[dtype]
+    x = RNG.integers(-8, 8, (4, LANES)).astype(dt.np)
+    w1 = RNG.integers(-8, 8, (16, LANES)).astype(dt.np)
+    w2 = RNG.integers(-8, 8, (12, LANES)).astype(dt.np)
+    h.input("X", 4, dtype, 0)
+    h.input("W1", 16, dtype, 1)
+    h.input("W2", 12, dtype, 2)
+    h.output("Y1", 4, acc, 4)
+    h.output("Y2", 4, acc, 5)
+    # W1: slice 1 (pos 3) -> plane 0 (pos 0): install at 5, ready at 25.
+    h.add("mem.read", 0, unit=1, count=16, addr=0, stride=s, dtype=dtype, dst=W(0))
+    h.add("mxm.install", 5, unit=0, buf=0, count=16, dtype=dtype, aux0=16, src0=W(0))
+    # W2: slice 2 (pos 4) read at 15, install at 21 (port free), ready at 21 + 12 + 4 = 37.
+    h.add("mem.read", 15, unit=2, count=12, addr=0, stride=s, dtype=dtype, dst=W(1))
+    h.add("mxm.install", 21, unit=0, buf=1, count=12, dtype=dtype, aux0=16, src0=W(1))
+    # X read twice from slice 0 (pos 2): mul at 25 into rows 0..3, mul at t2 into rows 8..11
+    h.add("mem.read", 21, unit=0, count=4, addr=0, stride=s, dtype=dtype, dst=W(2))
+    h.add("mxm.mul", 25, unit=0, buf=0, addr=0, count=4, dtype=dtype, src0=W(2))
+    t2 = max(37, 25 + 4 * r)
+    h.add("mem.read", t2 - 4, unit=0, count=4, addr=0, stride=s, dtype=dtype, dst=W(3))
+    h.add("mxm.mul", t2, unit=0, buf=1, addr=8, count=4, dtype=dtype, src0=W(3))
+    # drains once the last rows have landed (row k at t + r(k+1) + 7, read at t_d + k)
+    d1 = max(25 + r * (k + 1) + 7 - k for k in range(4))
+    d2 = max(t2 + r * (k + 1) + 7 - k for k in range(4))
+    d2 = max(d2, d1 + 4)
+    h.add("mxm.drain", d1, unit=0, addr=0, count=4, dtype=acc, dst=E(0))
+    h.add("mxm.drain", d2, unit=0, addr=8, count=4, dtype=acc, dst=E(1))
+    h.add("mem.write", d1 + 2 + 7, unit=4, count=4, addr=0, stride=4, dtype=acc, src0=E(0))
+    h.add("mem.write", d2 + 2 + 8, unit=5, count=4, addr=0, stride=4, dtype=acc, src0=E(1))
+    out = h.run({"X": x, "W1": w1, "W2": w2}).outputs
+    assert np.array_equal(f64(out["Y1"]), f64(x) @ f64(w1))
+    assert np.array_equal(f64(out["Y2"]), f64(x[:, :12]) @ f64(w2))
+
+
+@covers("mxm.mac")
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_builder_float_k_split_accuracy(dtype):
+    """Four K tiles accumulated in fp32: within the fp32 summation bound of the exact result."""
+    from lpx_tvm.target.builder import ProgramBuilder
+    b = ProgramBuilder("mini")
+    M, K, N = 24, 64, 16
+    A = b.input("A", (M, K), dtype)
+    B = b.input("B", (K, N), dtype)
+    C = b.output("C", (M, N), "fp32")
+    for kt in range(4):
+        g = b.group("install")
+        g.install(0, kt % 2, g.read(B.tile(0).rows(16 * kt, 16 * kt + 16)), width=N)
+        g = b.group("mul")
+        g.mul(0, kt % 2, g.read(A.tile(kt)), acc=0, accumulate=kt > 0)
+    g = b.group("out")
+    g.write(g.drain(0, 0, M, "fp32"), C.tile(0))
+    a = RNG.standard_normal((M, K)).astype(DType.parse(dtype).np)
+    w = RNG.standard_normal((K, N)).astype(DType.parse(dtype).np)
+    r, _ = builder_run(b, {"A": a, "B": w})
+    exact = f64(a) @ f64(w)
+    bound = (K + 4) * 2.0**-24 * (np.abs(f64(a)) @ np.abs(f64(w)))
+    assert np.all(np.abs(f64(r.outputs["C"]) - exact) <= bound)
