@@ -24,6 +24,33 @@ class Race(Exception):
         super().__init__(message)
 
 
+class _PerBank:
+    """A (banks, lines) int64 table whose rows are allocated on first use.
+
+    Indexed like the 2-D array it stands for (``t[bank, lines]``, ``t[bank]``); a run
+    that touches few of the 88 slices pays only for those.
+    """
+
+    def __init__(self, banks: int, lines: int, fill: int):
+        self._rows = [None] * banks
+        self._lines = lines
+        self._fill = fill
+
+    def row(self, bank: int) -> np.ndarray:
+        r = self._rows[bank]
+        if r is None:
+            r = self._rows[bank] = np.full(self._lines, self._fill, np.int64)
+        return r
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple):
+            return self.row(key[0])[key[1]]
+        return self.row(key)
+
+    def __setitem__(self, key, value):
+        self.row(key[0])[key[1]] = value
+
+
 def _index(addr: int, stride: int, count: int, width: int):
     """Lines touched by ``count`` vectors of ``width`` lines, ``stride`` lines apart.
 
@@ -38,20 +65,39 @@ def _index(addr: int, stride: int, count: int, width: int):
 class Banked:
     """Storage of ``banks`` x ``lines`` lines of ``lanes`` bytes with timestamps.
 
-    Used for SRAM (a bank is a slice) and for MXM accumulators (a bank is a plane).
-    ``data`` is None in timing-only mode.
+    Used for SRAM (a bank is a slice) and for MXM accumulator rows (a bank is a plane;
+    only timestamps). One object serves a Simulator's successive runs: its arrays are
+    large, and fresh ones page-fault on every touch. Each run stamps cycles offset by a
+    ``base`` above every stamp of earlier runs, so old stamps never look recent and no
+    table needs resetting; only the data lines a run wrote are zeroed for the next.
     """
 
-    def __init__(self, name: str, banks: int, lines: int, lanes: int, functional: bool):
+    def __init__(self, name: str, banks: int, lines: int, lanes: int):
         self.name = name
+        self.banks = banks
         self.lines = lines
         self.lanes = lanes
-        self.data = np.zeros((banks, lines, lanes), np.uint8) if functional else None
-        self.written_at = np.full((banks, lines), NEVER, np.int64)
-        self.written_by = np.full((banks, lines), -1, np.int64)
-        self.read_at = np.full((banks, lines), NEVER, np.int64)
-        self.read_by = np.full((banks, lines), -1, np.int64)
+        self.data = None
+        self.functional = False
+        self.base = 0
+        self.high = 0  # highest absolute stamp so far
+        self.dirty = {}  # bank -> (lowest, highest) line written with data this run
+        self.written_at = _PerBank(banks, lines, NEVER)
+        self.written_by = _PerBank(banks, lines, -1)
+        self.read_at = _PerBank(banks, lines, NEVER)
+        self.read_by = _PerBank(banks, lines, -1)
         self.generation = np.zeros(banks, np.int64)  # bumped by every write to a bank
+
+    def start_run(self, functional: bool):
+        """Begin a run: all lines zero, no access on record."""
+        if functional and self.data is None:
+            self.data = np.zeros((self.banks, self.lines, self.lanes), np.uint8)
+        if self.data is not None:
+            for bank, (lo, hi) in self.dirty.items():
+                self.data[bank, lo:hi + 1] = 0
+        self.dirty = {}
+        self.functional = functional
+        self.base = self.high + 1
 
     # -- checks ------------------------------------------------------------
     def check_range(self, bank: int, addr: int, stride: int, count: int, width: int, what: str = "line"):
@@ -63,21 +109,21 @@ class Banked:
 
     def _cycles(self, first: int, count: int, width: int, index, per_vector: bool):
         k = np.arange(count, dtype=np.int64) if per_vector else np.zeros(count, np.int64)
-        cyc = first + k
+        cyc = first + self.base + k
         return np.repeat(cyc, width) if isinstance(index, slice) else np.broadcast_to(cyc[:, None], (count, width))
 
-    def _check_read(self, bank, index, cycles, me):
+    def _check_read(self, bank, index, cycles):
         written = self.written_at[bank, index]
         bad = written > cycles
         if bad.any():
             j = np.flatnonzero(bad.ravel())[0]
             line = _line_at(index, j)
             raise Race("sram-read-before-write" if self.name == "slice" else "acc-read-before-write",
-                       f"{self.name} {bank} line {line} is read at cycle {int(cycles.ravel()[j])} but its "
-                       f"write by instruction #{int(self.written_by[bank, line])} lands at cycle "
-                       f"{int(written.ravel()[j])}")
+                       f"{self.name} {bank} {self._unit} {line} is read at cycle "
+                       f"{int(cycles.ravel()[j]) - self.base} but its write by instruction "
+                       f"#{int(self.written_by[bank, line])} lands at cycle {int(written.ravel()[j]) - self.base}")
 
-    def _check_write(self, bank, index, cycles, me):
+    def _check_write(self, bank, index, cycles):
         for stamp, by, what in ((self.read_at, self.read_by, "read"), (self.written_at, self.written_by, "written")):
             prev = stamp[bank, index]
             bad = prev >= cycles
@@ -85,8 +131,13 @@ class Banked:
                 j = np.flatnonzero(bad.ravel())[0]
                 line = _line_at(index, j)
                 raise Race("sram-write-race" if self.name == "slice" else "acc-write-race",
-                           f"{self.name} {bank} line {line} is written at cycle {int(cycles.ravel()[j])}, not after "
-                           f"it was {what} at cycle {int(prev.ravel()[j])} by instruction #{int(by[bank, line])}")
+                           f"{self.name} {bank} {self._unit} {line} is written at cycle "
+                           f"{int(cycles.ravel()[j]) - self.base}, not after it was {what} at cycle "
+                           f"{int(prev.ravel()[j]) - self.base} by instruction #{int(by[bank, line])}")
+
+    @property
+    def _unit(self) -> str:
+        return "line" if self.name == "slice" else "row"
 
     # -- access ------------------------------------------------------------
     def read(self, bank, addr, stride, count, dtype, first_cycle, me, *, per_vector=True):
@@ -95,9 +146,9 @@ class Banked:
         self.check_range(bank, addr, stride, count, width)
         index = _index(addr, stride, count, width)
         cycles = self._cycles(first_cycle, count, width, index, per_vector)
-        self._check_read(bank, index, cycles, me)
+        self._check_read(bank, index, cycles)
         self._stamp(self.read_at, self.read_by, bank, index, cycles, me)
-        if self.data is None:
+        if not self.functional:
             return None
         lines = self.data[bank, index]
         return lines_to_vectors(lines.reshape(count, width, self.lanes), dtype)
@@ -108,10 +159,11 @@ class Banked:
         self.check_range(bank, addr, stride, count, width)
         index = _index(addr, stride, count, width)
         cycles = self._cycles(first_cycle, count, width, index, per_vector)
-        self._check_write(bank, index, cycles, me)
+        self._check_write(bank, index, cycles)
         self._stamp(self.written_at, self.written_by, bank, index, cycles, me)
         self.generation[bank] += 1
-        if self.data is not None and vectors is not None:
+        if self.functional and vectors is not None:
+            self._mark(bank, addr, stride, count, width)
             lines = vectors_to_lines(vectors)
             if isinstance(index, slice):
                 self.data[bank, index] = lines.reshape(count * width, self.lanes)
@@ -127,23 +179,44 @@ class Banked:
                        f"{self.name} {bank}: gathered lines {lo}..{hi} outside 0..{self.lines - 1}")
         index = addrs.astype(np.int64)[:, None] + np.arange(width, dtype=np.int64)[None, :]
         cycles = self._cycles(first_cycle, len(addrs), width, index, True)
-        self._check_read(bank, index, cycles, me)
+        self._check_read(bank, index, cycles)
         self._stamp(self.read_at, self.read_by, bank, index, cycles, me)
-        if self.data is None:
+        if not self.functional:
             return None
         return lines_to_vectors(self.data[bank, index], dtype)
+
+    def access_rows(self, bank, rows: np.ndarray, cycles: np.ndarray, me, *, read: bool):
+        """Check and record one access per row, each at its own cycle (accumulator rows)."""
+        cycles = cycles + self.base
+        if read:
+            self._check_read(bank, rows, cycles)
+            self._stamp(self.read_at, self.read_by, bank, rows, cycles, me)
+        else:
+            self._check_write(bank, rows, cycles)
+            self._stamp(self.written_at, self.written_by, bank, rows, cycles, me)
 
     def poke(self, bank, lines: np.ndarray, raw: np.ndarray):
         """Load lines before the program starts (initial image, inputs): no timing."""
         self.generation[bank] += 1
-        if self.data is not None:
-            self.data[bank, lines] = raw
+        if not self.functional:
+            return
+        if isinstance(lines, slice):
+            self._mark(bank, lines.start, 1, lines.stop - lines.start, 1)
+        else:
+            self._mark(bank, int(lines.min()), 1, int(lines.max()) - int(lines.min()) + 1, 1)
+        self.data[bank, lines] = raw
+
+    def _mark(self, bank, addr, stride, count, width):
+        last = addr + (count - 1) * stride
+        lo, hi = min(addr, last), max(addr, last) + width - 1
+        old = self.dirty.get(bank)
+        self.dirty[bank] = (lo, hi) if old is None else (min(lo, old[0]), max(hi, old[1]))
 
     def peek(self, bank, lines: np.ndarray) -> np.ndarray:
         return self.data[bank, lines]
 
-    @staticmethod
-    def _stamp(stamp, by, bank, index, cycles, me):
+    def _stamp(self, stamp, by, bank, index, cycles, me):
+        self.high = max(self.high, int(cycles.flat[-1]))  # cycles grow along an access
         if isinstance(index, slice):
             # Keep the latest cycle: a DMA on its own port may touch a line earlier than
             # a longer access issued before it.

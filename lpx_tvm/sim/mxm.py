@@ -37,6 +37,13 @@ class Accumulators:
         self._pending = [dict() for _ in range(planes)]  # (addr, count) -> _Pending
         self._concat = {}  # sources -> concatenated fp32 activations (the last few)
 
+    def start_run(self):
+        """Forget pending sums and cached activations. The rows need no clearing: every row
+        is written by a mul before it is read (the simulator checks)."""
+        for pend in self._pending:
+            pend.clear()
+        self._concat.clear()
+
     def multiply(self, plane: int, addr: int, x: np.ndarray, source, w: np.ndarray, width: int, kind: int,
                  accumulate: bool):
         """rows addr.. (+)= x[:, :K] @ w for the ``len(x)`` rows from ``addr``."""

@@ -54,12 +54,30 @@ class Simulator:
 
     def __init__(self, config="tsp"):
         self.config = load_config(config)
+        cfg = self.config
+        # Machine state kept from run to run (hundreds of megabytes on tsp).
+        self._sram = Banked("slice", cfg.mem_slices, cfg.lines_per_slice, cfg.lanes)
+        self._acc_stamps = Banked("accumulator of plane", cfg.mxm_planes, cfg.mxm_acc_rows, 1)
+        self._accs = None
 
     def run(self, program: Program, inputs: "dict | None" = None, *, timing_only: bool = False,
             trace: bool = False) -> SimResult:
         """Execute ``program``. In ``timing_only`` mode no arithmetic is done and ``inputs``
-        may be omitted; every timing check still runs and the counters are identical."""
-        return _Run(self.config, program, timing_only, trace).execute(inputs or {})
+        may be omitted; every timing check still runs and the counters are identical.
+
+        A Simulator reuses its SRAM and accumulator arrays from run to run; use one
+        Simulator per thread.
+        """
+        cfg = self.config
+        if not timing_only and self._accs is None:
+            self._accs = Accumulators(cfg.mxm_planes, cfg.mxm_acc_rows, cfg.lanes)
+        self._sram.start_run(not timing_only)
+        self._acc_stamps.start_run(False)
+        if self._accs is not None:
+            self._accs.start_run()
+        run = _Run(cfg, program, timing_only, trace, self._sram, self._acc_stamps,
+                   None if timing_only else self._accs)
+        return run.execute(inputs or {})
 
 
 @dataclass
@@ -89,6 +107,9 @@ class _Run:
     program: Program
     timing_only: bool
     want_trace: bool
+    sram: Banked = None
+    acc_stamps: Banked = None
+    accs: "Accumulators | None" = None
     counters: Counters = field(default_factory=Counters)
 
     def __post_init__(self):
@@ -99,9 +120,6 @@ class _Run:
             raise ProgramError(f"program {prog.name or ''!s} was built for machine config {prog.config_hash}, "
                                f"but this machine ({cfg.name}) is {cfg.hash}; rebuild it for {cfg.name}")
         functional = not self.timing_only
-        self.sram = Banked("slice", cfg.mem_slices, cfg.lines_per_slice, cfg.lanes, functional)
-        self.acc_stamps = Banked("accumulator of plane", cfg.mxm_planes, cfg.mxm_acc_rows, 1, False)
-        self.accs = Accumulators(cfg.mxm_planes, cfg.mxm_acc_rows, cfg.lanes) if functional else None
         self.acc_kind = np.zeros((cfg.mxm_planes, cfg.mxm_acc_rows), np.int8)
         self.wbuf = [[_WeightBuffer() for _ in range(cfg.mxm_weight_buffers)] for _ in range(cfg.mxm_planes)]
         self.streams = StreamNetwork(len(cfg.floorplan))
@@ -379,30 +397,9 @@ class _Run:
 
     def _acc_access(self, plane, ins, rate, first, i, read):
         # Accumulator rows land one every `rate` cycles: stamp each row with its own cycle.
-        addrs = np.arange(ins.addr, ins.addr + ins.count, dtype=np.int64)
+        rows = slice(ins.addr, ins.addr + ins.count)
         cycles = first + rate * np.arange(ins.count, dtype=np.int64)
-        st = self.acc_stamps
-        if read:
-            w = st.written_at[plane, addrs]
-            bad = w > cycles
-            if bad.any():
-                j = int(np.flatnonzero(bad)[0])
-                raise Race("acc-read-before-write",
-                           f"accumulator row {addrs[j]} of plane {plane} is read at cycle {cycles[j]} before the "
-                           f"write by instruction #{st.written_by[plane, addrs[j]]} lands at cycle {w[j]}")
-            st.read_at[plane, addrs] = np.maximum(st.read_at[plane, addrs], cycles)
-            st.read_by[plane, addrs] = i
-        else:
-            for stamp, by, what in ((st.read_at, st.read_by, "read"), (st.written_at, st.written_by, "written")):
-                prev = stamp[plane, addrs]
-                bad = prev >= cycles
-                if bad.any():
-                    j = int(np.flatnonzero(bad)[0])
-                    raise Race("acc-write-race",
-                               f"accumulator row {addrs[j]} of plane {plane} is written at cycle {cycles[j]}, not "
-                               f"after it was {what} at cycle {prev[j]} by instruction #{by[plane, addrs[j]]}")
-            st.written_at[plane, addrs] = cycles
-            st.written_by[plane, addrs] = i
+        self.acc_stamps.access_rows(plane, rows, cycles, i, read=read)
 
     def _mxm_drain(self, i, ins, t, _):
         plane = ins.unit
@@ -438,19 +435,21 @@ class _Run:
             out_dt = ins.out_dtype
         if op == "vxm.reduce_sum" and dt in (DType.INT8, DType.UINT8):
             raise nx.NumericsError("reduce_sum of int8/uint8 would overflow; convert to int32 first")
-        out = None
-        if a is not None:
+        self._emit(i, ins, t, out_dt, None if a is None else self._vxm_compute(ins, a, b, out_dt))
+
+    @staticmethod
+    def _vxm_compute(ins, a, b, out_dt):
+        op, dt = ins.op, ins.dtype
+        with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the hardware's, not errors
             if op in VXM_BINARY:
-                out = nx.binary(op, a, b, dt)
-            elif op in VXM_TRANSCENDENTAL:
-                out = nx.unary(op, a, dt)
-            elif op == "vxm.cvt":
-                out = nx.to_dtype(a.astype(np.float64) if dt.is_float else a, out_dt)
-            elif op == "vxm.requant":
-                out = nx.requant(a, b, ins.aux0, out_dt)
-            else:
-                out = nx.reduce(op, a, ins.aux0, dt)
-        self._emit(i, ins, t, out_dt, out)
+                return nx.binary(op, a, b, dt)
+            if op in VXM_TRANSCENDENTAL:
+                return nx.unary(op, a, dt)
+            if op == "vxm.cvt":
+                return nx.to_dtype(a.astype(np.float64) if dt.is_float else a, out_dt)
+            if op == "vxm.requant":
+                return nx.requant(a, b, ins.aux0, out_dt)
+            return nx.reduce(op, a, ins.aux0, dt)
 
     # SXM
     def _sxm(self, i, ins, t, _):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import ml_dtypes
 import numpy as np
@@ -130,7 +131,7 @@ class OpSpec:
     optional: tuple = ()  # fields that may be left at their default (e.g. vxm.add's b or imm)
     doc: str = ""
 
-    @property
+    @cached_property
     def field_names(self) -> tuple:
         return tuple(f for _, f in self.fields)
 

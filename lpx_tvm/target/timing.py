@@ -15,6 +15,7 @@ Conventions (see docs/isa.md):
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from dataclasses import dataclass
 
 from .config import LPXConfig
@@ -45,6 +46,11 @@ def ports_of_queue(cfg: LPXConfig, unit: Unit, index: int) -> tuple:
 
 
 def unit_count(cfg: LPXConfig, unit: Unit) -> int:
+    return _unit_counts(cfg)[unit]
+
+
+@lru_cache(maxsize=16)
+def _unit_counts(cfg: LPXConfig) -> dict:
     return {
         Unit.MEM: cfg.mem_slices,
         Unit.DMA: cfg.dma_engines,
@@ -53,7 +59,7 @@ def unit_count(cfg: LPXConfig, unit: Unit) -> int:
         Unit.SXM: sum(1 for k in cfg.floorplan if k == "SXM"),
         Unit.C2C: cfg.c2c_links,
         Unit.ICU: 1,
-    }[unit]
+    }
 
 
 def unit_position(cfg: LPXConfig, unit: Unit, index: int) -> "int | None":
