@@ -51,15 +51,27 @@ class _PerBank:
         self.row(key[0])[key[1]] = value
 
 
-def _index(addr: int, stride: int, count: int, width: int):
-    """Lines touched by ``count`` vectors of ``width`` lines, ``stride`` lines apart.
+def _index(addr: int, stride: int, count: int, width: int, inner: int = 0, outer: int = 0):
+    """Lines touched by ``count`` vectors of ``width`` lines.
 
-    A slice for the contiguous case (cheap views), else an (n, w) index array.
+    Vector ``k`` starts at ``addr + k * stride``, or with a 2-D pattern (``inner > 0``)
+    at ``addr + (k // inner) * outer + (k % inner) * stride``. A slice for the contiguous
+    case (cheap views), else an (n, w) index array.
     """
-    if stride == width:
+    k = np.arange(count, dtype=np.int64)
+    if inner and outer != inner * stride:
+        starts = addr + (k // inner) * outer + (k % inner) * stride
+    elif stride == width:
         return slice(addr, addr + count * width)
-    return (addr + np.arange(count, dtype=np.int64)[:, None] * stride
-            + np.arange(width, dtype=np.int64)[None, :])
+    else:
+        starts = addr + k * stride
+    return starts[:, None] + np.arange(width, dtype=np.int64)[None, :]
+
+
+def _bounds(index) -> tuple:
+    if isinstance(index, slice):
+        return index.start, index.stop - 1
+    return int(index.min()), int(index.max())
 
 
 class Banked:
@@ -107,6 +119,12 @@ class Banked:
             raise Race("address-out-of-range",
                        f"{self.name} {bank}: {what}s {lo}..{hi} outside 0..{self.lines - 1}")
 
+    def _check_index(self, bank: int, index):
+        lo, hi = _bounds(index)
+        if lo < 0 or hi >= self.lines:
+            raise Race("address-out-of-range",
+                       f"{self.name} {bank}: lines {lo}..{hi} outside 0..{self.lines - 1}")
+
     def _cycles(self, first: int, count: int, width: int, index, per_vector: bool):
         k = np.arange(count, dtype=np.int64) if per_vector else np.zeros(count, np.int64)
         cyc = first + self.base + k
@@ -140,11 +158,11 @@ class Banked:
         return "line" if self.name == "slice" else "row"
 
     # -- access ------------------------------------------------------------
-    def read(self, bank, addr, stride, count, dtype, first_cycle, me, *, per_vector=True):
+    def read(self, bank, addr, stride, count, dtype, first_cycle, me, *, per_vector=True, inner=0, outer=0):
         """Check and record a read of ``count`` vectors; returns (count, lanes) data or None."""
         width = np.dtype(dtype).itemsize
-        self.check_range(bank, addr, stride, count, width)
-        index = _index(addr, stride, count, width)
+        index = _index(addr, stride, count, width, inner, outer)
+        self._check_index(bank, index)
         cycles = self._cycles(first_cycle, count, width, index, per_vector)
         self._check_read(bank, index, cycles)
         self._stamp(self.read_at, self.read_by, bank, index, cycles, me)
@@ -153,17 +171,18 @@ class Banked:
         lines = self.data[bank, index]
         return lines_to_vectors(lines.reshape(count, width, self.lanes), dtype)
 
-    def write(self, bank, addr, stride, count, vectors, dtype, first_cycle, me, *, per_vector=True):
+    def write(self, bank, addr, stride, count, vectors, dtype, first_cycle, me, *, per_vector=True,
+              inner=0, outer=0):
         """Check and record a write; ``vectors`` is (count, lanes) or None in timing-only mode."""
         width = np.dtype(dtype).itemsize
-        self.check_range(bank, addr, stride, count, width)
-        index = _index(addr, stride, count, width)
+        index = _index(addr, stride, count, width, inner, outer)
+        self._check_index(bank, index)
         cycles = self._cycles(first_cycle, count, width, index, per_vector)
         self._check_write(bank, index, cycles)
         self._stamp(self.written_at, self.written_by, bank, index, cycles, me)
         self.generation[bank] += 1
         if self.functional and vectors is not None:
-            self._mark(bank, addr, stride, count, width)
+            self._mark(bank, *_bounds(index))
             lines = vectors_to_lines(vectors)
             if isinstance(index, slice):
                 self.data[bank, index] = lines.reshape(count * width, self.lanes)
@@ -200,15 +219,10 @@ class Banked:
         self.generation[bank] += 1
         if not self.functional:
             return
-        if isinstance(lines, slice):
-            self._mark(bank, lines.start, 1, lines.stop - lines.start, 1)
-        else:
-            self._mark(bank, int(lines.min()), 1, int(lines.max()) - int(lines.min()) + 1, 1)
+        self._mark(bank, *_bounds(lines))
         self.data[bank, lines] = raw
 
-    def _mark(self, bank, addr, stride, count, width):
-        last = addr + (count - 1) * stride
-        lo, hi = min(addr, last), max(addr, last) + width - 1
+    def _mark(self, bank, lo, hi):
         old = self.dirty.get(bank)
         self.dirty[bank] = (lo, hi) if old is None else (min(lo, old[0]), max(hi, old[1]))
 

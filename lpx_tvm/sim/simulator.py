@@ -210,6 +210,8 @@ class _Run:
         if "dtype" in spec.field_names and ins.dtype is DType.NONE:
             problems.append("missing dtype")
         op = ins.op
+        if op in ("mem.read", "mem.write") and ins.aux0 < 0:
+            problems.append(f"inner count {ins.aux0} must be >= 0")
         if op == "dma.load" or op == "dma.store":
             if not 0 <= ins.slice < cfg.mem_slices:
                 problems.append(f"slice {ins.slice} out of range 0..{cfg.mem_slices - 1}")
@@ -286,15 +288,16 @@ class _Run:
 
     # MEM
     def _mem_read(self, i, ins, t, _):
-        data = self.sram.read(ins.unit, ins.addr, ins.stride, ins.count, ins.dtype.np, ins.cycle, i)
+        data = self.sram.read(ins.unit, ins.addr, ins.stride, ins.count, ins.dtype.np, ins.cycle, i,
+                              inner=ins.aux0, outer=ins.aux1)
         self._count_sram(ins, read=True)
-        source = (ins.unit, ins.addr, ins.stride, ins.dtype, int(self.sram.generation[ins.unit]))
+        source = (ins.unit, ins.addr, ins.stride, ins.aux0, ins.aux1, ins.dtype, int(self.sram.generation[ins.unit]))
         self.streams.emit(ins.dst, t.position, t.emit, ins.dtype, data, t.emit_count, i, source)
 
     def _mem_write(self, i, ins, t, _):
         data = self._take(ins, ins.src0, ins.dtype, t.position)
         self.sram.write(ins.unit, ins.addr, ins.stride, ins.count, data, ins.dtype.np,
-                        ins.cycle + self.cfg.latency["mem_write"], i)
+                        ins.cycle + self.cfg.latency["mem_write"], i, inner=ins.aux0, outer=ins.aux1)
         self._count_sram(ins, read=False)
 
     def _mem_gather(self, i, ins, t, _):

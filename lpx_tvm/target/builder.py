@@ -32,27 +32,52 @@ from .timing import mxm_rate, timing, unit_position
 
 @dataclass(frozen=True)
 class Region:
-    """``count`` vectors of ``dtype`` in one slice, at ``addr + k * stride``."""
+    """``count`` vectors of ``dtype`` in one slice, vector ``k`` at ``addr + k * stride``,
+    or with a 2-D pattern (``inner > 0``) at ``addr + (k // inner) * outer + (k % inner) * stride``
+    (e.g. a window of pixel rows inside a padded image)."""
 
     slice: int
     addr: int
     count: int
     stride: int
     dtype: DType
+    inner: int = 0
+    outer: int = 0
 
     @property
     def lines(self) -> tuple:
-        last = self.addr + (self.count - 1) * self.stride
-        return min(self.addr, last), max(self.addr, last) + self.dtype.itemsize - 1
+        k = np.arange(self.count)
+        starts = self.addr + ((k // self.inner) * self.outer + (k % self.inner) * self.stride if self.inner
+                              else k * self.stride)
+        return int(starts.min()), int(starts.max()) + self.dtype.itemsize - 1
 
     def rows(self, start: int, stop: int) -> "Region":
         if not 0 <= start < stop <= self.count:
             raise SchedulingError(f"rows {start}:{stop} outside a region of {self.count} vectors")
+        if self.inner:
+            raise SchedulingError("rows of a 2-D region: build the sub-window with window() instead")
         return Region(self.slice, self.addr + start * self.stride, stop - start, self.stride, self.dtype)
+
+    def window(self, first: int, rows: int, cols: int, row_pitch: int, col_step: int = 1) -> "Region":
+        """A 2-D window of a 1-D region seen as rows of ``row_pitch`` vectors: ``rows`` rows of
+        ``cols`` vectors from vector ``first``, every ``col_step``-th vector within a row."""
+        if self.inner:
+            raise SchedulingError("window() of a region that is already 2-D")
+        last = first + (rows - 1) * row_pitch + (cols - 1) * col_step
+        if not (0 <= first and 0 <= last < self.count):
+            raise SchedulingError(f"window reaches vector {last} of a region of {self.count}")
+        return Region(self.slice, self.addr + first * self.stride, rows * cols, col_step * self.stride,
+                      self.dtype, inner=cols, outer=row_pitch * self.stride)
 
     def repeat(self, count: int) -> "Region":
         """The region's first vector read ``count`` times (stride 0), e.g. a bias row."""
         return Region(self.slice, self.addr, count, 0, self.dtype)
+
+    def _fields(self) -> dict:
+        f = dict(addr=self.addr, stride=self.stride, dtype=self.dtype)
+        if self.inner:
+            f.update(aux0=self.inner, aux1=self.outer)
+        return f
 
 
 @dataclass(frozen=True)
@@ -127,8 +152,7 @@ class Group:
     def read(self, region: Region) -> Value:
         lo, hi = region.lines
         n = region.count
-        node = self._node("mem.read", n, (region.slice,),
-                          dict(addr=region.addr, stride=region.stride, dtype=region.dtype),
+        node = self._node("mem.read", n, (region.slice,), region._fields(),
                           effects=[(("sram", region.slice), lo, hi, "r", 0, n - 1)], out_dtype=region.dtype)
         return node.out
 
@@ -138,7 +162,7 @@ class Group:
             raise SchedulingError(f"write: value is {v.dtype.short}, region is {region.dtype.short}")
         lo, hi = region.lines
         lw, n = self.cfg.latency["mem_write"], region.count
-        self._node("mem.write", n, (region.slice,), dict(addr=region.addr, stride=region.stride, dtype=region.dtype),
+        self._node("mem.write", n, (region.slice,), region._fields(),
                    inputs=[("src0", v)], effects=[(("sram", region.slice), lo, hi, "w", lw, n - 1 + lw)])
 
     def gather(self, index: Value, table: Region) -> Value:

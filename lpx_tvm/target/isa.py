@@ -141,16 +141,18 @@ def _spec(code, mnemonic, unit, unit_name, fields, optional=(), doc=""):
 
 
 _MEM_RW = (("addr", "addr"), ("stride", "stride"), ("dtype", "dtype"))
+_MEM_2D = (("inner", "aux0"), ("outer", "aux1"))  # optional second address dimension
 _UNARY = (("dtype", "dtype"), ("a", "src0"), ("dst", "dst"))
 _BINARY = (("dtype", "dtype"), ("a", "src0"), ("b", "src1"), ("imm", "imm"), ("dst", "dst"))
 _SXM1 = (("dtype", "dtype"), ("a", "src0"), ("dst", "dst"))
 
 _OP_LIST = [
     # MEM: one queue per SRAM slice; one read port and one write port.
-    _spec(0x01, "mem.read", Unit.MEM, "slice", _MEM_RW + (("dst", "dst"),),
-          doc="Read `count` vectors from lines addr + k*stride onto stream dst."),
-    _spec(0x02, "mem.write", Unit.MEM, "slice", _MEM_RW + (("src", "src0"),),
-          doc="Write `count` vectors from stream src to lines addr + k*stride."),
+    _spec(0x01, "mem.read", Unit.MEM, "slice", _MEM_RW + _MEM_2D + (("dst", "dst"),), optional=("aux0", "aux1"),
+          doc="Read `count` vectors from lines addr + k*stride (2-D: addr + (k//inner)*outer + "
+              "(k%inner)*stride) onto stream dst."),
+    _spec(0x02, "mem.write", Unit.MEM, "slice", _MEM_RW + _MEM_2D + (("src", "src0"),), optional=("aux0", "aux1"),
+          doc="Write `count` vectors from stream src to lines addr + k*stride (or the 2-D pattern)."),
     _spec(0x03, "mem.gather", Unit.MEM, "slice", (("base", "addr"), ("stride", "stride"), ("dtype", "dtype"),
                                                     ("idx", "src0"), ("dst", "dst")),
           doc="For each int32 index i in lane 0 of stream idx, read the vector at base + i*stride onto dst."),

@@ -166,3 +166,23 @@ def test_mutation_moving_any_instruction_is_caught_or_harmless():
             harmless += 1
     assert tried >= len(prog.instrs)
     assert caught + harmless == tried and caught > 0
+
+
+def test_two_dimensional_window_read_and_write():
+    """A 3 x 4 window (every 2nd pixel in a row) of an 8 x 10 pixel grid, written into the
+    interior of a zero-padded 5 x 6 grid: the access pattern of a strided convolution."""
+    from lpx_tvm.target.builder import ProgramBuilder
+
+    b = ProgramBuilder("mini")
+    x = b.input("X", (8 * 10, 16), "fp16")
+    y = b.output("Y", (5 * 6, 16), "fp16")
+    g = b.group("window")
+    v = g.read(x.tile(0).window(first=1 * 10 + 2, rows=3, cols=4, row_pitch=10, col_step=2))
+    g.write(v, y.tile(0).window(first=1 * 6 + 1, rows=3, cols=4, row_pitch=6))
+    prog = b.build()
+    assert any(i.op == "mem.read" and i.aux0 == 4 for i in prog.instrs)
+    data = np.random.default_rng(9).standard_normal((8, 10, 16)).astype(np.float16)
+    out = Simulator("mini").run(prog, {"X": data.reshape(80, 16)}).outputs["Y"].reshape(5, 6, 16)
+    want = np.zeros((5, 6, 16), np.float16)
+    want[1:4, 1:5] = data[1:4, 2:10:2]
+    np.testing.assert_array_equal(out, want)
