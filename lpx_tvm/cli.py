@@ -70,14 +70,15 @@ def _asm(args) -> int:
 # ---- run --------------------------------------------------------------------------
 
 def _run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("program", help="LPX program binary (.lpx)")
-    p.add_argument("--inputs", help="npz file whose keys are the program's input names")
-    p.add_argument("--outputs", help="npz file to write the outputs to")
-    p.add_argument("--report", help="JSON report to write (cycles, utilization, per-layer counters)")
-    p.add_argument("--trace", help="Chrome/Perfetto trace JSON to write")
-    p.add_argument("--preset", default=None, help="machine: tsp, mini, lp30 or a JSON file (default: the "
-                                                   "program's own preset when it is a bundled one)")
-    p.add_argument("--timing-only", action="store_true", help="skip the arithmetic; cycles only")
+    p.add_argument("model", help="an .onnx model, an artifact folder (lpx-tvm compile) or a program binary (.lpx)")
+    p.add_argument("--inputs", help="npz file whose keys are the model's input names")
+    p.add_argument("--outputs", help="npz file to write the outputs to, keyed by output name")
+    p.add_argument("--report", help="JSON report to write (cycles, latency, utilization, offload, layers)")
+    p.add_argument("--trace", help="Chrome/Perfetto trace JSON to write (program binaries)")
+    p.add_argument("--preset", default=None, help="machine: tsp, mini, lp30 or a JSON file (default: tsp; a "
+                                                   "program or artifact runs on the machine it was built for)")
+    p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "int8"])
+    p.add_argument("--timing-only", action="store_true", help="program binaries: skip the arithmetic")
 
 
 def _program_preset(prog, preset):
@@ -109,13 +110,48 @@ def _load_npz(path):
 
 
 def _run(args) -> int:
+    import os
+
+    if args.model.endswith(".lpx"):
+        return _run_program(args)
+    from .errors import LPXError
+
+    if not os.path.exists(args.model):
+        raise LPXError(f"{args.model}: no such file or artifact")
+    model = _load_model(args)
+    inputs = _load_npz(args.inputs) if args.inputs else {}
+    outputs = model.run(inputs)
+    if args.outputs:
+        import numpy as np
+
+        np.savez(args.outputs, **outputs)
+    report = model.report
+    if args.report:
+        from .sim.report import save_report
+
+        save_report(report, args.report)
+    _print_model_report(report)
+    return 0
+
+
+def _load_model(args):
+    import os
+
+    from . import compile_model, load
+
+    if os.path.isdir(args.model):
+        return load(args.model)
+    return compile_model(args.model, preset=args.preset or "tsp", precision=args.precision)
+
+
+def _run_program(args) -> int:
     import numpy as np
 
     from .sim import Simulator
     from .sim.report import save_report, summarize
     from .target.encoding import load_program
 
-    prog = load_program(args.program)
+    prog = load_program(args.model)
     cfg = _program_preset(prog, args.preset)
     inputs = _load_npz(args.inputs) if args.inputs else {}
     result = Simulator(cfg).run(prog, inputs, timing_only=args.timing_only, trace=bool(args.trace))
@@ -127,6 +163,47 @@ def _run(args) -> int:
         result.trace.save(args.trace)
     _print_summary(summarize(result))
     return 0
+
+
+# ---- compile ----------------------------------------------------------------------
+
+def _compile_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="an .onnx model")
+    p.add_argument("-o", "--output", required=True, help="artifact folder to write")
+    p.add_argument("--preset", default="tsp", help="tsp, mini, lp30 or a JSON machine file")
+    p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "int8"])
+
+
+def _compile(args) -> int:
+    from . import compile_model
+
+    model = compile_model(args.model, preset=args.preset, precision=args.precision)
+    model.save(args.output)
+    n = len(model.executable.regions)
+    print(f"{args.output}: {n} LPX region{'s' if n != 1 else ''} for {model.preset} ({args.precision})")
+    return 0
+
+
+def _print_model_report(rep: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    top = Table(title=f"model on {rep['preset']} ({rep['precision']})", show_header=False)
+    top.add_row("cycles", f"{rep['cycles']:,}")
+    top.add_row("latency", f"{rep['latency_s'] * 1e3:,.3f} ms")
+    top.add_row("MACs on LPX", f"{rep['macs']:,}")
+    top.add_row("MXM utilization", f"{rep['mxm_utilization']:.1%}")
+    top.add_row("simulator wall time", f"{rep['sim_wall_s']:.2f} s")
+    top.add_row("CPU ops wall time", f"{rep['cpu_wall_s']:.2f} s")
+    console.print(top)
+    off = Table(title="offload")
+    for col in ("op", "on LPX", "on CPU"):
+        off.add_column(col, justify="left" if col == "op" else "right")
+    lpx, cpu = rep["offload"].get("lpx", {}), rep["offload"].get("cpu", {})
+    for op in sorted(set(lpx) | set(cpu)):
+        off.add_row(op, str(lpx.get(op, 0)), str(cpu.get(op, 0)))
+    console.print(off)
 
 
 # ---- kernel -----------------------------------------------------------------------
@@ -221,7 +298,8 @@ def _print_summary(rep: dict) -> None:
 # name -> (help, add_arguments(parser), handler(args) -> exit code)
 COMMANDS = {
     "demo": ("run a tiled GEMM on the simulated LPX and check it against numpy", _demo_args, _demo),
-    "run": ("run a program binary on the simulator", _run_args, _run),
+    "compile": ("compile an ONNX model for LPX into an artifact folder", _compile_args, _compile),
+    "run": ("run a model, an artifact or a program binary on the simulated LPX", _run_args, _run),
     "kernel": ("build a hand-written kernel into a program binary", _kernel_args, _kernel),
     "disasm": ("print the assembly listing of a program binary", _disasm_args, _disasm),
     "asm": ("assemble a text listing into a program binary", _asm_args, _asm),

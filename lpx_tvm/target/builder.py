@@ -87,21 +87,66 @@ class SramTensor:
 
     @property
     def ntiles(self) -> int:
-        return len(self.layout.tiles)
+        return len(self.layout.tiles) // self.layout.nchunks
 
     def tile(self, j: int = 0) -> Region:
-        sl, addr = self.layout.tiles[j]
-        return Region(sl, addr, self.layout.rows, self.layout.row_stride, self.layout.dtype)
+        """Column tile ``j`` as one region (the tensor must fit one chunk)."""
+        if self.layout.nchunks != 1:
+            raise SchedulingError(f"tensor {self.name} spans {self.layout.nchunks} slices: use segments()")
+        (sl, addr), _, n = self.layout.chunk(j, 0)
+        return Region(sl, addr, n, self.layout.row_stride, self.layout.dtype)
+
+    def segments(self, j: int, r0: int, r1: int) -> list:
+        """Rows ``r0 .. r1 - 1`` of column tile ``j`` as [(first row, Region)], one per chunk."""
+        out = []
+        R, lay = self.layout.rows_per_chunk, self.layout
+        r = r0
+        while r < r1:
+            q = r // R
+            (sl, addr), c0, n = lay.chunk(j, q)
+            end = min(r1, c0 + n)
+            out.append((r, Region(sl, addr + (r - c0) * lay.row_stride, end - r, lay.row_stride, lay.dtype)))
+            r = end
+        return out
+
+    def window_segments(self, j: int, first: int, rows: int, cols: int, row_pitch: int, col_step: int = 1) -> list:
+        """A 2-D window (``rows`` rows of ``cols`` vectors, see :meth:`Region.window`) of tile
+        ``j`` as [(first vector index, Region)], split where it crosses chunks."""
+        R, lay = self.layout.rows_per_chunk, self.layout
+        out, i = [], 0
+        while i < rows:
+            start = first + i * row_pitch
+            q = start // R
+            i1 = i + 1
+            while i1 < rows and (first + i1 * row_pitch) // R == q:
+                i1 += 1
+            (sl, addr), c0, n = lay.chunk(j, q)
+            if start + (cols - 1) * col_step >= c0 + n:
+                raise SchedulingError(f"a window row of {self.name} crosses a chunk boundary (chunks must hold "
+                                      "whole image rows)")
+            base = Region(sl, addr, n, lay.row_stride, lay.dtype)
+            out.append((i * cols, base.window(start - c0, i1 - i, cols, row_pitch, col_step)))
+            i = i1
+        return out
 
 
 @dataclass(eq=False)
 class Value:
-    """A stream value: ``count`` vectors of ``dtype`` emitted by ``node``."""
+    """A stream value: ``count`` vectors of ``dtype`` emitted by ``node``; a part of one
+    (:meth:`part`) is read ``offset`` vectors into it."""
 
     node: "Node"
     count: int
     dtype: DType
     consumers: list = field(default_factory=list)
+    base: "Value | None" = None
+    offset: int = 0
+
+    def part(self, offset: int, count: int) -> "Value":
+        root = self.base or self
+        if offset < 0 or self.offset + offset + count > root.count:
+            raise SchedulingError(f"part {offset}:{offset + count} of a value of {self.count} vectors")
+        return Value(self.node, count, self.dtype, base=root, offset=self.offset + offset)
 
 
 @dataclass(eq=False)
@@ -137,7 +182,7 @@ class Group:
             if v.node not in self.nodes:
                 raise SchedulingError(f"{op}: its {f} operand comes from another group; values do not "
                                       "cross groups (write it to SRAM and read it again)")
-            v.consumers.append((node, f))
+            (v.base or v).consumers.append((node, f))
         if out_dtype is not None:
             node.out = Value(node, out_count or count, DType.parse(out_dtype))
         self.nodes.append(node)
@@ -285,10 +330,11 @@ class ProgramBuilder:
         self._installed = {}
 
     # -- storage -------------------------------------------------------------
-    def alloc_lines(self, lines: int, slice: "int | None" = None) -> tuple:
+    def alloc_lines(self, lines: int, slice: "int | None" = None, avoid=()) -> tuple:
+        """Lines in the least-used slice (not one of ``avoid``, slices this data is read beside)."""
         cfg = self.config
         if slice is None:
-            order = sorted(range(cfg.mem_slices), key=lambda s: (self._top[s], s))
+            order = sorted((s for s in range(cfg.mem_slices) if s not in avoid), key=lambda s: (self._top[s], s))
             slice = next((s for s in order if self._top[s] + lines <= cfg.lines_per_slice), None)
             if slice is None:
                 raise SchedulingError(f"SRAM full: no slice has {lines} free lines "
@@ -300,20 +346,36 @@ class ProgramBuilder:
         self._top[slice] += lines
         return slice, addr
 
-    def tensor(self, name: str, shape, dtype, *, role: "str | None" = None, data=None, slices=None) -> SramTensor:
-        """Allocate a tensor in SRAM, one column tile of ``lanes`` columns per allocation."""
+    def tensor(self, name: str, shape, dtype, *, role: "str | None" = None, data=None, slices=None,
+               avoid=(), row_align: int = 1) -> SramTensor:
+        """Allocate a tensor in SRAM, one column tile of ``lanes`` columns per allocation.
+
+        ``avoid``: slices to keep clear of, e.g. those of a tensor this one is read beside
+        in one group (a slice has one read port). A tile larger than a slice is cut into
+        chunks of a multiple of ``row_align`` rows (e.g. whole image rows)."""
         dt = DType.parse(dtype)
         shape = tuple(int(s) for s in shape)
         rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
         ntiles = -(-shape[-1] // self.config.lanes)
         w = dt.itemsize
-        tiles = tuple(self.alloc_lines(rows * w, None if slices is None else slices[j % len(slices)])
-                      for j in range(ntiles))
-        layout = TensorLayout(shape, dt, tiles, w)
+        fit = self.config.lines_per_slice // w  # rows one slice holds
+        chunk_rows = 0
+        if rows > fit:
+            chunk_rows = fit // row_align * row_align
+            if chunk_rows == 0:
+                raise SchedulingError(f"tensor {name}: a row group of {row_align} vectors does not fit one slice")
+        nchunks = -(-rows // (chunk_rows or rows))
+        tiles = []
+        for j in range(ntiles):
+            for q in range(nchunks):
+                n = min(rows, (q + 1) * (chunk_rows or rows)) - q * (chunk_rows or rows)
+                want = None if slices is None else slices[(j * nchunks + q) % len(slices)]
+                tiles.append(self.alloc_lines(n * w, want, avoid))
+        layout = TensorLayout(shape, dt, tuple(tiles), w, chunk_rows)
         if data is not None:
             arr = coerce(name, data, layout)
-            for (sl, addr), (_, _, raw) in zip(tiles, tensor_tiles(layout, arr, self.config.lanes)):
-                self._images.append(SramImage(sl, addr, raw.tobytes()))
+            for sl, lines, raw in tensor_tiles(layout, arr, self.config.lanes):
+                self._images.append(SramImage(sl, lines.start, raw.tobytes()))
         if role is not None:
             self._bindings.append(Binding(name, role, layout))
         self._symbols[name] = layout.to_json()
@@ -405,7 +467,7 @@ class _Placer:
             pc = self._position(c)
             for _, v in c.inputs:
                 p = v.node
-                d = self._timing(p, p.units[0]).emit + abs(pc - self._position(p))
+                d = self._timing(p, p.units[0]).emit + abs(pc - self._position(p)) + v.offset
                 adj[p].append((c, d))
                 adj[c].append((p, -d))
         off = {nodes[0]: 0}
@@ -517,7 +579,7 @@ class _Placer:
             self.max_done = max(self.max_done, tm_.done + start)
             kw = dict(n.fields)
             for f, v in n.inputs:
-                kw[f] = streams[id(v)]
+                kw[f] = streams[id(v.base or v)]
             if n.out is not None:
                 kw["dst"] = streams[id(n.out)]
             out.append(Instr(n.op, start, unit=u, count=n.count, tag=g.tag, **kw))

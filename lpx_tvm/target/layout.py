@@ -42,49 +42,55 @@ def coerce(name: str, array, layout: TensorLayout) -> np.ndarray:
 
 
 def tensor_tiles(layout: TensorLayout, array: np.ndarray, lanes: int):
-    """Yield ``(slice, line_index, raw_lines)`` for each column tile of ``array``.
+    """Yield ``(slice, lines, raw_lines)`` for each chunk of each column tile of ``array``.
 
-    ``line_index`` is an array of line numbers, ``raw_lines`` the uint8 lines for them.
+    ``lines`` is a slice (or an index array) of line numbers, ``raw_lines`` the uint8
+    lines for them.
     """
     w = layout.dtype.itemsize
     mat = np.asarray(array).reshape(layout.rows, layout.cols)
-    for j, (sl, addr) in enumerate(layout.tiles):
+    for j in range(-(-layout.cols // lanes)):
         part = mat[:, j * lanes:(j + 1) * lanes]
-        vec = np.zeros((layout.rows, lanes), layout.dtype.np)
-        vec[:, :part.shape[1]] = part
-        lines = vectors_to_lines(vec).reshape(layout.rows * w, lanes)
-        yield sl, _line_numbers(layout, addr), lines
+        for q in range(layout.nchunks):
+            (sl, addr), r0, n = layout.chunk(j, q)
+            vec = np.zeros((n, lanes), layout.dtype.np)
+            vec[:, :part.shape[1]] = part[r0:r0 + n]
+            yield sl, _line_numbers(layout, addr, n), vectors_to_lines(vec).reshape(n * w, lanes)
 
 
 def read_tensor(layout: TensorLayout, fetch, lanes: int) -> np.ndarray:
     """Assemble a tensor from SRAM; ``fetch(slice, lines)`` returns uint8 lines."""
     mat = np.empty((layout.rows, layout.cols), layout.dtype.np)
-    for j, (sl, addr) in enumerate(layout.tiles):
-        vec = fetch(sl, _line_numbers(layout, addr)).view(layout.dtype.np).reshape(layout.rows, lanes)
+    for j in range(-(-layout.cols // lanes)):
         c0, c1 = j * lanes, min(layout.cols, (j + 1) * lanes)
-        mat[:, c0:c1] = vec[:, :c1 - c0]
+        for q in range(layout.nchunks):
+            (sl, addr), r0, n = layout.chunk(j, q)
+            vec = fetch(sl, _line_numbers(layout, addr, n)).view(layout.dtype.np).reshape(n, lanes)
+            mat[r0:r0 + n, c0:c1] = vec[:, :c1 - c0]
     return mat.reshape(layout.shape)
 
 
-def _line_numbers(layout: TensorLayout, addr: int):
-    """The lines of one tile: a slice when its vectors are contiguous, else an index array."""
+def _line_numbers(layout: TensorLayout, addr: int, rows: int):
+    """The lines of ``rows`` vectors from ``addr``: a slice when contiguous, else an index array."""
     w = layout.dtype.itemsize
     if layout.row_stride == w:
-        return slice(addr, addr + layout.rows * w)
-    rows = np.arange(layout.rows, dtype=np.int64)
-    return (addr + rows[:, None] * layout.row_stride + np.arange(w)[None, :]).ravel()
+        return slice(addr, addr + rows * w)
+    r = np.arange(rows, dtype=np.int64)
+    return (addr + r[:, None] * layout.row_stride + np.arange(w)[None, :]).ravel()
 
 
 def check_layout(layout: TensorLayout, lanes: int, slices: int, lines: int, name: str = "tensor"):
-    need = -(-layout.cols // lanes)
-    if len(layout.tiles) != need:
-        raise ProgramError(f"{name}: {layout.cols} columns need {need} tiles of {lanes} lanes, "
-                           f"layout has {len(layout.tiles)}")
-    w = layout.dtype.itemsize
     if layout.dtype is DType.NONE:
         raise ProgramError(f"{name}: layout has no dtype")
-    for sl, addr in layout.tiles:
-        last = addr + (layout.rows - 1) * layout.row_stride + w - 1
-        if not 0 <= sl < slices or addr < 0 or last >= lines:
-            raise ProgramError(f"{name}: tile at slice {sl} lines {addr}..{last} is outside the SRAM "
-                               f"({slices} slices of {lines} lines)")
+    need = -(-layout.cols // lanes) * layout.nchunks
+    if len(layout.tiles) != need:
+        raise ProgramError(f"{name}: {layout.cols} columns in {layout.nchunks} row chunk(s) need {need} tiles of "
+                           f"{lanes} lanes, layout has {len(layout.tiles)}")
+    w = layout.dtype.itemsize
+    for j in range(-(-layout.cols // lanes)):
+        for q in range(layout.nchunks):
+            (sl, addr), _, n = layout.chunk(j, q)
+            last = addr + (n - 1) * layout.row_stride + w - 1
+            if not 0 <= sl < slices or addr < 0 or last >= lines:
+                raise ProgramError(f"{name}: chunk at slice {sl} lines {addr}..{last} is outside the SRAM "
+                                   f"({slices} slices of {lines} lines)")

@@ -22,15 +22,17 @@ class TensorLayout:
 
     The tensor is viewed as a matrix ``(rows, cols)``: ``rows`` is the product of all
     but the last dimension and ``cols`` the last one. Its columns are cut into tiles of
-    ``lanes`` columns; tile ``j`` is ``rows`` vectors in slice ``tiles[j][0]``, vector
-    ``r`` at line ``tiles[j][1] + r * row_stride``. Unused lanes of the last tile are
-    zero.
+    ``lanes`` columns, and a tile's rows into chunks of ``chunk_rows`` rows (0: one chunk
+    holds every row) so a tensor larger than one slice spreads over several. Chunk
+    ``q`` of tile ``j`` is ``tiles[j * nchunks + q] = (slice, addr)``; its row ``r`` sits
+    at line ``addr + r * row_stride``. Lanes past the last column are unspecified.
     """
 
     shape: tuple
     dtype: DType
-    tiles: tuple  # ((slice, addr), ...) one per column tile
-    row_stride: int  # lines between consecutive vectors of a tile
+    tiles: tuple  # ((slice, addr), ...): one per column tile and row chunk, tile-major
+    row_stride: int  # lines between consecutive vectors of a chunk
+    chunk_rows: int = 0
 
     @property
     def rows(self) -> int:
@@ -40,14 +42,30 @@ class TensorLayout:
     def cols(self) -> int:
         return int(self.shape[-1]) if self.shape else 1
 
+    @property
+    def rows_per_chunk(self) -> int:
+        return self.chunk_rows or self.rows
+
+    @property
+    def nchunks(self) -> int:
+        return -(-self.rows // self.rows_per_chunk)
+
+    def chunk(self, j: int, q: int) -> tuple:
+        """((slice, addr), first row, row count) of chunk ``q`` of column tile ``j``."""
+        r0 = q * self.rows_per_chunk
+        return self.tiles[j * self.nchunks + q], r0, min(self.rows, r0 + self.rows_per_chunk) - r0
+
     def to_json(self) -> dict:
-        return {"shape": list(self.shape), "dtype": self.dtype.short,
-                "tiles": [list(t) for t in self.tiles], "row_stride": self.row_stride}
+        d = {"shape": list(self.shape), "dtype": self.dtype.short,
+             "tiles": [list(t) for t in self.tiles], "row_stride": self.row_stride}
+        if self.chunk_rows:
+            d["chunk_rows"] = self.chunk_rows
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> "TensorLayout":
         return cls(tuple(int(x) for x in d["shape"]), DType.parse(d["dtype"]),
-                   tuple((int(s), int(a)) for s, a in d["tiles"]), int(d["row_stride"]))
+                   tuple((int(s), int(a)) for s, a in d["tiles"]), int(d["row_stride"]), int(d.get("chunk_rows", 0)))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,81 @@
+"""lpx_tvm.build: a Relax module in, an executable whose LPX regions run on the simulator out.
+
+The flow: canonicalize (fold constants, fold BatchNorm into convolutions) -> partition
+into maximal LPX regions (BYOC patterns with real checks) -> compile each region
+(scheduled TensorIR tiles and vector ops -> one Program per region) -> replace the
+regions by extern calls -> build the rest for the CPU with TVM's llvm pipeline.
+
+``tvm.compile(mod, target="lpx", relax_pipeline="lpx")`` runs the same flow through the
+registered Relax pipeline ``"lpx"`` and target tag ``"lpx"``.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from .errors import LPXError
+from .relax_passes import canonicalize, partition_for_lpx
+from .runtime.executable import LPXExecutable
+from .target.codegen import RegionCompiler
+from .target.codegen.outline import lpx_functions, outline_regions
+from .target.config import load_config
+
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+TARGET_TAG = "lpx"
+
+
+def _check(precision, tuning_log):
+    if precision not in PRECISIONS:
+        raise LPXError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    if precision == "int8":
+        raise LPXError("precision int8 needs a quantized (QDQ) model; this build compiles float models")
+    if tuning_log is not None:
+        raise LPXError("tuning logs are not supported by this build yet")
+
+
+def lower_for_lpx(mod, cfg, precision: str):
+    """Canonicalize, partition and compile the LPX regions.
+
+    Returns ``(cpu_module, regions, offload_report)``: the module with regions replaced by
+    extern calls, the compiled regions by name, and what ran where.
+    """
+    mod = canonicalize(mod)
+    mod, offload = partition_for_lpx(mod, cfg, precision)
+    compiler = RegionCompiler(cfg, precision)
+    regions = {name: compiler.compile(name, func) for name, func in lpx_functions(mod).items()}
+    return outline_regions(mod, regions), regions, offload
+
+
+def build(mod, target=TARGET_TAG, params=None, preset="tsp", precision="fp16", tuning_log=None) -> LPXExecutable:
+    """Compile a Relax IRModule for LPX (the successor of ``relay.build(mod, target="lpx")``)."""
+    if str(target) != TARGET_TAG and "lpx" not in getattr(tvm.target.Target(target), "keys", ()):
+        raise LPXError(f"target {target!r}: lpx_tvm.build compiles for target 'lpx'")
+    _check(precision, tuning_log)
+    cfg = load_config(preset)
+    if params:
+        mod = relax.transform.BindParams("main", params)(mod)
+    cpu_mod, regions, offload = lower_for_lpx(mod, cfg, precision)
+    vm_exec = tvm.compile(cpu_mod, target="llvm")
+    return LPXExecutable(vm_exec, regions, cfg, precision, offload)
+
+
+def _register_target_and_pipeline():
+    tvm.target.tag.register_tag(TARGET_TAG, {"kind": "llvm", "keys": ["lpx", "cpu"]}, override=True)
+    if "lpx" in relax.pipeline.PIPELINE_MAP:
+        return
+
+    @relax.register_pipeline("lpx")
+    def _lpx_pipeline(preset="tsp", precision="fp16"):
+        @tvm.transform.module_pass(opt_level=0, name="LPXPipeline")
+        def _pass(mod, _ctx):
+            _check(precision, None)
+            cfg = load_config(preset)
+            cpu_mod, regions, offload = lower_for_lpx(mod, cfg, precision)
+            # The VM resolves the extern calls by name when it runs: register them now.
+            LPXExecutable(None, regions, cfg, precision, offload).register()
+            return relax.get_pipeline("default")(cpu_mod)
+        return _pass
+
+
+_register_target_and_pipeline()

@@ -1,0 +1,104 @@
+"""Shared pieces of the graph passes: binding walks, use counts, and a binding rewriter.
+
+A pass plans on the old function (which bindings to drop, which to rebuild) and then
+lets :func:`rewrite_bindings` apply the plan in one walk.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import tvm
+from tvm import relax
+
+
+def is_const(expr) -> bool:
+    return isinstance(expr, tvm.ir.GenericConst) and isinstance(expr.ty, relax.TensorType)
+
+
+def static_shape(expr):
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    values = ty.shape.values
+    if not all(isinstance(v, tvm.tirx.IntImm) for v in values):
+        return None
+    return tuple(int(v) for v in values)
+
+
+def is_float(dtype) -> bool:
+    return str(dtype).startswith(("float", "bfloat"))
+
+
+def bindings(func):
+    """The top-level (var, value) bindings of a function, in program order."""
+    return [
+        (b.var, b.value)
+        for block in func.body.blocks
+        for b in block.bindings
+        if isinstance(b, relax.VarBinding)
+    ]
+
+
+def use_counts(func) -> Counter:
+    """How many times each Var is used (definitions do not count)."""
+    counts = Counter()
+    relax.analysis.post_order_visit(
+        func.body, lambda e: counts.update([e]) if isinstance(e, relax.Var) else None
+    )
+    return counts
+
+
+def op_is(expr, *names) -> bool:
+    return (
+        isinstance(expr, relax.Call)
+        and isinstance(expr.op, tvm.ir.Op)
+        and expr.op.name in names
+    )
+
+
+@relax.expr_functor.mutator
+class _BindingRewriter(relax.PyExprMutator):
+    """Drops some bindings and gives others a new value built by a callback.
+
+    ``rebuild[var](visit, builder)`` returns the new value for ``var``: ``visit`` maps
+    an expression of the old function into the new one, and ``builder`` can emit
+    helper bindings just before it. The variable itself is kept, so later uses need no
+    remapping; the new value must have the same type.
+    """
+
+    def __init__(self, mod, drop, rebuild):
+        super().__init__(mod)
+        self.drop = drop
+        self.rebuild = rebuild
+
+    def visit_var_binding_(self, binding):
+        if binding.var in self.drop:
+            return
+        make = self.rebuild.get(binding.var)
+        if make is None:
+            super().visit_var_binding_(binding)
+            return
+        value = self.builder_.normalize(make(self.visit_expr, self.builder_))
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
+
+
+def rewrite_bindings(func, mod, drop, rebuild):
+    """Apply a plan: skip the bindings of ``drop`` and rebuild those in ``rebuild``."""
+    if not drop and not rebuild:
+        return func
+    return _BindingRewriter(mod, drop, rebuild).visit_expr(func)
+
+
+
+def block_index(func) -> dict:
+    """The index of the binding block that binds each Var."""
+    return {
+        b.var: i for i, block in enumerate(func.body.blocks) for b in block.bindings
+    }
+
+
+def visible_at(blocks, expr, var) -> bool:
+    """Whether ``expr`` can be used in the binding of ``var``: a DataflowVar only
+    within its own block."""
+    return not isinstance(expr, relax.DataflowVar) or blocks.get(expr) == blocks.get(var)

@@ -1,0 +1,79 @@
+"""Canonicalize an imported Relax module into the forms the LPX patterns expect.
+
+The pass order, top to bottom:
+
+1. ``DecomposeOpsForInference``: batch norm becomes subtract / divide / multiply / add.
+2. ``FoldConstant``, ``CanonicalizeBindings``: constant subgraphs (reshaped biases,
+   transposed Gemm weights, BN statistics) become single constants, and the tuple
+   plumbing the decomposition leaves goes away.
+3. ``lpx.RemoveDropout``: dropout is the identity at inference.
+4. ``lpx.UnstackReduce``: ONNX Sum / Max / Min (stack, then reduce) become pairwise
+   add / maximum / minimum.
+5. ``lpx.FoldScaleShift``: per-channel affine chains after a conv2d or a dense layer
+   fold into its weights and one bias add: ``conv2d(x, W') + b'``.
+6. ``lpx.CollapseAffine``: other affine chains with constants (a batch norm that
+   follows no conv) become one multiply and one add.
+7. ``lpx.NormalizeClip``: ReLU6 / Clip spelled as max and min become one ``relax.clip``
+   (or ``relax.nn.relu``).
+8. ``CanonicalizeBindings`` and ``DeadCodeElimination``: the aliases and the unused
+   bindings and PrimFuncs the rewrites leave.
+
+Everything else is left as it was.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from .collapse_affine import CollapseAffine
+from .fold_scale_shift import FoldScaleShift
+from .normalize_clip import NormalizeClip
+from .remove_dropout import RemoveDropout
+from .unstack_reduce import UnstackReduce
+
+__all__ = [
+    "canonicalize",
+    "CollapseAffine",
+    "FoldScaleShift",
+    "NormalizeClip",
+    "RemoveDropout",
+    "UnstackReduce",
+]
+
+
+def canonicalize(mod: tvm.IRModule) -> tvm.IRModule:
+    """Prepare an imported Relax module for LPX partitioning.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        A Relax module as imported (not yet legalized).
+
+    Returns
+    -------
+    tvm.IRModule
+        The module with batch norm decomposed and folded into the preceding conv or
+        dense weights where the math allows (else collapsed into one multiply and add),
+        constants folded, dropout removed,
+        variadic sums made pairwise and clamps normalized. Numerically equivalent to
+        the input up to float rounding.
+    """
+    seq = tvm.ir.transform.Sequential(
+        [
+            relax.transform.DecomposeOpsForInference(),
+            relax.transform.FoldConstant(),
+            relax.transform.CanonicalizeBindings(),
+            RemoveDropout(),
+            UnstackReduce(),
+            FoldScaleShift(),
+            CollapseAffine(),
+            NormalizeClip(),
+            relax.transform.CanonicalizeBindings(),
+        ],
+        name="lpx.Canonicalize",
+    )
+    mod = seq(mod)
+    # Every Relax function is an entry, so only dead bindings and PrimFuncs go.
+    entries = [gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)]
+    return relax.transform.DeadCodeElimination(entries)(mod)

@@ -1,0 +1,205 @@
+"""Import an ONNX model into a Relax IRModule with static input shapes.
+
+LPX schedules are static, so every input dimension must be known at compile time:
+a symbolic dimension has to be pinned with ``input_shapes``. Each failure ends in a
+one-line :class:`ModelError` that names the file, the input or the ONNX op at fault.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from .errors import ModelError
+
+__all__ = ["ImportedModel", "import_onnx"]
+
+
+@dataclass
+class ImportedModel:
+    """A Relax module and the model's interface.
+
+    Attributes
+    ----------
+    mod : tvm.IRModule
+        The Relax module; ``main`` takes the inputs in ``inputs`` order and its
+        weights are embedded as constants.
+    inputs : list of (str, tuple of int, str)
+        ONNX input name, static shape and numpy dtype name, in the model's order
+        (initializers excluded).
+    outputs : list of str
+        ONNX output names, in order.
+    opset : int
+        The default-domain opset the model was written for.
+    """
+
+    mod: object
+    inputs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+    opset: int = 0
+
+
+def import_onnx(model, input_shapes=None) -> ImportedModel:
+    """Load an ONNX model and import it into Relax.
+
+    Parameters
+    ----------
+    model : str, os.PathLike or onnx.ModelProto
+        A path to an ``.onnx`` file or an in-memory model.
+    input_shapes : dict of str to tuple of int, optional
+        Static shapes for inputs, by ONNX input name. Needed for every input with a
+        symbolic or unknown dimension; may also override declared shapes of the
+        same rank (for example a different batch size).
+
+    Returns
+    -------
+    ImportedModel
+        The Relax module and the model's inputs and outputs.
+
+    Raises
+    ------
+    ModelError
+        The file is missing or is not a valid ONNX model, an input has dynamic
+        dimensions and no entry in ``input_shapes``, or TVM cannot import an op.
+    """
+    where, proto = _load(model)
+    inputs = _static_inputs(proto, input_shapes or {}, where)
+    mod = _from_onnx(proto, inputs, where)
+    outputs = [out.name for out in proto.graph.output]
+    return ImportedModel(mod=mod, inputs=inputs, outputs=outputs, opset=_opset(proto))
+
+
+def _load(model):
+    """Return (a name for messages, a checked ModelProto)."""
+    if isinstance(model, onnx.ModelProto):
+        where, proto, check_arg = "ONNX model", model, model
+    elif isinstance(model, (str, os.PathLike)):
+        where = os.fspath(model)
+        if not os.path.exists(where):
+            raise ModelError(f"{where}: no such file")
+        if not os.path.isfile(where):
+            raise ModelError(f"{where}: not a file")
+        try:
+            proto = onnx.load(where)
+        except Exception as e:  # protobuf raises several unrelated types on garbage
+            raise ModelError(f"{where}: not a valid ONNX model ({_first_line(e)})") from None
+        # The checker reads the file itself, which also works past protobuf's 2 GiB limit.
+        check_arg = where
+    else:
+        raise ModelError(
+            f"expected a path or an onnx.ModelProto, got {type(model).__name__}"
+        )
+    if not proto.graph.node and not proto.graph.output:
+        raise ModelError(f"{where}: not a valid ONNX model (it has no graph)")
+    try:
+        onnx.checker.check_model(check_arg)
+    except Exception as e:
+        raise ModelError(f"{where}: not a valid ONNX model ({_first_line(e)})") from None
+    return where, proto
+
+
+def _static_inputs(proto, input_shapes, where):
+    """The graph inputs that are not initializers, with static shapes and dtypes."""
+    initializers = {init.name for init in proto.graph.initializer}
+    graph_inputs = [vi for vi in proto.graph.input if vi.name not in initializers]
+    names = {vi.name for vi in graph_inputs}
+    unknown = sorted(set(input_shapes) - names)
+    if unknown:
+        raise ModelError(
+            f"{where}: input_shapes names {unknown}, which are not model inputs "
+            f"(inputs: {sorted(names)})"
+        )
+
+    inputs = []
+    for vi in graph_inputs:
+        if not vi.type.HasField("tensor_type"):
+            raise ModelError(f"{where}: input {vi.name!r} is not a tensor")
+        ttype = vi.type.tensor_type
+        declared = _declared_dims(ttype)
+        if vi.name in input_shapes:
+            shape = _given_shape(vi.name, input_shapes[vi.name], declared, where)
+        elif declared is None or any(not isinstance(d, int) for d in declared):
+            dims = "unknown rank" if declared is None else list(declared)
+            raise ModelError(
+                f"{where}: input {vi.name!r} has dynamic dimensions ({dims}); "
+                f"give its shape, e.g. input_shapes={{{vi.name!r}: (1, ...)}}"
+            )
+        else:
+            shape = tuple(declared)
+        try:
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type)).name
+        except Exception:
+            raise ModelError(
+                f"{where}: input {vi.name!r} has an unsupported element type "
+                f"{onnx.TensorProto.DataType.Name(ttype.elem_type)}"
+            ) from None
+        inputs.append((vi.name, shape, dtype))
+    return inputs
+
+
+def _declared_dims(ttype):
+    """Declared dims: ints where static, the symbol (or '?') where not; None if no rank."""
+    if not ttype.HasField("shape"):
+        return None
+    dims = []
+    for dim in ttype.shape.dim:
+        if dim.HasField("dim_value") and dim.dim_value > 0:
+            dims.append(int(dim.dim_value))
+        else:
+            dims.append(dim.dim_param or "?")
+    return dims
+
+
+def _given_shape(name, shape, declared, where):
+    try:
+        shape = tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        raise ModelError(f"{where}: input_shapes[{name!r}] must be a tuple of ints, got {shape!r}") from None
+    if any(d <= 0 for d in shape):
+        raise ModelError(f"{where}: input_shapes[{name!r}] = {shape} has a non-positive dimension")
+    if declared is not None:
+        if len(declared) != len(shape):
+            raise ModelError(
+                f"{where}: input_shapes[{name!r}] = {shape} has rank {len(shape)}, "
+                f"the model declares rank {len(declared)} ({list(declared)})"
+            )
+    return shape
+
+
+def _from_onnx(proto, inputs, where):
+    import tvm
+    from tvm.relax.frontend.onnx import from_onnx
+
+    shape_dict = {name: list(shape) for name, shape, _ in inputs}
+    dtype_dict = {name: dtype for name, _, dtype in inputs}
+    try:
+        with warnings.catch_warnings():
+            # The importer re-runs the ONNX checker and warns on shapes we already pinned.
+            warnings.simplefilter("ignore")
+            return from_onnx(
+                proto, shape_dict=shape_dict, dtype_dict=dtype_dict, keep_params_in_input=False
+            )
+    except tvm.error.OpNotImplemented as e:
+        ops = str(e).split(":", 1)[-1].splitlines()[0].strip()
+        ops = ", ".join(sorted(op.strip() for op in ops.split(",") if op.strip()))
+        raise ModelError(f"{where}: ONNX op(s) not supported by TVM's ONNX importer: {ops}") from None
+    except Exception as e:
+        raise ModelError(
+            f"{where}: TVM's ONNX importer failed: {type(e).__name__}: {_first_line(e)}"
+        ) from None
+
+
+def _opset(proto):
+    for opset in proto.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            return int(opset.version)
+    return 0
+
+
+def _first_line(exc):
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

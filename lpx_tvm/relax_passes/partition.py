@@ -1,0 +1,268 @@
+"""Partition a Relax module into LPX regions and report what runs where.
+
+``partition_for_lpx`` groups the ops the ``lpx.`` patterns accept into composite
+functions (``FuseOpsByPattern``) and merges neighbouring composites into maximal
+``Codegen="lpx"`` functions (``MergeCompositeFunctions``). Everything else stays in
+``main`` and runs as TVM's CPU code. Run it before ``LegalizeOps``, on a module that
+:func:`~lpx_tvm.relax_passes.canonicalize` has already prepared.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import tvm
+from tvm import relax
+from tvm.relax.backend.pattern_registry import get_patterns_with_prefix
+
+from . import patterns as _patterns  # registers the lpx. patterns
+from .patterns import PATTERN_PREFIX, check_settings
+
+__all__ = ["CpuOp", "OffloadReport", "partition_for_lpx"]
+
+CODEGEN = "lpx"
+
+
+@dataclass(frozen=True)
+class CpuOp:
+    """One op left on the CPU: its Relax op name, the variable it binds, and why."""
+
+    op: str
+    var: str
+    reason: str
+
+
+@dataclass
+class OffloadReport:
+    """What partitioning sent to LPX and what it left on the CPU.
+
+    Ops are counted one by one (a ``conv2d_bias_relu`` composite counts one
+    ``nn.conv2d``, one ``add`` and one ``nn.relu``), by Relax op name without the
+    ``relax.`` prefix.
+
+    Attributes
+    ----------
+    lpx, cpu : dict of str to int
+        Op counts on each side.
+    reasons : dict of str to list of str
+        For each op type on the CPU, the distinct reasons, in program order.
+    cpu_ops : list of CpuOp
+        Every op on the CPU, in program order.
+    composites : dict of str to int
+        How many times each ``lpx.`` composite was formed.
+    regions : int
+        Number of ``Codegen="lpx"`` functions.
+    config, precision : str
+        The machine config name and precision the checks judged against.
+    """
+
+    lpx: dict = field(default_factory=dict)
+    cpu: dict = field(default_factory=dict)
+    reasons: dict = field(default_factory=dict)
+    cpu_ops: list = field(default_factory=list)
+    composites: dict = field(default_factory=dict)
+    regions: int = 0
+    config: str = ""
+    precision: str = ""
+
+    @property
+    def lpx_ops(self) -> int:
+        return sum(self.lpx.values())
+
+    @property
+    def cpu_op_count(self) -> int:
+        return sum(self.cpu.values())
+
+    @property
+    def offload_fraction(self) -> float:
+        """Share of ops on LPX (1.0 for an empty module)."""
+        total = self.lpx_ops + self.cpu_op_count
+        return self.lpx_ops / total if total else 1.0
+
+    def to_json(self) -> dict:
+        """A dict of plain JSON types; :meth:`from_json` reads it back."""
+        out = asdict(self)
+        out["cpu_ops"] = [asdict(op) for op in self.cpu_ops]
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> "OffloadReport":
+        data = dict(data)
+        data["cpu_ops"] = [CpuOp(**op) for op in data.get("cpu_ops", [])]
+        return cls(**data)
+
+    def format_table(self) -> str:
+        """A plain-text table: one line per op type, then the CPU reasons."""
+        ops = sorted(set(self.lpx) | set(self.cpu))
+        width = max([len("op")] + [len(op) for op in ops])
+        lines = [f"{'op':<{width}}  {'lpx':>5}  {'cpu':>5}"]
+        for op in ops:
+            lines.append(f"{op:<{width}}  {self.lpx.get(op, 0):>5}  {self.cpu.get(op, 0):>5}")
+        lines.append(
+            f"{'total':<{width}}  {self.lpx_ops:>5}  {self.cpu_op_count:>5}"
+            f"   ({self.offload_fraction:.0%} on LPX, {self.regions} region(s))"
+        )
+        for op, reasons in sorted(self.reasons.items()):
+            for reason in reasons:
+                lines.append(f"cpu {op}: {reason}")
+        return "\n".join(lines)
+
+
+def partition_for_lpx(mod: tvm.IRModule, config=None, precision: str = "fp16"):
+    """Partition ``mod`` into maximal ``Codegen="lpx"`` regions.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        A Relax module, canonicalized and not yet legalized.
+    config : LPXConfig, str or os.PathLike, optional
+        The machine the checks judge against (default: the ``tsp`` preset).
+    precision : str
+        ``fp32``, ``fp16``, ``bf16`` or ``int8``: the compute precision on LPX, which
+        sets the size of an activation in SRAM.
+
+    Returns
+    -------
+    mod : tvm.IRModule
+        The module with LPX regions as functions carrying ``Codegen="lpx"``; each
+        holds inner functions with ``Composite="lpx.<name>"``.
+    report : OffloadReport
+        Op counts per side and the reason for each op left on the CPU.
+
+    Raises
+    ------
+    PartitionError
+        ``precision`` is unknown.
+    """
+    with check_settings(config, precision) as settings:
+        seq = tvm.ir.transform.Sequential(
+            [
+                relax.transform.ConvertToDataflow(),
+                relax.transform.FuseOpsByPattern(
+                    get_patterns_with_prefix(PATTERN_PREFIX),
+                    bind_constants=True,
+                    annotate_codegen=False,
+                ),
+                relax.transform.MergeCompositeFunctions(),
+            ]
+        )
+        partitioned = seq(mod)
+    report = offload_report(partitioned, settings.log)
+    report.config = settings.config.name
+    report.precision = settings.precision
+    return partitioned, report
+
+
+def offload_report(mod: tvm.IRModule, log=None) -> OffloadReport:
+    """Count the ops of a partitioned module on each side.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        The output of :func:`partition_for_lpx`.
+    log : RejectionLog, optional
+        The check functions' refusals; without it every CPU op reads
+        "no LPX pattern for <op>".
+
+    Returns
+    -------
+    OffloadReport
+    """
+    lpx, cpu, composites = Counter(), Counter(), Counter()
+    reasons, cpu_ops, regions = {}, [], 0
+    for _, func in mod.functions.items():
+        if not isinstance(func, relax.Function):
+            continue
+        if _attr(func, "Codegen") == CODEGEN:
+            regions += 1
+            _count_region(func, mod, lpx, composites)
+        elif _attr(func, "Codegen") is None and _attr(func, "Composite") is None:
+            for var, call in _op_bindings(func):
+                op = _op_name(call)
+                reason = (log.reason_for(var) if log is not None else None) or _no_pattern(op, call)
+                cpu[op] += 1
+                cpu_ops.append(CpuOp(op, var.name, reason))
+                if reason not in reasons.setdefault(op, []):
+                    reasons[op].append(reason)
+    return OffloadReport(
+        lpx=dict(sorted(lpx.items())),
+        cpu=dict(sorted(cpu.items())),
+        reasons=reasons,
+        cpu_ops=cpu_ops,
+        composites=dict(sorted(composites.items())),
+        regions=regions,
+    )
+
+
+def _attr(func, name):
+    attrs = func.attrs
+    if attrs is None or name not in attrs:
+        return None
+    return str(attrs[name])
+
+
+def _op_name(call) -> str:
+    return call.op.name.removeprefix("relax.")
+
+
+def _is_op_call(expr) -> bool:
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+
+
+def _count_region(func, mod, ops, composites):
+    """Count the ops of an LPX region per call site.
+
+    Merging shares one definition between structurally equal composites, so counting
+    definitions would undercount: each call of a composite counts its ops again.
+    """
+    local = {}
+
+    def callee(op):
+        if isinstance(op, relax.GlobalVar):
+            return mod[op]
+        return local.get(op)
+
+    for var, value in _all_bindings(func.body):
+        if isinstance(value, relax.Function):
+            local[var] = value
+        elif _is_op_call(value):
+            ops[_op_name(value)] += 1
+        elif isinstance(value, relax.Call) and isinstance(callee(value.op), relax.Function):
+            inner = callee(value.op)
+            composite = _attr(inner, "Composite")
+            if composite:
+                composites[composite] += 1
+            _count_region(inner, mod, ops, composites)
+
+
+def _all_bindings(body):
+    """(var, value) of every binding of a SeqExpr, in program order."""
+    if not isinstance(body, relax.SeqExpr):
+        return []
+    return [(b.var, b.value) for block in body.blocks for b in block.bindings if hasattr(b, "value")]
+
+
+def _op_bindings(func):
+    """(var, call) for every binding of an op call, in program order."""
+    found = []
+
+    def walk(expr):
+        if isinstance(expr, relax.SeqExpr):
+            for block in expr.blocks:
+                for binding in block.bindings:
+                    value = getattr(binding, "value", None)
+                    if _is_op_call(value):
+                        found.append((binding.var, value))
+                    elif isinstance(value, relax.If):
+                        walk(value.true_branch)
+                        walk(value.false_branch)
+
+    walk(func.body)
+    return found
+
+
+def _no_pattern(op, call):
+    if op == "call_tir" and isinstance(call.args[0], relax.GlobalVar):
+        return f"no LPX pattern for call_tir ({call.args[0].name_hint})"
+    return f"no LPX pattern for {op}"

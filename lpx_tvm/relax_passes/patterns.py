@@ -1,0 +1,513 @@
+"""BYOC patterns for LPX: which Relax ops (and fused groups) LPX runs, and why not when not.
+
+Importing this module registers every pattern under the ``lpx.`` prefix with
+:func:`tvm.relax.backend.pattern_registry.register_patterns`. Each pattern has a check
+function that judges the match against the machine: dtypes, static shapes, the op's
+attributes, and activations that could never fit the SRAM. A check that says no records
+a one-line hardware reason in the :class:`RejectionLog` of the current
+:func:`check_settings` context, keyed by the variable bound to the rejected op, so the
+offload report can say why an op stayed on the CPU.
+
+Annotation keys (what a codegen finds in ``PatternCheckContext.annotated_expr``):
+
+=====================================  =================================================
+composites                              keys
+=====================================  =================================================
+``lpx.conv2d[_bias][_relu|_clip]``      ``input``, ``weight`` (constant OIHW), ``root``
+                                        (the ``nn.conv2d`` call: ``Conv2DAttrs``),
+                                        ``bias`` (constant), ``bias_add`` (the add call),
+                                        ``activation`` (the relu / clip call)
+``lpx.dense[_bias][_relu|_clip]``       ``input``, ``weight`` (constant (K, N)), ``root``
+                                        (the ``matmul`` call), ``bias``, ``bias_add``,
+                                        ``activation``
+``lpx.add``, ``.subtract``,             ``lhs``, ``rhs``, ``root``
+``.multiply``
+``lpx.relu``, ``.sigmoid``, ``.tanh``,  ``input``, ``root``; clip bounds are
+``.clip``                               ``root.args[1]`` and ``root.args[2]``
+``lpx.max_pool2d``, ``.avg_pool2d``     ``input``, ``root`` (``Pool2DAttrs``)
+``lpx.global_avg_pool2d``               ``input``, ``root`` (the ``mean`` call:
+                                        ``axis``, ``keepdims``)
+``lpx.reshape``                         ``input``, ``shape``, ``root``
+``lpx.concat``                          ``input`` (the tuple), ``root`` (``axis``)
+=====================================  =================================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax
+from tvm.relax.backend.pattern_registry import register_patterns
+from tvm.relax.backend.utils import has_leaking_intermediate_variables
+from tvm.relax.dpl.pattern import is_op, wildcard
+
+from ..target.config import LPXConfig, load_config
+from .errors import PartitionError
+
+__all__ = [
+    "PATTERN_PREFIX",
+    "PRECISIONS",
+    "SUPPORTED_DTYPES",
+    "CheckSettings",
+    "Rejection",
+    "RejectionLog",
+    "check_settings",
+    "current_settings",
+    "pattern_table",
+]
+
+PATTERN_PREFIX = "lpx."
+
+# Tensor dtypes a graph may carry into LPX; the MXM multiplies them at ``precision``.
+SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
+
+# Bytes per activation element on the machine, by compile precision.
+PRECISIONS = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
+
+_ACTIVATIONS = {"relu": "relax.nn.relu", "clip": "relax.clip"}
+
+
+# ---- where the checks look for the machine and leave their reasons ----------------
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """One check's refusal: which pattern, which op, and the hardware reason."""
+
+    pattern: str
+    op: str
+    reason: str
+
+
+class RejectionLog:
+    """Reasons recorded by the check functions, keyed by the variable bound to the op."""
+
+    def __init__(self):
+        self._by_key = {}
+
+    def record(self, key, rejection: Rejection) -> None:
+        self._by_key.setdefault(key, []).append(rejection)
+
+    def reason_for(self, var) -> str | None:
+        """The reason the op bound to ``var`` was last refused, or None.
+
+        Patterns are tried from the most fused to the single op, so the last refusal is
+        the one of the smallest pattern: the reason the op itself cannot run on LPX.
+        """
+        found = self._by_key.get(var)
+        return found[-1].reason if found else None
+
+    def rejections(self) -> list:
+        """Every (key, Rejection) pair in the order recorded."""
+        return [(key, r) for key, rs in self._by_key.items() for r in rs]
+
+    def __len__(self) -> int:
+        return sum(len(rs) for rs in self._by_key.values())
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """The machine and precision the check functions judge against."""
+
+    config: LPXConfig
+    precision: str = "fp16"
+    log: RejectionLog = field(default_factory=RejectionLog, compare=False)
+
+    @property
+    def activation_bytes(self) -> int:
+        return PRECISIONS[self.precision]
+
+
+_SETTINGS: contextvars.ContextVar = contextvars.ContextVar("lpx_check_settings", default=None)
+
+
+def _validated_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise PartitionError(
+            f"precision {precision!r} is not one of {', '.join(sorted(PRECISIONS))}"
+        )
+    return precision
+
+
+@contextlib.contextmanager
+def check_settings(config=None, precision: str = "fp16", log: RejectionLog | None = None):
+    """Set the machine config and precision that the ``lpx.`` check functions use.
+
+    Parameters
+    ----------
+    config : LPXConfig, str or os.PathLike, optional
+        A config, a preset name or a JSON path (default: the ``tsp`` preset).
+    precision : str
+        ``fp32``, ``fp16``, ``bf16`` or ``int8``: the size of an activation element.
+    log : RejectionLog, optional
+        Where refusals are recorded; a new log by default.
+
+    Yields
+    ------
+    CheckSettings
+        The settings in force; ``.log`` holds the reasons after partitioning.
+    """
+    settings = CheckSettings(load_config(config), _validated_precision(precision), log or RejectionLog())
+    token = _SETTINGS.set(settings)
+    try:
+        yield settings
+    finally:
+        _SETTINGS.reset(token)
+
+
+def current_settings() -> CheckSettings:
+    """The settings of the innermost :func:`check_settings`, else ``tsp`` at fp16."""
+    settings = _SETTINGS.get()
+    return settings if settings is not None else CheckSettings(load_config(None))
+
+
+# ---- facts about expressions --------------------------------------------------------
+
+
+def _op_name(call) -> str:
+    return call.op.name.removeprefix("relax.")
+
+
+def _is_const(expr) -> bool:
+    return isinstance(expr, tvm.ir.GenericConst) and isinstance(expr.ty, relax.TensorType)
+
+
+def _shape(ty) -> tuple | None:
+    """Static shape of a TensorType as ints, or None if the rank or a dim is unknown."""
+    if ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    values = ty.shape.values
+    if not all(isinstance(v, tvm.tirx.IntImm) for v in values):
+        return None
+    return tuple(int(v) for v in values)
+
+
+def _expr_shape(expr) -> tuple | None:
+    return _shape(expr.ty) if isinstance(expr.ty, relax.TensorType) else None
+
+
+def _scalar(value) -> float | None:
+    """A clip bound as a float, or None when it is not a compile-time scalar."""
+    if isinstance(value, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
+        return float(value.value)
+    if _is_const(value) and value.value.numpy().size == 1:
+        return float(value.value.numpy().reshape(()))
+    return None
+
+
+def clip_bounds(call) -> tuple | None:
+    """(min, max) of a ``relax.clip`` call, or None when they are not constants."""
+    lo, hi = _scalar(call.args[1]), _scalar(call.args[2])
+    return None if lo is None or hi is None else (lo, hi)
+
+
+# ---- rules: each returns None, or (the op to blame, a one-line reason) ---------------
+
+
+def _type_problem(ty, settings, activation=True) -> str | None:
+    if not isinstance(ty, relax.TensorType):
+        return f"operand of type {ty} is not a tensor"
+    if ty.dtype not in SUPPORTED_DTYPES:
+        return f"dtype {ty.dtype} is not supported on LPX (float32, float16 or bfloat16)"
+    shape = _shape(ty)
+    if shape is None:
+        return f"dynamic shape {ty.shape}: LPX schedules are static and need static shapes"
+    if activation:
+        nbytes = math.prod(shape) * settings.activation_bytes
+        sram = settings.config.sram_bytes
+        if nbytes > sram:
+            return (
+                f"activation {shape} needs {nbytes} bytes at {settings.precision}, more than "
+                f"the whole {settings.config.name} SRAM ({sram} bytes)"
+            )
+    return None
+
+
+def _tensors_problem(op, operands, settings):
+    """Dtype, static shape and SRAM fit of ``op``'s operands and result.
+
+    Constants are weights, which can stream in from off-chip memory: only
+    activations must fit the SRAM.
+    """
+    for expr in [*operands, op]:
+        if isinstance(expr, relax.Tuple):
+            fields = [(f.ty, not _is_const(f)) for f in expr.fields]
+        elif isinstance(expr.ty, relax.TupleType):
+            fields = [(ty, True) for ty in expr.ty.fields]
+        else:
+            fields = [(expr.ty, not _is_const(expr))]
+        for ty, activation in fields:
+            problem = _type_problem(ty, settings, activation)
+            if problem:
+                return op, problem
+    return None
+
+
+def _conv2d_rule(a, settings):
+    conv, data, weight = a["root"], a["input"], a["weight"]
+    found = _tensors_problem(conv, [data, weight], settings)
+    if found:
+        return found
+    attrs = conv.attrs
+    layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout or attrs.data_layout)
+    if layouts != ("NCHW", "OIHW", "NCHW"):
+        return conv, (
+            f"layouts data={layouts[0]} weight={layouts[1]} out={layouts[2]}: "
+            "LPX convolution takes NCHW activations and OIHW weights"
+        )
+    if not _is_const(weight):
+        return conv, "weight is not a constant: LPX keeps conv weights in SRAM, fixed at compile time"
+    groups, cin, cout = int(attrs.groups), _expr_shape(data)[1], _expr_shape(weight)[0]
+    if groups != 1 and not groups == cin == cout:
+        return conv, (
+            f"groups={groups} with {cin} input and {cout} output channels: only dense "
+            "(groups=1) or depthwise (groups = in = out channels) convolution is supported"
+        )
+    return None
+
+
+def _dense_rule(a, settings):
+    matmul, data, weight = a["root"], a["input"], a["weight"]
+    found = _tensors_problem(matmul, [data, weight], settings)
+    if found:
+        return found
+    if not _is_const(weight):
+        return matmul, (
+            "weight is not a constant: the MXM installs dense weights from SRAM, "
+            "fixed at compile time (activation x activation matmul is not supported)"
+        )
+    if len(_expr_shape(weight)) != 2:
+        return matmul, f"weight of rank {len(_expr_shape(weight))}: LPX dense takes a 2-D (K, N) weight"
+    if len(_expr_shape(data)) < 2:
+        return matmul, "input of rank 1: LPX dense takes an input of rank >= 2"
+    return None
+
+
+def _bias_rule(channel_shapes):
+    """Bias rule for a family; ``channel_shapes(n)`` lists the accepted shapes for n channels."""
+
+    def rule(a, settings):
+        add, bias = a["bias_add"], a["bias"]
+        channels = _expr_shape(a["root"])[1 if a["root"].op.name == "relax.nn.conv2d" else -1]
+        if not _is_const(bias):
+            return add, "bias is not a constant"
+        found = _tensors_problem(add, [bias], settings)
+        if found:
+            return found
+        accepted = channel_shapes(channels)
+        if _expr_shape(bias) not in accepted:
+            return add, (
+                f"bias of shape {_expr_shape(bias)} is not one value per output channel "
+                f"({' or '.join(str(s) for s in accepted)})"
+            )
+        return None
+
+    return rule
+
+
+def _activation_rule(a, settings):
+    act = a.get("activation")
+    if act is None:
+        return None
+    found = _tensors_problem(act, [], settings)
+    if found:
+        return found
+    if act.op.name == "relax.clip":
+        return _clip_problem(act)
+    return None
+
+
+def _clip_problem(call):
+    bounds = clip_bounds(call)
+    if bounds is None:
+        return call, "clip bounds are not compile-time scalars"
+    if bounds[0] > bounds[1]:
+        return call, f"clip min {bounds[0]} is above max {bounds[1]}"
+    return None
+
+
+def _binary_rule(a, settings):
+    op, lhs, rhs = a["root"], a["lhs"], a["rhs"]
+    found = _tensors_problem(op, [lhs, rhs], settings)
+    if found:
+        return found
+    if lhs.ty.dtype != rhs.ty.dtype:
+        return op, f"operand dtypes {lhs.ty.dtype} and {rhs.ty.dtype} differ"
+    return None
+
+
+def _unary_rule(a, settings):
+    op = a["root"]
+    found = _tensors_problem(op, [a["input"]], settings)
+    if found:
+        return found
+    if op.op.name == "relax.clip":
+        return _clip_problem(op)
+    return None
+
+
+def _pool2d_rule(a, settings):
+    pool = a["root"]
+    found = _tensors_problem(pool, [a["input"]], settings)
+    if found:
+        return found
+    attrs = pool.attrs
+    if len(_expr_shape(a["input"])) != 4:
+        return pool, "pooling input is not 4-D"
+    if (attrs.layout, attrs.out_layout or attrs.layout) != ("NCHW", "NCHW"):
+        return pool, f"layout {attrs.layout}/{attrs.out_layout}: LPX pooling takes NCHW"
+    if attrs.ceil_mode:
+        return pool, "ceil_mode=True: LPX pooling windows follow floor mode only"
+    if any(int(d) != 1 for d in attrs.dilation):
+        return pool, f"dilation {tuple(attrs.dilation)}: dilated pooling is not supported"
+    return None
+
+
+def _global_avg_pool2d_rule(a, settings):
+    mean = a["root"]
+    found = _tensors_problem(mean, [a["input"]], settings)
+    if found:
+        return found
+    rank = len(_expr_shape(a["input"]))
+    axes = sorted(int(x) % rank for x in (mean.attrs.axis or range(rank)))
+    if rank != 4 or axes != [2, 3]:
+        return mean, (
+            f"mean over axes {axes} of a rank-{rank} tensor: only the spatial mean "
+            "(axes 2, 3 of NCHW, global average pooling) is supported"
+        )
+    return None
+
+
+def _reshape_rule(a, settings):
+    return _tensors_problem(a["root"], [a["input"]], settings)
+
+
+def _concat_rule(a, settings):
+    concat = a["root"]
+    found = _tensors_problem(concat, [a["input"]], settings)
+    if found:
+        return found
+    if concat.attrs.axis is None:
+        return concat, "concat without an axis (flattening) is not supported"
+    return None
+
+
+# ---- patterns -----------------------------------------------------------------------
+
+
+def _make_check(name, rules):
+    """A check function that applies ``rules`` in order and records the first refusal."""
+
+    def check(context) -> bool:
+        if has_leaking_intermediate_variables(context):
+            # An inner result is used outside the group; a smaller pattern will take it.
+            return False
+        settings = current_settings()
+        annotated = {key: context.annotated_expr[key] for key in context.annotated_expr}
+        for rule in rules:
+            found = rule(annotated, settings)
+            if found is not None:
+                op, reason = found
+                key = context.value_to_bound_var.get(op, op)
+                settings.log.record(key, Rejection(name, _op_name(op), reason))
+                return False
+        return True
+
+    check.__name__ = f"check_{name.removeprefix(PATTERN_PREFIX)}"
+    return check
+
+
+def _epilogue(out, annotations, bias, activation):
+    if bias:
+        annotations["bias"] = bias_pat = wildcard()
+        out = annotations["bias_add"] = is_op("relax.add")(out, bias_pat)
+    if activation:
+        out = annotations["activation"] = is_op(_ACTIVATIONS[activation])(
+            out, varg_default_wildcard=True
+        )
+    return out, annotations
+
+
+def _conv2d_pattern(bias=False, activation=None):
+    data, weight = wildcard(), wildcard()
+    conv = is_op("relax.nn.conv2d")(data, weight)
+    return _epilogue(conv, {"input": data, "weight": weight, "root": conv}, bias, activation)
+
+
+def _dense_pattern(bias=False, activation=None):
+    data, weight = wildcard(), wildcard()
+    matmul = is_op("relax.matmul")(data, weight)
+    return _epilogue(matmul, {"input": data, "weight": weight, "root": matmul}, bias, activation)
+
+
+def _binary_pattern(op):
+    lhs, rhs = wildcard(), wildcard()
+    root = is_op(op)(lhs, rhs)
+    return root, {"lhs": lhs, "rhs": rhs, "root": root}
+
+
+def _unary_pattern(op):
+    data = wildcard()
+    root = is_op(op)(data, varg_default_wildcard=True)
+    return root, {"input": data, "root": root}
+
+
+def _reshape_pattern():
+    data, shape = wildcard(), wildcard()
+    root = is_op("relax.reshape")(data, shape)
+    return root, {"input": data, "shape": shape, "root": root}
+
+
+def _conv_bias_shapes(c):
+    return [(1, c, 1, 1), (c, 1, 1)]
+
+
+def _dense_bias_shapes(n):
+    return [(n,), (1, n)]
+
+
+def pattern_table() -> list:
+    """Every LPX pattern as ``(name, pattern, annotations, check)``, lowest priority first.
+
+    Single ops come first and fused groups last, so that a fused group wins when its
+    check accepts and the single-op patterns pick up the pieces when it does not.
+    """
+    table = []
+    for op in ("add", "subtract", "multiply"):
+        table.append((op, *_binary_pattern(f"relax.{op}"), [_binary_rule]))
+    for op, relax_op in (
+        ("relu", "relax.nn.relu"),
+        ("sigmoid", "relax.sigmoid"),
+        ("tanh", "relax.tanh"),
+        ("clip", "relax.clip"),
+    ):
+        table.append((op, *_unary_pattern(relax_op), [_unary_rule]))
+    for op in ("max_pool2d", "avg_pool2d"):
+        table.append((op, *_unary_pattern(f"relax.nn.{op}"), [_pool2d_rule]))
+    table.append(("global_avg_pool2d", *_unary_pattern("relax.mean"), [_global_avg_pool2d_rule]))
+    table.append(("reshape", *_reshape_pattern(), [_reshape_rule]))
+    table.append(("concat", *_unary_pattern("relax.concat"), [_concat_rule]))
+
+    families = (
+        ("conv2d", _conv2d_pattern, _conv2d_rule, _bias_rule(_conv_bias_shapes)),
+        ("dense", _dense_pattern, _dense_rule, _bias_rule(_dense_bias_shapes)),
+    )
+    # Ascending priority: plain, +bias, +activation, +bias+activation.
+    variants = [(False, None), (True, None), (False, "relu"), (False, "clip"), (True, "relu"), (True, "clip")]
+    for bias, activation in variants:
+        for family, make, main_rule, bias_rule in families:
+            name = family + ("_bias" if bias else "") + (f"_{activation}" if activation else "")
+            rules = [main_rule] + ([bias_rule] if bias else []) + ([_activation_rule] if activation else [])
+            table.append((name, *make(bias, activation), rules))
+
+    return [
+        (PATTERN_PREFIX + name, pattern, annotations, _make_check(PATTERN_PREFIX + name, rules))
+        for name, pattern, annotations, rules in table
+    ]
+
+
+register_patterns(pattern_table())

@@ -1,0 +1,104 @@
+"""Self-contained compiled-model artifacts: one folder, reloadable in a fresh process.
+
+Layout of ``NAME/`` (see docs/artifact.md):
+
+- ``manifest.json``: format version, the machine config (whole, so a user's own machine
+  file need not travel beside it), precision, model inputs and outputs, regions, the
+  offload report;
+- ``cpu.so``: the Relax VM executable (CPU ops and the extern calls to the regions);
+- ``regions/<region>.lpx``: each region's LPX program binary.
+
+Files are written into a temporary folder next to the destination and moved into place
+at the end, so a killed compile never leaves a half-written artifact under the name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import tvm
+from tvm import relax
+
+from ..errors import LPXError
+from ..target.codegen import CompiledRegion
+from ..target.config import parse_config
+from ..target.encoding import load_program, save_program
+from .executable import LPXExecutable
+
+FORMAT = "lpx-artifact"
+VERSION = 1
+
+
+class ArtifactError(LPXError):
+    """A missing, incomplete or incompatible artifact."""
+
+
+def save_artifact(model, path: str):
+    """Write a :class:`~lpx_tvm.model.CompiledModel` to the folder ``path``."""
+    exe: LPXExecutable = model.executable
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=".lpx-artifact-")
+    try:
+        os.makedirs(os.path.join(tmp, "regions"))
+        exe.vm_exec.export_library(os.path.join(tmp, "cpu.so"))
+        regions = []
+        for name, r in exe.regions.items():
+            save_program(r.program, os.path.join(tmp, "regions", f"{name}.lpx"))
+            regions.append({"name": name, "inputs": [[n, list(s)] for n, s in r.inputs],
+                            "outputs": [[n, list(s)] for n, s in r.outputs], "macs": r.macs, "ops": r.ops})
+        manifest = {
+            "format": FORMAT, "version": VERSION, "config": exe.config.to_json(), "precision": exe.precision,
+            "inputs": [[n, list(s), str(d)] for n, s, d in model.inputs], "outputs": list(model.outputs),
+            "regions": regions, "offload": exe.offload.to_json() if exe.offload is not None else {},
+        }
+        with open(os.path.join(tmp, "manifest.json"), "w") as f:
+            json.dump(manifest, f, indent=1)
+        if os.path.exists(path):
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+class _Offload:
+    def __init__(self, data):
+        self._data = data
+
+    def to_json(self):
+        return self._data
+
+
+def load_artifact(path: str):
+    """Read an artifact folder back into a runnable :class:`~lpx_tvm.model.CompiledModel`."""
+    from ..model import CompiledModel, ImportedSignature
+
+    manifest_path = os.path.join(path, "manifest.json")
+    if not os.path.isfile(manifest_path):
+        raise ArtifactError(f"{path}: not an LPX artifact (no manifest.json)")
+    try:
+        with open(manifest_path) as f:
+            manifest = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ArtifactError(f"{manifest_path}: corrupt manifest ({e})") from None
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise ArtifactError(f"{path}: artifact format {manifest.get('format')} v{manifest.get('version')}, "
+                            f"this lpx_tvm reads {FORMAT} v{VERSION}")
+    cfg = parse_config(manifest["config"], f"{path} config")
+    regions = {}
+    for r in manifest["regions"]:
+        prog = load_program(os.path.join(path, "regions", f"{r['name']}.lpx"))
+        regions[r["name"]] = CompiledRegion(r["name"], prog, [(n, tuple(s)) for n, s in r["inputs"]],
+                                            [(n, tuple(s)) for n, s in r["outputs"]], r["macs"], r["ops"])
+    so = os.path.join(path, "cpu.so")
+    if not os.path.isfile(so):
+        raise ArtifactError(f"{path}: missing cpu.so")
+    vm_exec = relax.VMExecutable(tvm.runtime.load_module(so))
+    exe = LPXExecutable(vm_exec, regions, cfg, manifest["precision"], _Offload(manifest["offload"]))
+    sig = ImportedSignature([(n, tuple(s), d) for n, s, d in manifest["inputs"]], manifest["outputs"])
+    return CompiledModel(exe, sig, cfg.name, manifest["precision"])

@@ -1,0 +1,103 @@
+"""The LPX executable: a Relax VM executable whose LPX regions run on the simulator.
+
+Each compiled region is an extern call (``R.call_dps_packed("lpx.region.<name>")``) in
+the VM program. Before a VirtualMachine is made, :meth:`LPXExecutable.register`
+registers one Python packed function per region; it converts the VM's NCHW tensors to
+the region's NHWC storage, runs the region's Program on a simulator of the machine,
+and writes the outputs back. Cycles add up across regions; time spent in CPU ops is
+measured apart.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..sim import Simulator
+from ..target.codegen import CompiledRegion
+from ..target.config import LPXConfig
+
+REGION_PREFIX = "lpx.region."
+
+
+@dataclass
+class RunStats:
+    """Counters of the last run, summed over its region calls."""
+
+    cycles: int = 0
+    macs: int = 0
+    region_calls: int = 0
+    sim_wall_s: float = 0.0
+    total_wall_s: float = 0.0
+    layers: dict = field(default_factory=dict)  # tag -> {"cycles", "macs"}
+    sram_bytes: int = 0
+    offchip_bytes: int = 0
+
+
+def to_storage(arr: np.ndarray) -> np.ndarray:
+    return arr.transpose(0, 2, 3, 1) if arr.ndim == 4 else arr
+
+
+def from_storage(arr: np.ndarray) -> np.ndarray:
+    return arr.transpose(0, 3, 1, 2) if arr.ndim == 4 else arr
+
+
+class LPXExecutable:
+    def __init__(self, vm_exec, regions: dict, config: LPXConfig, precision: str, offload=None):
+        self.vm_exec = vm_exec
+        self.regions = regions  # name -> CompiledRegion
+        self.config = config
+        self.precision = precision
+        self.offload = offload
+        self.stats = RunStats()
+        self._sim = Simulator(config)
+
+    def register(self):
+        """Register the regions' packed functions (needed before a VirtualMachine is made)."""
+        for name, region in self.regions.items():
+            tvm.register_global_func(REGION_PREFIX + name, self._make_call(region), override=True)
+
+    def _make_call(self, region: CompiledRegion):
+        def call(*args):
+            ins, outs = args[:len(region.inputs)], args[len(region.inputs):]
+            feed = {name: to_storage(a.numpy()) for (name, _), a in zip(region.inputs, ins)}
+            t = time.perf_counter()
+            result = self._sim.run(region.program, feed)
+            self._account(region, result, time.perf_counter() - t)
+            for (name, _), out in zip(region.outputs, outs):
+                out.copyfrom(np.ascontiguousarray(from_storage(result.outputs[name])).astype(out.dtype))
+        return call
+
+    def _account(self, region, result, wall):
+        s = self.stats
+        c = result.counters
+        s.cycles += c.cycles
+        s.macs += c.macs
+        s.region_calls += 1
+        s.sim_wall_s += wall
+        s.sram_bytes += c.sram_bytes_read + c.sram_bytes_written
+        s.offchip_bytes += c.offchip_bytes_read + c.offchip_bytes_written
+        for tag, t in c.by_tag.items():
+            layer = tag.split(".")[0]
+            d = s.layers.setdefault(f"{region.name}/{layer}", {"cycles": 0, "macs": 0})
+            d["cycles"] += t.span_cycles
+            d["macs"] += t.macs
+
+    def vm(self, device=None) -> relax.VirtualMachine:
+        self.register()
+        return relax.VirtualMachine(self.vm_exec, device or tvm.cpu())
+
+    def run(self, inputs: list) -> list:
+        """Run ``main`` on numpy inputs (in parameter order); returns numpy outputs."""
+        self.stats = RunStats()
+        vm = self.vm()
+        t = time.perf_counter()
+        out = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in inputs])
+        self.stats.total_wall_s = time.perf_counter() - t
+        outs = list(out) if isinstance(out, (list, tuple)) or hasattr(out, "__len__") and not hasattr(out, "numpy") \
+            else [out]
+        return [o.numpy() for o in outs]

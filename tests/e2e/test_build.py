@@ -1,0 +1,107 @@
+"""End to end: small ONNX graphs through import, partition, TensorIR tiles, codegen and the
+simulator, against onnxruntime."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import tvm.testing
+from onnx import TensorProto, helper, numpy_helper
+
+import lpx_tvm
+from lpx_tvm.model import InputError
+
+RNG = np.random.default_rng(0)
+
+
+def _const(name, shape, scale=0.3):
+    return numpy_helper.from_array((RNG.standard_normal(shape) * scale).astype(np.float32), name)
+
+
+def _bn(prefix, c):
+    return [_const(f"{prefix}_s", (c,)), _const(f"{prefix}_b", (c,)), _const(f"{prefix}_m", (c,)),
+            numpy_helper.from_array((RNG.random(c) + 0.5).astype(np.float32), f"{prefix}_v")]
+
+
+def small_cnn(c=8, hw=12) -> onnx.ModelProto:
+    """Conv-BN-ReLU, max pool, strided 1x1 conv, residual add, depthwise conv + ReLU6,
+    global average pool, flatten, Gemm: the shapes of a tiny ResNet/MobileNet."""
+    inits = [_const("w1", (c, 3, 3, 3)), _const("b1", (c,)), *_bn("bn1", c),
+             _const("w2", (c, c, 1, 1)), _const("w3", (c, 1, 3, 3)), _const("fc_w", (5, c)), _const("fc_b", (5,)),
+             numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
+             numpy_helper.from_array(np.array(6.0, np.float32), "hi")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "bn1_s", "bn1_b", "bn1_m", "bn1_v"], ["n1"]),
+        helper.make_node("Relu", ["n1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["p1", "w2"], ["c2"]),
+        helper.make_node("Add", ["c2", "p1"], ["a2"]),
+        helper.make_node("Conv", ["a2", "w3"], ["c3"], pads=[1, 1, 1, 1], group=c),
+        helper.make_node("Clip", ["c3", "lo", "hi"], ["r3"]),
+        helper.make_node("GlobalAveragePool", ["r3"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc_w", "fc_b"], ["y"], transB=1),
+    ]
+    graph = helper.make_graph(nodes, "small_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, hw, hw])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _ort(model, feeds):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    model = small_cnn()
+    x = RNG.standard_normal((1, 3, 12, 12)).astype(np.float32)
+    return model, x, _ort(model, {"x": x})[0]
+
+
+def test_small_cnn_fp32_matches_onnxruntime(cnn):
+    model, x, want = cnn
+    m = lpx_tvm.compile_model(model, preset="mini", precision="fp32")
+    got = m.run({"x": x})["y"]
+    tvm.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    rep = m.report
+    assert rep["cycles"] > 0 and rep["macs"] > 0
+    assert rep["latency_s"] == pytest.approx(rep["cycles"] / 900e6)
+    assert rep["offload"]["cpu"] == {}  # every op of this graph runs on LPX
+    assert rep["offload"]["lpx"]["nn.conv2d"] == 3
+
+
+def test_small_cnn_fp16_within_relative_l2(cnn):
+    model, x, want = cnn
+    got = lpx_tvm.compile_model(model, preset="mini", precision="fp16").run({"x": x})["y"]
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
+
+
+def test_tsp_preset(cnn):
+    model, x, want = cnn
+    got = lpx_tvm.compile_model(model, preset="tsp", precision="fp32").run({"x": x})["y"]
+    tvm.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_unsupported_op_falls_back_to_cpu():
+    w = _const("w", (6, 4))
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Softmax", ["m"], ["y"], axis=-1)]
+    graph = helper.make_graph(nodes, "mm_softmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])], initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = RNG.standard_normal((3, 6)).astype(np.float32)
+    m = lpx_tvm.compile_model(model, preset="mini", precision="fp32")
+    tvm.testing.assert_allclose(m.run({"x": x})["y"], _ort(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    rep = m.report
+    assert rep["offload"]["lpx"].get("matmul") == 1
+    assert rep["offload"]["cpu"].get("nn.softmax") == 1
+
+
+def test_bad_inputs_are_named(cnn):
+    model, x, _ = cnn
+    m = lpx_tvm.compile_model(model, preset="mini", precision="fp32")
+    with pytest.raises(InputError, match="shape"):
+        m.run({"x": x[:, :2]})
+    with pytest.raises(InputError, match="unknown"):
+        m.run({"x": x, "z": x})
