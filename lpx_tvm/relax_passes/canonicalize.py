@@ -3,9 +3,10 @@
 The pass order, top to bottom:
 
 1. ``DecomposeOpsForInference``: batch norm becomes subtract / divide / multiply / add.
-2. ``FoldConstant``, ``CanonicalizeBindings``: constant subgraphs (reshaped biases,
-   transposed Gemm weights, BN statistics) become single constants, and the tuple
-   plumbing the decomposition leaves goes away.
+2. ``FoldConstant``, ``CanonicalizeBindings``, dead code elimination: constant
+   subgraphs (reshaped biases, transposed Gemm weights, BN statistics) become single
+   constants, and the tuple plumbing the decomposition leaves goes away (an unused
+   tuple would still count as a use and stop the folds below).
 3. ``lpx.RemoveDropout``: dropout is the identity at inference.
 4. ``lpx.UnstackReduce``: ONNX Sum / Max / Min (stack, then reduce) become pairwise
    add / maximum / minimum.
@@ -15,7 +16,7 @@ The pass order, top to bottom:
    follows no conv) become one multiply and one add.
 7. ``lpx.NormalizeClip``: ReLU6 / Clip spelled as max and min become one ``relax.clip``
    (or ``relax.nn.relu``).
-8. ``CanonicalizeBindings`` and ``DeadCodeElimination``: the aliases and the unused
+8. ``CanonicalizeBindings`` and dead code elimination: the aliases and the unused
    bindings and PrimFuncs the rewrites leave.
 
 Everything else is left as it was.
@@ -64,16 +65,23 @@ def canonicalize(mod: tvm.IRModule) -> tvm.IRModule:
             relax.transform.DecomposeOpsForInference(),
             relax.transform.FoldConstant(),
             relax.transform.CanonicalizeBindings(),
+            _remove_unused,
             RemoveDropout(),
             UnstackReduce(),
             FoldScaleShift(),
             CollapseAffine(),
             NormalizeClip(),
             relax.transform.CanonicalizeBindings(),
+            _remove_unused,
         ],
         name="lpx.Canonicalize",
     )
-    mod = seq(mod)
-    # Every Relax function is an entry, so only dead bindings and PrimFuncs go.
+    return seq(mod)
+
+
+@tvm.ir.transform.module_pass(opt_level=0, name="lpx.RemoveUnused")
+def _remove_unused(mod, ctx):
+    """Dead code elimination that keeps every Relax function: only dead bindings and
+    unused PrimFuncs go, even in modules whose functions are not public."""
     entries = [gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)]
     return relax.transform.DeadCodeElimination(entries)(mod)

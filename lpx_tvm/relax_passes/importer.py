@@ -158,7 +158,9 @@ def _given_shape(name, shape, declared, where):
     try:
         shape = tuple(int(d) for d in shape)
     except (TypeError, ValueError):
-        raise ModelError(f"{where}: input_shapes[{name!r}] must be a tuple of ints, got {shape!r}") from None
+        raise ModelError(
+            f"{where}: input_shapes[{name!r}] must be a tuple of ints, got {shape!r}"
+        ) from None
     if any(d <= 0 for d in shape):
         raise ModelError(f"{where}: input_shapes[{name!r}] = {shape} has a non-positive dimension")
     if declared is not None:
@@ -186,7 +188,9 @@ def _from_onnx(proto, inputs, where):
     except tvm.error.OpNotImplemented as e:
         ops = str(e).split(":", 1)[-1].splitlines()[0].strip()
         ops = ", ".join(sorted(op.strip() for op in ops.split(",") if op.strip()))
-        raise ModelError(f"{where}: ONNX op(s) not supported by TVM's ONNX importer: {ops}") from None
+        raise ModelError(
+            f"{where}: ONNX op(s) not supported by TVM's ONNX importer: {ops}"
+        ) from None
     except Exception as e:
         raise ModelError(
             f"{where}: TVM's ONNX importer failed: {type(e).__name__}: {_first_line(e)}"

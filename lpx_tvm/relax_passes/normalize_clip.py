@@ -45,7 +45,9 @@ def _is_topi_binary(prim, topi_op, x, c):
 
 
 def _bounds_form(value, mod):
-    """(source, lo, hi) if ``value`` clamps one tensor to [lo, hi], else None."""
+    """(source, lo, hi) if ``value`` clamps one float tensor to [lo, hi], else None."""
+    if not isinstance(value, relax.Call) or not is_float(getattr(value.ty, "dtype", "")):
+        return None
     if op_is(value, "relax.nn.relu"):
         return value.args[0], 0.0, _INF
     if op_is(value, "relax.clip"):

@@ -16,10 +16,9 @@ import tvm
 from tvm import relax
 from tvm.relax.backend.pattern_registry import get_patterns_with_prefix
 
-from . import patterns as _patterns  # registers the lpx. patterns
-from .patterns import PATTERN_PREFIX, check_settings
+from .patterns import PATTERN_PREFIX, check_settings  # importing registers the patterns
 
-__all__ = ["CpuOp", "OffloadReport", "partition_for_lpx"]
+__all__ = ["CpuOp", "OffloadReport", "offload_report", "partition_for_lpx"]
 
 CODEGEN = "lpx"
 
@@ -174,17 +173,22 @@ def offload_report(mod: tvm.IRModule, log=None) -> OffloadReport:
     for _, func in mod.functions.items():
         if not isinstance(func, relax.Function):
             continue
-        if _attr(func, "Codegen") == CODEGEN:
-            regions += 1
-            _count_region(func, mod, lpx, composites)
-        elif _attr(func, "Codegen") is None and _attr(func, "Composite") is None:
-            for var, call in _op_bindings(func):
+        if _attr(func, "Codegen") or _attr(func, "Composite"):
+            continue
+        # A host function: its op calls run on the CPU, its calls of LPX regions do not.
+        for var, call in _call_bindings(func.body):
+            if _is_op_call(call):
                 op = _op_name(call)
                 reason = (log.reason_for(var) if log is not None else None) or _no_pattern(op, call)
                 cpu[op] += 1
                 cpu_ops.append(CpuOp(op, var.name, reason))
                 if reason not in reasons.setdefault(op, []):
                     reasons[op].append(reason)
+            elif isinstance(call.op, relax.GlobalVar):
+                region = mod[call.op]
+                if isinstance(region, relax.Function) and _attr(region, "Codegen") == CODEGEN:
+                    regions += 1
+                    _count_region(region, mod, lpx, composites)
     return OffloadReport(
         lpx=dict(sorted(lpx.items())),
         cpu=dict(sorted(cpu.items())),
@@ -223,7 +227,7 @@ def _count_region(func, mod, ops, composites):
             return mod[op]
         return local.get(op)
 
-    for var, value in _all_bindings(func.body):
+    for var, value in _call_bindings(func.body, functions=True):
         if isinstance(value, relax.Function):
             local[var] = value
         elif _is_op_call(value):
@@ -236,29 +240,25 @@ def _count_region(func, mod, ops, composites):
             _count_region(inner, mod, ops, composites)
 
 
-def _all_bindings(body):
-    """(var, value) of every binding of a SeqExpr, in program order."""
-    if not isinstance(body, relax.SeqExpr):
-        return []
-    return [(b.var, b.value) for block in body.blocks for b in block.bindings if hasattr(b, "value")]
-
-
-def _op_bindings(func):
-    """(var, call) for every binding of an op call, in program order."""
+def _call_bindings(body, functions=False):
+    """(var, value) of every binding of a call (and of a local function when
+    ``functions``) in a SeqExpr, in program order, looking into If branches."""
     found = []
 
     def walk(expr):
-        if isinstance(expr, relax.SeqExpr):
-            for block in expr.blocks:
-                for binding in block.bindings:
-                    value = getattr(binding, "value", None)
-                    if _is_op_call(value):
-                        found.append((binding.var, value))
-                    elif isinstance(value, relax.If):
-                        walk(value.true_branch)
-                        walk(value.false_branch)
+        if not isinstance(expr, relax.SeqExpr):
+            return
+        for block in expr.blocks:
+            for binding in block.bindings:
+                value = getattr(binding, "value", None)
+                is_function = functions and isinstance(value, relax.Function)
+                if isinstance(value, relax.Call) or is_function:
+                    found.append((binding.var, value))
+                elif isinstance(value, relax.If):
+                    walk(value.true_branch)
+                    walk(value.false_branch)
 
-    walk(func.body)
+    walk(body)
     return found
 
 

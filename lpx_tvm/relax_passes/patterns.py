@@ -34,10 +34,7 @@ composites                              keys
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
-from dataclasses import dataclass, field
 
 import tvm
 from tvm import relax
@@ -45,8 +42,14 @@ from tvm.relax.backend.pattern_registry import register_patterns
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl.pattern import is_op, wildcard
 
-from ..target.config import LPXConfig, load_config
-from .errors import PartitionError
+from .check_context import (
+    PRECISIONS,
+    CheckSettings,
+    Rejection,
+    RejectionLog,
+    check_settings,
+    current_settings,
+)
 
 __all__ = [
     "PATTERN_PREFIX",
@@ -56,6 +59,7 @@ __all__ = [
     "Rejection",
     "RejectionLog",
     "check_settings",
+    "clip_bounds",
     "current_settings",
     "pattern_table",
 ]
@@ -65,104 +69,7 @@ PATTERN_PREFIX = "lpx."
 # Tensor dtypes a graph may carry into LPX; the MXM multiplies them at ``precision``.
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
 
-# Bytes per activation element on the machine, by compile precision.
-PRECISIONS = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
-
 _ACTIVATIONS = {"relu": "relax.nn.relu", "clip": "relax.clip"}
-
-
-# ---- where the checks look for the machine and leave their reasons ----------------
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """One check's refusal: which pattern, which op, and the hardware reason."""
-
-    pattern: str
-    op: str
-    reason: str
-
-
-class RejectionLog:
-    """Reasons recorded by the check functions, keyed by the variable bound to the op."""
-
-    def __init__(self):
-        self._by_key = {}
-
-    def record(self, key, rejection: Rejection) -> None:
-        self._by_key.setdefault(key, []).append(rejection)
-
-    def reason_for(self, var) -> str | None:
-        """The reason the op bound to ``var`` was last refused, or None.
-
-        Patterns are tried from the most fused to the single op, so the last refusal is
-        the one of the smallest pattern: the reason the op itself cannot run on LPX.
-        """
-        found = self._by_key.get(var)
-        return found[-1].reason if found else None
-
-    def rejections(self) -> list:
-        """Every (key, Rejection) pair in the order recorded."""
-        return [(key, r) for key, rs in self._by_key.items() for r in rs]
-
-    def __len__(self) -> int:
-        return sum(len(rs) for rs in self._by_key.values())
-
-
-@dataclass(frozen=True)
-class CheckSettings:
-    """The machine and precision the check functions judge against."""
-
-    config: LPXConfig
-    precision: str = "fp16"
-    log: RejectionLog = field(default_factory=RejectionLog, compare=False)
-
-    @property
-    def activation_bytes(self) -> int:
-        return PRECISIONS[self.precision]
-
-
-_SETTINGS: contextvars.ContextVar = contextvars.ContextVar("lpx_check_settings", default=None)
-
-
-def _validated_precision(precision: str) -> str:
-    if precision not in PRECISIONS:
-        raise PartitionError(
-            f"precision {precision!r} is not one of {', '.join(sorted(PRECISIONS))}"
-        )
-    return precision
-
-
-@contextlib.contextmanager
-def check_settings(config=None, precision: str = "fp16", log: RejectionLog | None = None):
-    """Set the machine config and precision that the ``lpx.`` check functions use.
-
-    Parameters
-    ----------
-    config : LPXConfig, str or os.PathLike, optional
-        A config, a preset name or a JSON path (default: the ``tsp`` preset).
-    precision : str
-        ``fp32``, ``fp16``, ``bf16`` or ``int8``: the size of an activation element.
-    log : RejectionLog, optional
-        Where refusals are recorded; a new log by default.
-
-    Yields
-    ------
-    CheckSettings
-        The settings in force; ``.log`` holds the reasons after partitioning.
-    """
-    settings = CheckSettings(load_config(config), _validated_precision(precision), log or RejectionLog())
-    token = _SETTINGS.set(settings)
-    try:
-        yield settings
-    finally:
-        _SETTINGS.reset(token)
-
-
-def current_settings() -> CheckSettings:
-    """The settings of the innermost :func:`check_settings`, else ``tsp`` at fp16."""
-    settings = _SETTINGS.get()
-    return settings if settings is not None else CheckSettings(load_config(None))
 
 
 # ---- facts about expressions --------------------------------------------------------
@@ -250,6 +157,7 @@ def _tensors_problem(op, operands, settings):
 def _conv2d_rule(a, settings):
     conv, data, weight = a["root"], a["input"], a["weight"]
     found = _tensors_problem(conv, [data, weight], settings)
+    found = found or _same_dtype_problem(conv, data, weight, ("input", "weight"))
     if found:
         return found
     attrs = conv.attrs
@@ -260,7 +168,9 @@ def _conv2d_rule(a, settings):
             "LPX convolution takes NCHW activations and OIHW weights"
         )
     if not _is_const(weight):
-        return conv, "weight is not a constant: LPX keeps conv weights in SRAM, fixed at compile time"
+        return conv, (
+            "weight is not a constant: LPX keeps conv weights in SRAM, fixed at compile time"
+        )
     groups, cin, cout = int(attrs.groups), _expr_shape(data)[1], _expr_shape(weight)[0]
     if groups != 1 and not groups == cin == cout:
         return conv, (
@@ -273,6 +183,7 @@ def _conv2d_rule(a, settings):
 def _dense_rule(a, settings):
     matmul, data, weight = a["root"], a["input"], a["weight"]
     found = _tensors_problem(matmul, [data, weight], settings)
+    found = found or _same_dtype_problem(matmul, data, weight, ("input", "weight"))
     if found:
         return found
     if not _is_const(weight):
@@ -281,7 +192,8 @@ def _dense_rule(a, settings):
             "fixed at compile time (activation x activation matmul is not supported)"
         )
     if len(_expr_shape(weight)) != 2:
-        return matmul, f"weight of rank {len(_expr_shape(weight))}: LPX dense takes a 2-D (K, N) weight"
+        rank = len(_expr_shape(weight))
+        return matmul, f"weight of rank {rank}: LPX dense takes a 2-D (K, N) weight"
     if len(_expr_shape(data)) < 2:
         return matmul, "input of rank 1: LPX dense takes an input of rank >= 2"
     return None
@@ -330,14 +242,18 @@ def _clip_problem(call):
     return None
 
 
+def _same_dtype_problem(op, lhs, rhs, what=("operand", "operand")):
+    if lhs.ty.dtype != rhs.ty.dtype:
+        return op, f"{what[0]} dtype {lhs.ty.dtype} and {what[1]} dtype {rhs.ty.dtype} differ"
+    return None
+
+
 def _binary_rule(a, settings):
     op, lhs, rhs = a["root"], a["lhs"], a["rhs"]
     found = _tensors_problem(op, [lhs, rhs], settings)
     if found:
         return found
-    if lhs.ty.dtype != rhs.ty.dtype:
-        return op, f"operand dtypes {lhs.ty.dtype} and {rhs.ty.dtype} differ"
-    return None
+    return _same_dtype_problem(op, lhs, rhs)
 
 
 def _unary_rule(a, settings):
@@ -497,11 +413,20 @@ def pattern_table() -> list:
         ("dense", _dense_pattern, _dense_rule, _bias_rule(_dense_bias_shapes)),
     )
     # Ascending priority: plain, +bias, +activation, +bias+activation.
-    variants = [(False, None), (True, None), (False, "relu"), (False, "clip"), (True, "relu"), (True, "clip")]
+    variants = [
+        (False, None),
+        (True, None),
+        (False, "relu"),
+        (False, "clip"),
+        (True, "relu"),
+        (True, "clip"),
+    ]
     for bias, activation in variants:
         for family, make, main_rule, bias_rule in families:
             name = family + ("_bias" if bias else "") + (f"_{activation}" if activation else "")
-            rules = [main_rule] + ([bias_rule] if bias else []) + ([_activation_rule] if activation else [])
+            rules = [main_rule]
+            rules += [bias_rule] if bias else []
+            rules += [_activation_rule] if activation else []
             table.append((name, *make(bias, activation), rules))
 
     return [

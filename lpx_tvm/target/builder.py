@@ -27,6 +27,7 @@ from .isa import DType, Instr, Stream, Unit
 from .layout import coerce, tensor_tiles
 from .program import Binding, Program, SramImage, TensorLayout
 from .scheduler import Reservations
+from .sram_alloc import SramAllocator
 from .timing import mxm_rate, timing, unit_position
 
 
@@ -193,6 +194,17 @@ class Group:
         if v.count != n:
             raise SchedulingError(f"{what}: the value has {v.count} vectors but {n} are expected")
 
+    def again(self, v: Value) -> Value:
+        """Compute ``v`` a second time (same op, same operands) on another unit, e.g. to
+        send it both east and west: one stream value flows one way only."""
+        n = v.node
+        if n.op.split(".")[0] not in ("vxm", "sxm"):
+            raise SchedulingError(f"only VXM and SXM values can be recomputed, not {n.op}")
+        twin = self._node(n.op, n.count, n.units, dict(n.fields), list(n.inputs), list(n.effects),
+                          out_dtype=n.out.dtype, out_count=n.out.count)
+        out = twin.out
+        return out if v.base is None else out.part(v.offset, v.count)
+
     # -- MEM -----------------------------------------------------------------
     def read(self, region: Region) -> Value:
         lo, hi = region.lines
@@ -320,7 +332,8 @@ class ProgramBuilder:
     def __init__(self, config="tsp", name: str = ""):
         self.config: LPXConfig = load_config(config)
         self.name = name
-        self._top = [0] * self.config.mem_slices  # bump allocator, lines used per slice
+        self._sram = SramAllocator(self.config.mem_slices, self.config.lines_per_slice)
+        self._constants = set()
         self._groups = []
         self._images = []
         self._bindings = []
@@ -332,19 +345,18 @@ class ProgramBuilder:
     # -- storage -------------------------------------------------------------
     def alloc_lines(self, lines: int, slice: "int | None" = None, avoid=()) -> tuple:
         """Lines in the least-used slice (not one of ``avoid``, slices this data is read beside)."""
-        cfg = self.config
-        if slice is None:
-            order = sorted((s for s in range(cfg.mem_slices) if s not in avoid), key=lambda s: (self._top[s], s))
-            slice = next((s for s in order if self._top[s] + lines <= cfg.lines_per_slice), None)
-            if slice is None:
-                raise SchedulingError(f"SRAM full: no slice has {lines} free lines "
-                                      f"({sum(self._top)} of {cfg.mem_slices * cfg.lines_per_slice} used)")
-        elif self._top[slice] + lines > cfg.lines_per_slice:
-            raise SchedulingError(f"slice {slice} has {cfg.lines_per_slice - self._top[slice]} free lines, "
-                                  f"{lines} needed")
-        addr = self._top[slice]
-        self._top[slice] += lines
-        return slice, addr
+        return self._sram.alloc(lines, slice, avoid)
+
+    def free(self, tensor: SramTensor):
+        """Give a tensor's lines back for reuse (after its last use in program order).
+        Constants (initial-image data) stay: see :class:`SramAllocator`."""
+        if tensor.name in self._constants:
+            return
+        lay = tensor.layout
+        for j in range(tensor.ntiles):
+            for q in range(lay.nchunks):
+                (sl, addr), _, n = lay.chunk(j, q)
+                self._sram.free(sl, addr, n * lay.row_stride)
 
     def tensor(self, name: str, shape, dtype, *, role: "str | None" = None, data=None, slices=None,
                avoid=(), row_align: int = 1) -> SramTensor:
@@ -359,20 +371,22 @@ class ProgramBuilder:
         ntiles = -(-shape[-1] // self.config.lanes)
         w = dt.itemsize
         fit = self.config.lines_per_slice // w  # rows one slice holds
-        chunk_rows = 0
-        if rows > fit:
-            chunk_rows = fit // row_align * row_align
-            if chunk_rows == 0:
+        chunk_rows = 0 if rows <= fit else fit // row_align * row_align
+        while True:
+            if rows > fit and chunk_rows == 0:
                 raise SchedulingError(f"tensor {name}: a row group of {row_align} vectors does not fit one slice")
-        nchunks = -(-rows // (chunk_rows or rows))
-        tiles = []
-        for j in range(ntiles):
-            for q in range(nchunks):
-                n = min(rows, (q + 1) * (chunk_rows or rows)) - q * (chunk_rows or rows)
-                want = None if slices is None else slices[(j * nchunks + q) % len(slices)]
-                tiles.append(self.alloc_lines(n * w, want, avoid))
+            try:
+                tiles = self._alloc_chunks(rows, ntiles, w, chunk_rows, slices, avoid, constant=data is not None)
+                break
+            except SchedulingError as e:
+                # No hole holds a whole chunk: try chunks half as long (whole row groups).
+                smaller = ((chunk_rows or rows) // 2) // row_align * row_align
+                if smaller == 0 or smaller == (chunk_rows or rows):
+                    raise SchedulingError(f"tensor {name} {shape} {dt.short}: {e}") from None
+                chunk_rows = smaller
         layout = TensorLayout(shape, dt, tuple(tiles), w, chunk_rows)
         if data is not None:
+            self._constants.add(name)
             arr = coerce(name, data, layout)
             for sl, lines, raw in tensor_tiles(layout, arr, self.config.lanes):
                 self._images.append(SramImage(sl, lines.start, raw.tobytes()))
@@ -380,6 +394,25 @@ class ProgramBuilder:
             self._bindings.append(Binding(name, role, layout))
         self._symbols[name] = layout.to_json()
         return SramTensor(name, layout)
+
+    def _alloc_chunks(self, rows, ntiles, w, chunk_rows, slices, avoid, constant=False) -> list:
+        per = chunk_rows or rows
+        nchunks = -(-rows // per)
+        tiles = []
+        try:
+            for j in range(ntiles):
+                for q in range(nchunks):
+                    n = min(rows, (q + 1) * per) - q * per
+                    want = None if slices is None else slices[(j * nchunks + q) % len(slices)]
+                    if constant and want is None:
+                        tiles.append((*self._sram.alloc_constant(n * w, avoid), n * w))
+                    else:
+                        tiles.append((*self.alloc_lines(n * w, want, avoid), n * w))
+        except SchedulingError:
+            for sl, addr, lines in tiles:
+                self._sram.free(sl, addr, lines)
+            raise
+        return [(sl, addr) for sl, addr, _ in tiles]
 
     def input(self, name, shape, dtype, **kw) -> SramTensor:
         return self.tensor(name, shape, dtype, role="input", **kw)

@@ -84,11 +84,13 @@ def convnet(seed=0):
 
 
 def depthwise_net(seed=1):
-    """Depthwise Conv (no bias) -> BatchNorm -> Relu, then a MatMul -> Mul -> Add -> Sub
-    chain with per-column constants (a dense layer followed by an affine epilogue)."""
+    """A BatchNorm on the input (no conv to fold into), a depthwise Conv (no bias) ->
+    BatchNorm -> Relu, then MatMul -> Mul -> Add -> Sub with per-column constants (a
+    dense layer followed by an affine epilogue)."""
     rng = np.random.default_rng(seed)
     c, n = 4, 6
     inits = [
+        *_bn_params("bn0", c, rng),
         _init("Wd", rng.standard_normal((c, 1, 3, 3)).astype(np.float32)),
         *_bn_params("bn", c, rng),
         _init("M", rng.standard_normal((c * 4 * 4, n)).astype(np.float32)),
@@ -98,7 +100,8 @@ def depthwise_net(seed=1):
         _init("shape", np.array([1, -1], np.int64)),
     ]
     nodes = [
-        helper.make_node("Conv", ["x", "Wd"], ["dw"], group=c, pads=[1, 1, 1, 1]),
+        _bn("bn0", "x", "xn"),
+        helper.make_node("Conv", ["xn", "Wd"], ["dw"], group=c, pads=[1, 1, 1, 1]),
         _bn("bn", "dw", "bn"),
         helper.make_node("Relu", ["bn"], ["relu"]),
         helper.make_node("Reshape", ["relu", "shape"], ["flat"]),

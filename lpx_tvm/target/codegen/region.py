@@ -125,12 +125,30 @@ class RegionCompiler:
         self.values = {}
         self.macs = 0
         self.op_counts = {}
+        self._fills = {}
         for p in region.params:
             self.values[p.name] = Stored(self.b.input(p.name, stored_shape(p.shape), self.dtype,
                                                       row_align=_row_align(p.shape)), p.shape)
-        for op in region.ops:
+        # Liveness: a value's SRAM is reused once its last reader has been emitted.
+        last_use = {}
+        names = {p.name for p in region.params} | {op.out for op in region.ops}
+        for i, op in enumerate(region.ops):
+            for arg in [a for s in [op.main] + op.epilogue for a in s.args if not a.is_const]:
+                if arg.name in names:
+                    last_use[arg.name] = i
+        keep = set(region.outputs)
+        # Constants go first: the initial image must sit in lines that working space never
+        # touches, which the allocator can only promise for space it has not handed out yet.
+        self._weights = {op.out: self._weight_tensor(op) for op in region.ops}
+        for i, op in enumerate(region.ops):
             self._count(op)
+            self._scratch = []
             self._lower(op, op.out in region.outputs)
+            for t in self._scratch:
+                self.b.free(t)
+            dead = [v for v, last in last_use.items() if last == i and v not in keep]
+            for v in dead:
+                self._release(v)
         outputs = []
         out_names = {bnd.name for bnd in self.b._bindings if bnd.role == "output"}
         for name_ in region.outputs:
@@ -143,6 +161,17 @@ class RegionCompiler:
                               self.op_counts)
 
     # ---- storage helpers -----------------------------------------------------
+    def _release(self, name: str):
+        """Free a dead value's tensor unless another live value (a reshape alias) shares it."""
+        tensor = self.values.pop(name).tensor
+        if all(v.tensor is not tensor for v in self.values.values()):
+            self.b.free(tensor)
+
+    def _temp(self, tensor):
+        """Register a tensor that lives only while the current op is emitted."""
+        self._scratch.append(tensor.tensor if isinstance(tensor, Stored) else tensor)
+        return tensor
+
     def _count(self, op: RegionOp):
         for s in [op.main] + op.epilogue:
             self.op_counts[s.op] = self.op_counts.get(s.op, 0) + 1
@@ -163,17 +192,19 @@ class RegionCompiler:
         (both are read in one group, and a slice has one read port)."""
         if not set(_slices([x])) & set(_slices([other])):
             return x
-        return self._copy(x, f"{tag}.apart", avoid=[other])
+        return self._temp(self._copy(x, f"{tag}.apart", avoid=[other]))
 
     def _rowwise(self, tag: str, inputs: list, y: Stored, body, tiles=None):
         """For each column tile and run of rows that sits in one chunk of every tensor:
         read the inputs' rows, ``body(group, values) -> value``, write it to ``y``."""
         rows = y.tensor.layout.rows
-        tensors = [x.tensor for x in inputs] + [y.tensor]
+        # An input given as (value, tile) always supplies that column tile (e.g. a per-row scale).
+        inputs = [x if isinstance(x, tuple) else (x, None) for x in inputs]
+        tensors = [x.tensor for x, _ in inputs] + [y.tensor]
         for j in range(y.tensor.ntiles) if tiles is None else tiles:
             for r0, r1 in _runs(rows, lambda r: tuple(_chunk_of(t, r) for t in tensors)):
                 g = self.b.group(tag)
-                vs = [g.read(x.tensor.segments(j, r0, r1)[0][1]) for x in inputs]
+                vs = [g.read(_one(x.tensor.segments(j if t is None else t, r0, r1))) for x, t in inputs]
                 v = body(g, vs)
                 self._finish(g, v, y.tensor.segments(j, r0, r1)[0][1])
 
@@ -194,6 +225,33 @@ class RegionCompiler:
             raise UnsupportedOnLPX(f"no LPX lowering for {kind}")
         lower(op, is_output)
 
+    # ---- constants -------------------------------------------------------------
+    def _weight_tensor(self, op: RegionOp):
+        """The MXM weight matrix of an op, as its lowering reads it (None for vector ops)."""
+        lanes = self.cfg.lanes
+        kind, args, a = op.main.op, op.main.args, op.main.attrs
+        if kind == "nn.conv2d" and len(args) > 1 and args[1].is_const:
+            w = np.asarray(args[1].const, np.float32)
+            co, cg, kh, kw = w.shape
+            if a.get("groups", 1) != 1:
+                c = args[0].shape[1]
+                if not (a["groups"] == c == co and cg == 1):
+                    return None
+                cpad = round_up(c, lanes)
+                # Row (tap * cpad + ch) holds w[ch, tap] at lane ch % lanes: a diagonal tile per tap.
+                diag = np.zeros((kh * kw, cpad, lanes), np.float32)
+                diag[:, np.arange(c), np.arange(c) % lanes] = w.reshape(c, kh * kw).T
+                return self.b.tensor(f"{op.out}.weight", (kh * kw * cpad, lanes), self.dtype,
+                                     data=diag.reshape(-1, lanes), row_align=lanes)
+            # Row (tap * c + ci): whole taps per chunk (or lane tiles) so no K tile straddles slices.
+            return self.b.tensor(f"{op.out}.weight", (kh * kw * cg, co), self.dtype,
+                                 data=w.transpose(2, 3, 1, 0).reshape(-1, co),
+                                 row_align=lanes if cg % lanes == 0 or kh * kw == 1 else cg)
+        if kind == "matmul" and len(args) > 1 and args[1].is_const and len(args[1].shape) == 2:
+            return self.b.tensor(f"{op.out}.weight", args[1].shape, self.dtype,
+                                 data=np.asarray(args[1].const, np.float32), row_align=lanes)
+        return None
+
     # ---- epilogues -------------------------------------------------------------
     def _epilogue_consts(self, op: RegionOp, channels: int) -> list:
         """The epilogue as ("bias", SramTensor) / ("clip", lo, hi) steps."""
@@ -205,7 +263,8 @@ class RegionCompiler:
                     bias = np.full(channels, bias[0], np.float32)
                 if bias.size != channels:
                     raise UnsupportedOnLPX(f"bias of {bias.size} values for {channels} channels")
-                out.append(("bias", self.b.constant(f"{op.out}.bias", bias.reshape(1, channels), self.acc)))
+                out.append(("bias", self._temp(self.b.constant(f"{op.out}.bias", bias.reshape(1, channels),
+                                                               self.acc))))
             elif s.op == "nn.relu":
                 out.append(("clip", 0.0, None))
             elif s.op == "clip":
@@ -238,8 +297,14 @@ class RegionCompiler:
         """Write value ``v`` (rows r0..r1 of tile j) across the chunks it covers."""
         if v.dtype != y.tensor.layout.dtype:
             v = g.vxm("vxm.cvt", v, to=y.tensor.layout.dtype)
-        for first, region in y.tensor.segments(j, r0, r1):
-            g.write(v.part(first - r0, region.count) if (first, region.count) != (r0, r1 - r0) else v, region)
+        segments = y.tensor.segments(j, r0, r1)
+        mid = self.cfg.position("VXM")
+        west = {self.cfg.position("MEM", region.slice) < mid for _, region in segments}
+        # A VXM result flows one way: chunks on both sides of the VXM get a recomputed twin.
+        twin = g.again(v) if len(west) == 2 and v.node.op.startswith("vxm.") else v
+        for first, region in segments:
+            src = twin if self.cfg.position("MEM", region.slice) < mid else v
+            g.write(src.part(first - r0, region.count) if (first, region.count) != (r0, r1 - r0) else src, region)
 
     # ---- MXM ops -----------------------------------------------------------------
     def _conv2d(self, op: RegionOp, is_output: bool):
@@ -259,10 +324,9 @@ class RegionCompiler:
         xp = self._padded(x, tuple(a["padding"]), op.out)
         hp, wp = xp.shape[2], xp.shape[3]
         cpad, copad = round_up(c, lanes), round_up(co, lanes)
-        wt = np.zeros((kh, kw, cpad, co), np.float32)
-        wt[:, :, :c, :] = w.transpose(2, 3, 1, 0)
-        W = self.b.tensor(f"{op.out}.weight", (kh * kw * cpad, co), self.dtype, data=wt.reshape(-1, co),
-                          row_align=lanes)
+        # Row (tap * c + ci) holds the weights of input channel ci at one tap: taps are whole
+        # chunks' worth of rows (row_align=c) so a K tile never straddles two slices.
+        W = self._weights[op.out]
         work = Conv2dWorkload(n, hp, wp, cpad, kh, kw, copad, (sh, sw), (dh, dw), TVM_DTYPE[self.dtype])
         oh, ow = work.OH, work.OW
         t = default_tiling(self.cfg, work)
@@ -276,7 +340,7 @@ class RegionCompiler:
 
         def weights(step):
             kh0, kw0, ci0, co0 = (step.reads["W"][d][0] for d in range(4))
-            base = (kh0 * kw + kw0) * cpad + ci0
+            base = (kh0 * kw + kw0) * c + ci0
             return _one(W.segments(co0 // lanes, base, base + min(c - ci0, lanes)))
 
         def block(step):
@@ -296,11 +360,7 @@ class RegionCompiler:
         xp = self._padded(x, tuple(a["padding"]), op.out)
         hp, wp = xp.shape[2], xp.shape[3]
         cpad = round_up(c, lanes)
-        # Row (tap * cpad + ch) holds w[ch, tap] at lane ch % lanes: one diagonal tile per tap and tile.
-        diag = np.zeros((kh * kw, cpad, lanes), np.float32)
-        diag[:, np.arange(c), np.arange(c) % lanes] = w.reshape(c, kh * kw).T
-        W = self.b.tensor(f"{op.out}.weight", (kh * kw * cpad, lanes), self.dtype,
-                          data=diag.reshape(-1, lanes), row_align=lanes)
+        W = self._weights[op.out]
         work = DepthwiseWorkload(n, hp, wp, cpad, kh, kw, (sh, sw), (dh, dw), TVM_DTYPE[self.dtype])
         oh, ow = work.OH, work.OW
         t = default_tiling(self.cfg, work)
@@ -334,7 +394,7 @@ class RegionCompiler:
         lanes = self.cfg.lanes
         rows = math.prod(x.shape[:-1])
         kpad, npad = round_up(k, lanes), round_up(nn, lanes)
-        W = self.b.tensor(f"{op.out}.weight", (k, nn), self.dtype, data=w, row_align=lanes)
+        W = self._weights[op.out]
         work = DenseWorkload(rows, kpad, npad, TVM_DTYPE[self.dtype])
         t = default_tiling(self.cfg, work)
         steps = tile_steps(schedule(work, DenseTiling(m=t.m, k=lanes, n=lanes, order=t.order)).mod["main"])
@@ -388,16 +448,28 @@ class RegionCompiler:
         self.values[op.out] = y
 
     def _padded(self, x: Stored, pads, tag: str, fill: float = 0.0) -> Stored:
-        """A spatially padded copy of an NHWC value (the value itself when no padding)."""
+        """A spatially padded copy of an NHWC value (the value itself when no padding).
+
+        The border is written explicitly with ``fill`` (a reused buffer holds old data)."""
         pt, pl, pb, pr = pads
         if not any(pads):
             return x
         n, c, h, w = x.shape
         hp, wp = h + pt + pb, w + pl + pr
-        data = None if fill == 0.0 else np.full((n * hp * wp, c), fill, np.float32)
-        xp = Stored(self.b.tensor(f"{tag}.padded", (n * hp * wp, c), self.dtype, data=data, row_align=wp,
-                                  avoid=_slices([x])), (n, c, hp, wp))
+        xp = Stored(self._temp(self.b.tensor(f"{tag}.padded", (n * hp * wp, c), self.dtype, row_align=wp,
+                                             avoid=_slices([x]))), (n, c, hp, wp))
+        fill_row = self._fill_vector(fill)
+        border = [(0, pt, 0, wp), (pt + h, pb, 0, wp), (pt, h, 0, pl), (pt, h, pl + w, pr)]  # rows, cols
         for i in range(n):
+            for r_first, nrows, c_first, ncols in border:
+                if not nrows or not ncols:
+                    continue
+                base = (i * hp + r_first) * wp + c_first
+                for r0, r1 in _runs(nrows, lambda r: _chunk_of(xp.tensor, base + r * wp)):
+                    for j in range(x.tensor.ntiles):
+                        g = self.b.group(f"{tag}.border")
+                        dst = _one(xp.tensor.window_segments(j, base + r0 * wp, r1 - r0, ncols, wp))
+                        g.write(g.read(fill_row.tile(0).repeat(dst.count)), dst)
             for r0, r1 in _runs(h, lambda r: (_chunk_of(x.tensor, (i * h + r) * w),
                                               _chunk_of(xp.tensor, (i * hp + pt + r) * wp))):
                 for j in range(x.tensor.ntiles):
@@ -406,6 +478,14 @@ class RegionCompiler:
                     dst = _one(xp.tensor.window_segments(j, (i * hp + pt + r0) * wp + pl, r1 - r0, w, wp))
                     g.write(g.read(src), dst)
         return xp
+
+    def _fill_vector(self, value: float):
+        """A constant vector of ``value`` in every lane (one per value and region)."""
+        key = float(value)
+        if key not in self._fills:
+            self._fills[key] = self.b.constant(f"fill{len(self._fills)}", np.full((1, self.cfg.lanes), key,
+                                                                                  np.float32), self.dtype)
+        return self._fills[key]
 
     # ---- vector ops ------------------------------------------------------------------
     def _binary(self, op: RegionOp, is_output: bool):
@@ -435,7 +515,8 @@ class RegionCompiler:
             body = lambda g, vs: self._apply_epilogue(g, g.vxm(vop, vs[0], imm=imm), clips, 0, 0)  # noqa: E731
             self._rowwise(f"{op.out}.{op.main.op}", [x], y, body)
         elif self._per_channel(cv, x.shape):
-            row = self.b.constant(f"{op.out}.operand", cv.reshape(1, -1), self.dtype, avoid=_slices([x, y]))
+            row = self._temp(self.b.constant(f"{op.out}.operand", cv.reshape(1, -1), self.dtype,
+                                             avoid=_slices([x, y])))
             rows = x.tensor.layout.rows
             tensors = [x.tensor, y.tensor]
             for j in range(x.tensor.ntiles):
@@ -445,8 +526,9 @@ class RegionCompiler:
                     self._finish(g, self._apply_epilogue(g, v, clips, j, r1 - r0), _one(y.tensor.segments(j, r0, r1)))
         elif cv.shape == tuple(x.shape):
             arr = cv.transpose(0, 2, 3, 1) if x.nhwc else cv
-            full = Stored(self.b.tensor(f"{op.out}.operand", stored_shape(cv.shape), self.dtype, data=arr,
-                                        avoid=_slices([x]), row_align=_row_align(cv.shape)), cv.shape)
+            full = Stored(self._temp(self.b.tensor(f"{op.out}.operand", stored_shape(cv.shape), self.dtype,
+                                                   data=arr, avoid=_slices([x]), row_align=_row_align(cv.shape))),
+                          cv.shape)
             self._rowwise(f"{op.out}.{op.main.op}", [x, full], y,
                           lambda g, vs: self._apply_epilogue(g, g.vxm(vop, vs[0], vs[1]), clips, 0, 0))
         else:
@@ -500,7 +582,7 @@ class RegionCompiler:
         xp = self._padded(x, pads, op.out, fill=-np.inf if is_max else 0.0)
         hp, wp = xp.shape[2], xp.shape[3]
         oh, ow = op.shape[2], op.shape[3]
-        total = self._new(f"{op.out}.acc", op.shape, avoid=[xp], dtype=self.acc)
+        total = self._temp(self._new(f"{op.out}.acc", op.shape, avoid=[xp], dtype=self.acc))
         y = self._new(op.out, op.shape, is_output, avoid=[total])
         lanes = self.cfg.lanes
         scale_t = None
@@ -514,8 +596,9 @@ class RegionCompiler:
                            for j in range(ow)] for i in range(oh)]
                 scale = 1.0 / np.array(counts, np.float32).reshape(-1)
             scale_map = np.repeat(np.tile(scale, n)[:, None], lanes, axis=1)
-            scale_t = Stored(self.b.tensor(f"{op.out}.scale", (n * oh * ow, lanes), self.acc, data=scale_map,
-                                           avoid=_slices([total]), row_align=ow), (n, lanes, oh, ow))
+            scale_t = Stored(self._temp(self.b.tensor(f"{op.out}.scale", (n * oh * ow, lanes), self.acc,
+                                                      data=scale_map, avoid=_slices([total]), row_align=ow)),
+                             (n, lanes, oh, ow))
         combine = "vxm.max" if is_max else "vxm.add"
         for i in range(n):
             for t in range(kh * kw):
@@ -537,7 +620,7 @@ class RegionCompiler:
         if is_max:
             self._rowwise(f"{op.out}.pool", [total], y, lambda g, vs: vs[0])
         else:
-            self._rowwise(f"{op.out}.pool", [total, self._apart(scale_t, total, op.out)], y,
+            self._rowwise(f"{op.out}.pool", [total, (self._apart(scale_t, total, op.out), 0)], y,
                           lambda g, vs: g.vxm("vxm.mul", vs[0], vs[1]))
         self.values[op.out] = y
 
@@ -588,7 +671,8 @@ class RegionCompiler:
         n, c, h, w = x.shape
         lanes = self.cfg.lanes
         hw = h * w
-        scale = self.b.constant(f"{op.out}.scale", np.full((lanes, 1), 1.0 / hw, np.float32), self.dtype)
+        scale = self._temp(self.b.constant(f"{op.out}.scale", np.full((lanes, 1), 1.0 / hw, np.float32),
+                                           self.dtype))
         y = self._new(op.out, op.shape, is_output)
         for i in range(n):
             for j in range(x.tensor.ntiles):
