@@ -42,6 +42,7 @@ from tvm.relax.backend.pattern_registry import register_patterns
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl.pattern import is_op, wildcard
 
+from ..target.codegen.support import binary_operands_problem, reshape_keeps_storage
 from .check_context import (
     PRECISIONS,
     CheckSettings,
@@ -253,7 +254,15 @@ def _binary_rule(a, settings):
     found = _tensors_problem(op, [lhs, rhs], settings)
     if found:
         return found
-    return _same_dtype_problem(op, lhs, rhs)
+    found = _same_dtype_problem(op, lhs, rhs)
+    if found:
+        return found
+    if op.op.name == "relax.subtract" and _is_const(lhs) and not _is_const(rhs):
+        return op, "constant minus tensor is not supported"
+    problem = binary_operands_problem(_expr_shape(lhs), _expr_shape(rhs), _is_const(lhs), _is_const(rhs))
+    if problem is None and not _is_const(lhs) and not _is_const(rhs) and _expr_shape(op) != _expr_shape(lhs):
+        problem = "the result is larger than the operands"
+    return (op, problem) if problem else None
 
 
 def _unary_rule(a, settings):
@@ -299,7 +308,15 @@ def _global_avg_pool2d_rule(a, settings):
 
 
 def _reshape_rule(a, settings):
-    return _tensors_problem(a["root"], [a["input"]], settings)
+    found = _tensors_problem(a["root"], [a["input"]], settings)
+    if found:
+        return found
+    if _is_const(a["input"]):
+        return a["root"], "reshape of a constant (folded at compile time)"
+    src, dst = _expr_shape(a["input"]), _expr_shape(a["root"])
+    if not reshape_keeps_storage(src, dst):
+        return a["root"], f"reshape {src} -> {dst} moves data between lanes (NHWC storage)"
+    return None
 
 
 def _concat_rule(a, settings):
@@ -309,6 +326,11 @@ def _concat_rule(a, settings):
         return found
     if concat.attrs.axis is None:
         return concat, "concat without an axis (flattening) is not supported"
+    rank = len(_expr_shape(concat))
+    axis = int(concat.attrs.axis)
+    axis = axis + rank if axis < 0 else axis
+    if axis != (1 if rank == 4 else rank - 1):
+        return concat, f"concat along axis {axis} of a rank-{rank} tensor: only the channel axis is supported"
     return None
 
 

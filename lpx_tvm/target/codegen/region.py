@@ -30,6 +30,7 @@ from ..config import LPXConfig
 from ..isa import DType
 from ..program import Program
 from .graph import Operand, Region, RegionOp, UnsupportedOnLPX, read_region
+from .support import reshape_keeps_storage
 
 PRECISION_DTYPE = {"fp32": DType.FP32, "fp16": DType.FP16, "bf16": DType.BF16}
 TVM_DTYPE = {DType.FP32: "float32", DType.FP16: "float16", DType.BF16: "bfloat16"}
@@ -126,6 +127,7 @@ class RegionCompiler:
         self.macs = 0
         self.op_counts = {}
         self._fills = {}
+        self._maps = {}
         for p in region.params:
             self.values[p.name] = Stored(self.b.input(p.name, stored_shape(p.shape), self.dtype,
                                                       row_align=_row_align(p.shape)), p.shape)
@@ -625,8 +627,8 @@ class RegionCompiler:
         self.values[op.out] = y
 
     def _concat(self, op: RegionOp, is_output: bool):
-        """Concatenate along channels: move each input's lanes into place (SXM shift, then
-        pad to mask the other lanes) and add the disjoint pieces of each output tile."""
+        """Concatenate along channels: move each input's lanes into place with one SXM
+        permute (the other lanes become zero) and add the disjoint pieces of each output tile."""
         axis = op.main.attrs.get("axis", 1)
         axis = axis[0] if isinstance(axis, list) else axis
         parts = [self._value(v) for v in op.main.args]
@@ -649,9 +651,7 @@ class RegionCompiler:
                     for r0, r1 in _runs(rows, lambda r: (_chunk_of(x.tensor, r), _chunk_of(y.tensor, r))):
                         g = self.b.group(f"{op.out}.concat")
                         v = g.read(_one(x.tensor.segments(ch0 // lanes, r0, r1)))
-                        if done:
-                            v = g.sxm("sxm.shift", v, by=-done)
-                        v = g.sxm("sxm.pad", v, before=b, width=length)
+                        v = g.sxm("sxm.permute", v, map=self._lane_map(done, b, length))
                         out = _one(y.tensor.segments(tile, r0, r1))
                         if tile in written:
                             v = g.vxm("vxm.add", v, g.read(out))
@@ -660,6 +660,15 @@ class RegionCompiler:
                     done += length
             offset += cx
         self.values[op.out] = y
+
+    def _lane_map(self, src: int, dst: int, length: int) -> int:
+        """A permutation table moving lanes src..src+length-1 to dst.., zero elsewhere."""
+        key = (src, dst, length)
+        if key not in self._maps:
+            table = np.full(self.cfg.lanes, -1, np.int32)
+            table[dst:dst + length] = np.arange(src, src + length)
+            self._maps[key] = self.b.table(table)
+        return self._maps[key]
 
     def _global_avg_pool(self, op: RegionOp, is_output: bool):
         """Mean over H and W: transpose pixel chunks so channels become vectors, sum them on
@@ -695,12 +704,9 @@ class RegionCompiler:
 
     def _reshape(self, op: RegionOp):
         x = self._value(op.main.args[0])
-        src, dst = tuple(x.shape), tuple(op.shape)
-        same = (len(src) == 4 and src[2] == src[3] == 1 and len(dst) == 2 and dst == (src[0], src[1])) or \
-               (len(src) != 4 and len(dst) != 4 and src[-1] == dst[-1])
-        if not same:
-            raise UnsupportedOnLPX(f"reshape {src} -> {dst} moves data between lanes")
-        self.values[op.out] = Stored(x.tensor, dst)
+        if not reshape_keeps_storage(x.shape, op.shape):
+            raise UnsupportedOnLPX(f"reshape {x.shape} -> {op.shape} moves data between lanes")
+        self.values[op.out] = Stored(x.tensor, tuple(op.shape))
 
 
 def _row_align(shape: tuple) -> int:
