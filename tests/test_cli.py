@@ -87,6 +87,15 @@ def test_corrupt_npz(tmp_path, capsys):
     assert "junk.npz" in _one_error_line(capsys)
 
 
-def test_demo_small(capsys):
-    assert main(["demo", "--preset", "mini", "--size", "40"]) == 0
-    assert "relative L2 error" in capsys.readouterr().out
+def test_demo_on_a_small_onnx_file(tmp_path, capsys):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])], initializer=[w])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert main(["demo", "--model", str(path), "--preset", "mini", "--precision", "fp32"]) == 0
+    assert "relative L2 error vs onnxruntime" in capsys.readouterr().out
