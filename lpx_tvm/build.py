@@ -11,6 +11,8 @@ registered Relax pipeline ``"lpx"`` and target tag ``"lpx"``.
 
 from __future__ import annotations
 
+import uuid
+
 import tvm
 from tvm import relax
 
@@ -43,8 +45,11 @@ def lower_for_lpx(mod, cfg, precision: str):
     mod = canonicalize(mod)
     mod, offload = partition_for_lpx(mod, cfg, precision)
     compiler = RegionCompiler(cfg, precision)
-    regions = {name: compiler.compile(name, func) for name, func in lpx_functions(mod).items()}
-    return outline_regions(mod, regions), regions, offload
+    # Extern-call names are global in the process: a per-build tag keeps two models apart.
+    tag = uuid.uuid4().hex[:8]
+    names = {fn: f"{tag}_{i}" for i, fn in enumerate(sorted(lpx_functions(mod)))}
+    regions = {names[fn]: compiler.compile(names[fn], func) for fn, func in lpx_functions(mod).items()}
+    return outline_regions(mod, names), regions, offload
 
 
 def build(mod, target=TARGET_TAG, params=None, preset="tsp", precision="fp16", tuning_log=None) -> LPXExecutable:

@@ -25,14 +25,15 @@ class _Outline(PyExprMutator):
     def visit_call_(self, call):
         call = super().visit_call_(call)
         if isinstance(call.op, relax.GlobalVar) and call.op.name_hint in self.names:
-            return relax.call_dps_packed(REGION_PREFIX + call.op.name_hint, relax.Tuple(list(call.args)),
+            return relax.call_dps_packed(REGION_PREFIX + self.names[call.op.name_hint], relax.Tuple(list(call.args)),
                                          out_ty=call.ty)
         return call
 
 
-def outline_regions(mod, names) -> tvm.IRModule:
-    """The module with each region call an extern call and the region functions removed."""
-    names = set(names)
+def outline_regions(mod, names: dict) -> tvm.IRModule:
+    """The module with each region call an extern call and the region functions removed.
+
+    ``names`` maps each region function's name to the name its extern call uses."""
     m = _Outline(mod, names)
     out = {}
     for gv, f in mod.functions.items():
