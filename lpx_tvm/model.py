@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +59,7 @@ class CompiledModel:
         cfg = exe.config
         s = exe.stats
         macs = sum(r.macs for r in exe.regions.values()) if s.region_calls else 0
+        weight_bytes = sum(r.weight_bytes for r in exe.regions.values())
         peak = cfg.peak_macs_per_cycle_for({"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}[self.precision])
         return {
             "preset": cfg.name,
@@ -72,6 +74,10 @@ class CompiledModel:
             "cpu_wall_s": max(0.0, s.total_wall_s - s.sim_wall_s),
             "sram_bytes": s.sram_bytes,
             "offchip_bytes": s.offchip_bytes,
+            "weight_bytes": weight_bytes,
+            "streamed_weight_bytes": sum(r.streamed_bytes for r in exe.regions.values()),
+            # Chips whose SRAM would hold every weight resident (the multi-chip mapping's job).
+            "chips_to_hold_weights": max(1, math.ceil(weight_bytes / cfg.sram_bytes)),
         }
 
 

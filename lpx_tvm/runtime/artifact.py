@@ -50,7 +50,8 @@ def save_artifact(model, path: str):
         for name, r in exe.regions.items():
             save_program(r.program, os.path.join(tmp, "regions", f"{name}.lpx"))
             regions.append({"name": name, "inputs": [[n, list(s)] for n, s in r.inputs],
-                            "outputs": [[n, list(s)] for n, s in r.outputs], "macs": r.macs, "ops": r.ops})
+                            "outputs": [[n, list(s)] for n, s in r.outputs], "macs": r.macs, "ops": r.ops,
+                            "weight_bytes": r.weight_bytes, "streamed_bytes": r.streamed_bytes})
         manifest = {
             "format": FORMAT, "version": VERSION, "config": exe.config.to_json(), "precision": exe.precision,
             "inputs": [[n, list(s), str(d)] for n, s, d in model.inputs], "outputs": list(model.outputs),
@@ -94,7 +95,8 @@ def load_artifact(path: str):
     for r in manifest["regions"]:
         prog = load_program(os.path.join(path, "regions", f"{r['name']}.lpx"))
         regions[r["name"]] = CompiledRegion(r["name"], prog, [(n, tuple(s)) for n, s in r["inputs"]],
-                                            [(n, tuple(s)) for n, s in r["outputs"]], r["macs"], r["ops"])
+                                            [(n, tuple(s)) for n, s in r["outputs"]], r["macs"], r["ops"],
+                                            r.get("weight_bytes", 0), r.get("streamed_bytes", 0))
     so = os.path.join(path, "cpu.so")
     if not os.path.isfile(so):
         raise ArtifactError(f"{path}: missing cpu.so")

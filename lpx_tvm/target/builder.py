@@ -347,6 +347,11 @@ class ProgramBuilder:
         """Lines in the least-used slice (not one of ``avoid``, slices this data is read beside)."""
         return self._sram.alloc(lines, slice, avoid)
 
+    @property
+    def constant_lines(self) -> int:
+        """SRAM lines the initial image (constants) takes so far."""
+        return sum(self.config.lines_per_slice - f for f in self._sram.floor)
+
     def free(self, tensor: SramTensor):
         """Give a tensor's lines back for reuse (after its last use in program order).
         Constants (initial-image data) stay: see :class:`SramAllocator`."""
@@ -531,7 +536,7 @@ class _Placer:
 
     def place(self, g: Group) -> list:
         self._solve(g)
-        effects = [(k, lo, hi, kind, n.offset + a, n.offset + b)
+        effects = [(k, lo, hi, kind, n.offset + a, n.offset + b, n.offset)
                    for n in g.nodes for (k, lo, hi, kind, a, b) in n.effects]
         values = [n.out for n in g.nodes if n.out is not None]
         dirs = {id(v): self._direction(v) for v in values}

@@ -53,18 +53,27 @@ class Reservations:
         self.accesses = defaultdict(list)  # state key -> [(lo, hi, kind, start, end)]
 
     def lower_bound(self, effects) -> int:
-        """Earliest group start meeting every dependency; effects carry relative windows."""
+        """Earliest group start meeting every dependency.
+
+        Effects carry windows relative to the group start: ``(key, lo, hi, kind, start, end,
+        issue)`` where start..end is when the access happens and ``issue`` when its
+        instruction issues. A write lands after earlier accesses of its lines, and also
+        *issues* after the earlier reads issue: the simulator runs instructions in issue
+        order, so a write issued before a read it lands after would be applied too early
+        (and is reported as a race)."""
         lb = 0
-        for key, lo, hi, kind, rel_start, _ in effects:
-            for plo, phi, pkind, pstart, pend in self.accesses.get(key, ()):
+        for key, lo, hi, kind, rel_start, _, rel_issue in effects:
+            for plo, phi, pkind, pstart, pend, pissue in self.accesses.get(key, ()):
                 if plo > hi or lo > phi:
                     continue
                 if kind == "r" and pkind == "w":
                     lb = max(lb, pend - rel_start)  # read once the last write landed
+                elif kind == "w" and pkind == "w":
+                    lb = max(lb, pend + 1 - rel_start)  # land after the earlier write
                 elif kind == "w":
-                    lb = max(lb, pend + 1 - rel_start)  # write after every earlier access
+                    lb = max(lb, pend + 1 - rel_start, pissue + 1 - rel_issue)
         return lb
 
     def record(self, effects, t: int):
-        for key, lo, hi, kind, rel_start, rel_end in effects:
-            self.accesses[key].append((lo, hi, kind, t + rel_start, t + rel_end))
+        for key, lo, hi, kind, rel_start, rel_end, rel_issue in effects:
+            self.accesses[key].append((lo, hi, kind, t + rel_start, t + rel_end, t + rel_issue))

@@ -25,6 +25,7 @@ import numpy as np
 from ...tir_schedules import (Conv2dWorkload, DenseTiling, DenseWorkload, DepthwiseWorkload, default_tiling, round_up,
                               schedule, tile_steps)
 from ...tir_schedules.schedules import Conv2dTiling
+from ...errors import SchedulingError
 from ..builder import ProgramBuilder, SramTensor
 from ..config import LPXConfig
 from ..isa import DType
@@ -68,6 +69,8 @@ class CompiledRegion:
     outputs: list  # [(binding name, logical shape)]
     macs: int = 0
     ops: dict = field(default_factory=dict)  # relax op -> count, for reports
+    weight_bytes: int = 0  # all MXM weights, resident or streamed
+    streamed_bytes: int = 0  # the part kept off chip and loaded over the DMA path
 
 
 class _Planes:
@@ -111,7 +114,36 @@ def _chunk_of(t: SramTensor, row: int) -> int:
     return row // t.layout.rows_per_chunk
 
 
+@dataclass
+class StreamedWeights:
+    """A weight matrix kept in off-chip memory: column tile ``j`` is ``rows`` vectors of
+    ``lanes`` lanes from byte ``offsets[j]``, loaded over the DMA path tile by tile."""
+
+    offsets: list
+    rows: int
+    vector_bytes: int
+    nbytes: int
+
+    @classmethod
+    def place(cls, builder: ProgramBuilder, matrix: np.ndarray, dtype: DType, lanes: int) -> "StreamedWeights":
+        rows, cols = matrix.shape
+        offsets = []
+        for j in range(-(-cols // lanes)):
+            tile = np.zeros((rows, lanes), dtype.np)
+            part = matrix[:, j * lanes:(j + 1) * lanes]
+            tile[:, :part.shape[1]] = part
+            offsets.append(builder.host_buffer(tile))
+        vb = lanes * dtype.itemsize
+        return cls(offsets, rows, vb, len(offsets) * rows * vb)
+
+    def offset(self, j: int, row: int) -> int:
+        return self.offsets[j] + row * self.vector_bytes
+
+
 class RegionCompiler:
+    # Share of the SRAM that resident weights may take; the rest is working space.
+    weight_budget = 0.6
+
     def __init__(self, config: LPXConfig, precision: str = "fp16"):
         if precision not in PRECISION_DTYPE:
             raise UnsupportedOnLPX(f"precision {precision!r} (expected fp32, fp16 or bf16)")
@@ -159,8 +191,12 @@ class RegionCompiler:
                 st = self._copy(st, f"{name_}_out", is_output=True)
             outputs.append((st.tensor.name, st.shape))
         prog = self.b.build()
+        weights = [w for w in self._weights.values() if w is not None]
+        streamed = sum(w.nbytes for w in weights if isinstance(w, StreamedWeights))
+        resident = sum(w.ntiles * w.layout.rows * self.cfg.lanes * w.layout.dtype.itemsize
+                       for w in weights if not isinstance(w, StreamedWeights))
         return CompiledRegion(name, prog, [(p.name, p.shape) for p in region.params], outputs, self.macs,
-                              self.op_counts)
+                              self.op_counts, resident + streamed, streamed)
 
     # ---- storage helpers -----------------------------------------------------
     def _release(self, name: str):
@@ -229,9 +265,11 @@ class RegionCompiler:
 
     # ---- constants -------------------------------------------------------------
     def _weight_tensor(self, op: RegionOp):
-        """The MXM weight matrix of an op, as its lowering reads it (None for vector ops)."""
+        """The MXM weight matrix of an op, as its lowering reads it (None for vector ops):
+        resident in SRAM while the constants' budget lasts, else streamed from off-chip memory."""
         lanes = self.cfg.lanes
         kind, args, a = op.main.op, op.main.args, op.main.attrs
+        matrix, align = None, lanes
         if kind == "nn.conv2d" and len(args) > 1 and args[1].is_const:
             w = np.asarray(args[1].const, np.float32)
             co, cg, kh, kw = w.shape
@@ -243,16 +281,24 @@ class RegionCompiler:
                 # Row (tap * cpad + ch) holds w[ch, tap] at lane ch % lanes: a diagonal tile per tap.
                 diag = np.zeros((kh * kw, cpad, lanes), np.float32)
                 diag[:, np.arange(c), np.arange(c) % lanes] = w.reshape(c, kh * kw).T
-                return self.b.tensor(f"{op.out}.weight", (kh * kw * cpad, lanes), self.dtype,
-                                     data=diag.reshape(-1, lanes), row_align=lanes)
-            # Row (tap * c + ci): whole taps per chunk (or lane tiles) so no K tile straddles slices.
-            return self.b.tensor(f"{op.out}.weight", (kh * kw * cg, co), self.dtype,
-                                 data=w.transpose(2, 3, 1, 0).reshape(-1, co),
-                                 row_align=lanes if cg % lanes == 0 or kh * kw == 1 else cg)
-        if kind == "matmul" and len(args) > 1 and args[1].is_const and len(args[1].shape) == 2:
-            return self.b.tensor(f"{op.out}.weight", args[1].shape, self.dtype,
-                                 data=np.asarray(args[1].const, np.float32), row_align=lanes)
-        return None
+                matrix = diag.reshape(-1, lanes)
+            else:
+                # Row (tap * c + ci): whole taps per chunk (or lane tiles) so no K tile straddles slices.
+                matrix = w.transpose(2, 3, 1, 0).reshape(-1, co)
+                align = lanes if cg % lanes == 0 or kh * kw == 1 else cg
+        elif kind == "matmul" and len(args) > 1 and args[1].is_const and len(args[1].shape) == 2:
+            matrix = np.asarray(args[1].const, np.float32)
+        if matrix is None:
+            return None
+        rows, cols = matrix.shape
+        lines = -(-cols // lanes) * rows * self.dtype.itemsize
+        budget = self.weight_budget * self.cfg.mem_slices * self.cfg.lines_per_slice
+        if self.b.constant_lines + lines <= budget:
+            try:
+                return self.b.tensor(f"{op.out}.weight", matrix.shape, self.dtype, data=matrix, row_align=align)
+            except SchedulingError:
+                pass
+        return StreamedWeights.place(self.b, matrix, self.dtype, lanes)
 
     # ---- epilogues -------------------------------------------------------------
     def _epilogue_consts(self, op: RegionOp, channels: int) -> list:
@@ -328,7 +374,6 @@ class RegionCompiler:
         cpad, copad = round_up(c, lanes), round_up(co, lanes)
         # Row (tap * c + ci) holds the weights of input channel ci at one tap: taps are whole
         # chunks' worth of rows (row_align=c) so a K tile never straddles two slices.
-        W = self._weights[op.out]
         work = Conv2dWorkload(n, hp, wp, cpad, kh, kw, copad, (sh, sw), (dh, dw), TVM_DTYPE[self.dtype])
         oh, ow = work.OH, work.OW
         t = default_tiling(self.cfg, work)
@@ -343,7 +388,7 @@ class RegionCompiler:
         def weights(step):
             kh0, kw0, ci0, co0 = (step.reads["W"][d][0] for d in range(4))
             base = (kh0 * kw + kw0) * c + ci0
-            return _one(W.segments(co0 // lanes, base, base + min(c - ci0, lanes)))
+            return co0 // lanes, base, base + min(c - ci0, lanes)
 
         def block(step):
             n0, (oh0, ohe), co0 = step.writes["mxm"][0][0], step.writes["mxm"][1], step.writes["mxm"][3][0]
@@ -362,7 +407,6 @@ class RegionCompiler:
         xp = self._padded(x, tuple(a["padding"]), op.out)
         hp, wp = xp.shape[2], xp.shape[3]
         cpad = round_up(c, lanes)
-        W = self._weights[op.out]
         work = DepthwiseWorkload(n, hp, wp, cpad, kh, kw, (sh, sw), (dh, dw), TVM_DTYPE[self.dtype])
         oh, ow = work.OH, work.OW
         t = default_tiling(self.cfg, work)
@@ -377,7 +421,7 @@ class RegionCompiler:
         def weights(step):
             kh0, kw0, c0 = (step.reads["W"][d][0] for d in range(3))
             base = (kh0 * kw + kw0) * cpad + c0
-            return _one(W.segments(0, base, base + min(c - c0, lanes)))
+            return 0, base, base + min(c - c0, lanes)
 
         def block(step):
             n0, (oh0, ohe), c0 = step.writes["mxm"][0][0], step.writes["mxm"][1], step.writes["mxm"][3][0]
@@ -396,7 +440,6 @@ class RegionCompiler:
         lanes = self.cfg.lanes
         rows = math.prod(x.shape[:-1])
         kpad, npad = round_up(k, lanes), round_up(nn, lanes)
-        W = self._weights[op.out]
         work = DenseWorkload(rows, kpad, npad, TVM_DTYPE[self.dtype])
         t = default_tiling(self.cfg, work)
         steps = tile_steps(schedule(work, DenseTiling(m=t.m, k=lanes, n=lanes, order=t.order)).mod["main"])
@@ -407,7 +450,7 @@ class RegionCompiler:
 
         def weights(step):
             (k0, _), (n0, _) = step.reads["B"]
-            return _one(W.segments(n0 // lanes, k0, min(k, k0 + lanes)))
+            return n0 // lanes, k0, min(k, k0 + lanes)
 
         def block(step):
             (m0, me), (n0, _) = step.writes["mxm"]
@@ -419,10 +462,17 @@ class RegionCompiler:
     def _emit_mxm(self, op: RegionOp, steps, window, weights, block, channels: int, is_output: bool):
         """Install / multiply groups per tile, a drain group (with the epilogue) per output block.
 
-        ``window(step)`` -> [(row offset in the block, Region)]; ``weights(step)`` -> Region;
-        ``block(step)`` -> (first channel, first output row, rows).
+        ``window(step)`` -> [(row offset in the block, Region)]; ``weights(step)`` -> (column
+        tile, first row, end row) of the op's weight matrix; ``block(step)`` -> (first channel,
+        first output row, rows). Streamed weights come over the off-chip path, one tile at a
+        time, into two staging buffers that alternate so the next load overlaps this install.
         """
         lanes = self.cfg.lanes
+        W = self._weights[op.out]
+        staging = None
+        if isinstance(W, StreamedWeights):
+            staging = [self._temp(self.b.tensor(f"{op.out}.staging{i}", (lanes, lanes), self.dtype))
+                       for i in range(2)]
         y = self._new(op.out, op.shape, is_output)
         epi = self._epilogue_consts(op, channels)
         tag = op.out
@@ -436,8 +486,14 @@ class RegionCompiler:
                 live[key] = self.planes.new_block(nrows)
             plane, acc = live[key]
             buf = self.planes.buffer(plane)
+            j, row0, row1 = weights(s)
+            if staging is None:
+                src = _one(W.segments(j, row0, row1))
+            else:
+                src = staging[i % 2].tile(0).rows(0, row1 - row0)
+                self.b.group(f"{tag}.stream").dma_load(W.offset(j, row0), src)
             g = self.b.group(f"{tag}.install")
-            g.install(plane, buf, g.read(weights(s)), width=min(channels - col0, lanes))
+            g.install(plane, buf, g.read(src), width=min(channels - col0, lanes))
             for offset, region in window(s):
                 g = self.b.group(f"{tag}.mul")
                 g.mul(plane, buf, g.read(region), acc=acc + offset, accumulate=not first)
