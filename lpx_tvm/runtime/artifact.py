@@ -51,7 +51,8 @@ def save_artifact(model, path: str):
             save_program(r.program, os.path.join(tmp, "regions", f"{name}.lpx"))
             regions.append({"name": name, "inputs": [[n, list(s)] for n, s in r.inputs],
                             "outputs": [[n, list(s)] for n, s in r.outputs], "macs": r.macs, "ops": r.ops,
-                            "weight_bytes": r.weight_bytes, "streamed_bytes": r.streamed_bytes})
+                            "weight_bytes": r.weight_bytes, "streamed_bytes": r.streamed_bytes,
+                            "input_transforms": r.input_transforms})
         manifest = {
             "format": FORMAT, "version": VERSION, "config": exe.config.to_json(), "precision": exe.precision,
             "inputs": [[n, list(s), str(d)] for n, s, d in model.inputs], "outputs": list(model.outputs),
@@ -96,7 +97,8 @@ def load_artifact(path: str):
         prog = load_program(os.path.join(path, "regions", f"{r['name']}.lpx"))
         regions[r["name"]] = CompiledRegion(r["name"], prog, [(n, tuple(s)) for n, s in r["inputs"]],
                                             [(n, tuple(s)) for n, s in r["outputs"]], r["macs"], r["ops"],
-                                            r.get("weight_bytes", 0), r.get("streamed_bytes", 0))
+                                            r.get("weight_bytes", 0), r.get("streamed_bytes", 0),
+                                            r.get("input_transforms", {}))
     so = os.path.join(path, "cpu.so")
     if not os.path.isfile(so):
         raise ArtifactError(f"{path}: missing cpu.so")

@@ -38,8 +38,25 @@ class RunStats:
     offchip_bytes: int = 0
 
 
-def to_storage(arr: np.ndarray) -> np.ndarray:
+def to_storage(arr: np.ndarray, transform: "dict | None" = None) -> np.ndarray:
+    """A region input as the region stores it: NHWC, or im2col rows for an image stem."""
+    if transform is not None:
+        return im2col(arr, transform)
     return arr.transpose(0, 2, 3, 1) if arr.ndim == 4 else arr
+
+
+def im2col(x: np.ndarray, t: dict) -> np.ndarray:
+    """NCHW -> (N*OH*OW, KH*KW*C) rows, column (kh * KW + kw) * C + c (the host's layout
+    work for an image stem convolution)."""
+    kh, kw = t["kernel"]
+    (sh, sw), (dh, dw) = t["strides"], t["dilation"]
+    pt, pl, pb, pr = t["padding"]
+    xp = np.pad(x.transpose(0, 2, 3, 1), ((0, 0), (pt, pb), (pl, pr), (0, 0)))
+    n, hp, wp, c = xp.shape
+    oh, ow = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
+    taps = [xp[:, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw, :]
+            for i in range(kh) for j in range(kw)]
+    return np.stack(taps, axis=3).reshape(n * oh * ow, kh * kw * c)
 
 
 def from_storage(arr: np.ndarray) -> np.ndarray:
@@ -64,7 +81,8 @@ class LPXExecutable:
     def _make_call(self, region: CompiledRegion):
         def call(*args):
             ins, outs = args[:len(region.inputs)], args[len(region.inputs):]
-            feed = {name: to_storage(a.numpy()) for (name, _), a in zip(region.inputs, ins)}
+            feed = {name: to_storage(a.numpy(), region.input_transforms.get(name))
+                    for (name, _), a in zip(region.inputs, ins)}
             t = time.perf_counter()
             result = self._sim.run(region.program, feed)
             self._account(region, result, time.perf_counter() - t)

@@ -71,6 +71,7 @@ class CompiledRegion:
     ops: dict = field(default_factory=dict)  # relax op -> count, for reports
     weight_bytes: int = 0  # all MXM weights, resident or streamed
     streamed_bytes: int = 0  # the part kept off chip and loaded over the DMA path
+    input_transforms: dict = field(default_factory=dict)  # param -> host-side layout (im2col)
 
 
 class _Planes:
@@ -160,9 +161,12 @@ class RegionCompiler:
         self.op_counts = {}
         self._fills = {}
         self._maps = {}
+        self.input_transforms = self._im2col_inputs(region)
         for p in region.params:
-            self.values[p.name] = Stored(self.b.input(p.name, stored_shape(p.shape), self.dtype,
-                                                      row_align=_row_align(p.shape)), p.shape)
+            tr = self.input_transforms.get(p.name)
+            shape = tuple(tr["matrix"]) if tr else stored_shape(p.shape)
+            self.values[p.name] = Stored(self.b.input(p.name, shape, self.dtype,
+                                                      row_align=1 if tr else _row_align(p.shape)), p.shape)
         # Liveness: a value's SRAM is reused once its last reader has been emitted.
         last_use = {}
         names = {p.name for p in region.params} | {op.out for op in region.ops}
@@ -196,7 +200,32 @@ class RegionCompiler:
         resident = sum(w.ntiles * w.layout.rows * self.cfg.lanes * w.layout.dtype.itemsize
                        for w in weights if not isinstance(w, StreamedWeights))
         return CompiledRegion(name, prog, [(p.name, p.shape) for p in region.params], outputs, self.macs,
-                              self.op_counts, resident + streamed, streamed)
+                              self.op_counts, resident + streamed, streamed, self.input_transforms)
+
+    def _im2col_inputs(self, region: Region) -> dict:
+        """Region inputs whose only reader is a convolution with few input channels (an
+        image stem): the host lays them out as im2col rows (one row per output pixel, the
+        taps of all input channels along the lanes), so the convolution is one dense
+        matmul with a single reduction tile instead of one narrow tile per tap."""
+        readers = {}
+        for op in region.ops:
+            for a in [x for st in [op.main] + op.epilogue for x in st.args if not x.is_const]:
+                readers.setdefault(a.name, []).append(op)
+        out = {}
+        for p in region.params:
+            ops = readers.get(p.name, [])
+            if len(ops) != 1 or ops[0].main.op != "nn.conv2d" or ops[0].main.args[0].name != p.name:
+                continue
+            op = ops[0]
+            a = op.main.attrs
+            co, cg, kh, kw = op.main.args[1].shape
+            if a.get("groups", 1) != 1 or cg * kh * kw > self.cfg.mxm_rows or kh * kw == 1:
+                continue
+            n, _, oh, ow = op.shape
+            out[p.name] = {"kind": "im2col", "kernel": [kh, kw], "strides": list(a["strides"]),
+                           "padding": list(a["padding"]), "dilation": list(a["dilation"]),
+                           "matrix": [n * oh * ow, kh * kw * cg]}
+        return out
 
     # ---- storage helpers -----------------------------------------------------
     def _release(self, name: str):
@@ -361,6 +390,8 @@ class RegionCompiler:
             raise UnsupportedOnLPX("conv2d layouts other than NCHW/OIHW")
         x = self._value(op.main.args[0])
         w = np.asarray(op.main.args[1].const, np.float32)
+        if op.main.args[0].name in self.input_transforms:
+            return self._conv_from_im2col(op, x, w, is_output)
         if a.get("groups", 1) != 1:
             if a["groups"] == x.shape[1] == w.shape[0] and w.shape[1] == 1:
                 return self._depthwise(op, x, w, is_output)
@@ -429,6 +460,31 @@ class RegionCompiler:
 
         self.macs += n * oh * ow * c * kh * kw
         self._emit_mxm(op, steps, window, weights, block, c, is_output)
+
+    def _conv_from_im2col(self, op: RegionOp, x: Stored, w: np.ndarray, is_output: bool):
+        """A convolution whose input arrives as im2col rows: a dense matmul with the
+        (taps x channels, out channels) weight matrix."""
+        co, cg, kh, kw = w.shape
+        rows, k = x.tensor.layout.rows, kh * kw * cg
+        lanes = self.cfg.lanes
+        work = DenseWorkload(rows, round_up(k, lanes), round_up(co, lanes), TVM_DTYPE[self.dtype])
+        t = default_tiling(self.cfg, work)
+        steps = tile_steps(schedule(work, DenseTiling(m=t.m, k=lanes, n=lanes, order=t.order)).mod["main"])
+
+        def window(step):
+            (m0, me), (k0, _) = step.reads["A"]
+            return [(first - m0, r) for first, r in x.tensor.segments(k0 // lanes, m0, m0 + me)]
+
+        def weights(step):
+            (k0, _), (n0, _) = step.reads["B"]
+            return n0 // lanes, k0, min(k, k0 + lanes)
+
+        def block(step):
+            (m0, me), (n0, _) = step.writes["mxm"]
+            return n0, m0, me
+
+        self.macs += rows * k * co
+        self._emit_mxm(op, steps, window, weights, block, co, is_output)
 
     def _dense(self, op: RegionOp, is_output: bool):
         x = self._value(op.main.args[0])
