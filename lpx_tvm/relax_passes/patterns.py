@@ -326,6 +326,9 @@ def _concat_rule(a, settings):
         return found
     if concat.attrs.axis is None:
         return concat, "concat without an axis (flattening) is not supported"
+    fields = getattr(a["input"], "fields", ())
+    if any(_is_const(f) for f in fields):
+        return concat, "concat of a constant operand is not supported (the concat lowers values in SRAM)"
     rank = len(_expr_shape(concat))
     axis = int(concat.attrs.axis)
     axis = axis + rank if axis < 0 else axis

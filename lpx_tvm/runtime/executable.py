@@ -114,7 +114,8 @@ class LPXExecutable:
         self.stats = RunStats()
         vm = self.vm()
         t = time.perf_counter()
-        out = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in inputs])
+        # np.array, not np.ascontiguousarray: the latter turns a 0-d input into 1-d.
+        out = vm["main"](*[tvm.runtime.tensor(np.array(a, copy=True, order="C")) for a in inputs])
         self.stats.total_wall_s = time.perf_counter() - t
         outs = list(out) if isinstance(out, (list, tuple)) or hasattr(out, "__len__") and not hasattr(out, "numpy") \
             else [out]

@@ -79,11 +79,23 @@ MAIN_OPS = {
     "Clip": ("clip",),
 }
 # Cases whose node becomes other ops: Clip with no bounds is the identity (no op at
-# all), Clip(min=0) with no max is a ReLU.
+# all), Clip(min=0) with no max is a ReLU, Clip with only a max is a minimum, min > max
+# stays a maximum and a minimum, and int8 bounds become TIR functions. 1-D and 3-D
+# pooling are handled in _main_ops.
 MAIN_OPS_OF_CASE = {
     "test_clip_default_inbounds": (),
     "test_clip_default_int8_inbounds": (),
     "test_clip_default_min-const": ("nn.relu",),
+    "test_clip_default_max-const": ("minimum",),
+    "test_clip_min_greater_than_max-const": ("maximum", "minimum"),
+    "test_clip_default_int8_min-const": ("call_tir",),
+    "test_clip_default_int8_max-const": ("call_tir",),
+    # Runtime clip bounds: the importer emits generated TIR maximum / minimum (with NaN
+    # handling for floats), which run on the CPU; docs/ops.md lists them.
+    **{case: ("call_tir",) for case in (
+        "test_clip", "test_clip_example", "test_clip_inbounds", "test_clip_outbounds", "test_clip_splitbounds",
+        "test_clip_min_greater_than_max", "test_clip_default_min", "test_clip_default_max",
+        "test_clip_default_int8_min", "test_clip_default_int8_max")},
 }
 
 # Ops whose inputs after the first are parameters in a deployed model: these cases also
@@ -146,6 +158,15 @@ def _with_constants(model, values):
     return m
 
 
+def _main_ops(case_id, op_type, model):
+    if case_id in MAIN_OPS_OF_CASE:
+        return MAIN_OPS_OF_CASE[case_id]
+    if op_type in ("MaxPool", "AveragePool"):
+        spatial = len(model.graph.input[0].type.tensor_type.shape.dim) - 2
+        return (f"nn.{'max' if op_type == 'MaxPool' else 'avg'}_pool{spatial}d",)
+    return MAIN_OPS[op_type]
+
+
 def _load_cases():
     from onnx.backend.test.loader import load_model_tests
 
@@ -166,7 +187,7 @@ def _load_cases():
         if op_type in CONST_VARIANT_OPS and len(names) > 1:
             variants.append((f"{t.name}-const", _with_constants(model, values), {names[0]: values[names[0]]}))
         for case_id, m, feeds in variants:
-            main = MAIN_OPS_OF_CASE.get(case_id, MAIN_OPS[op_type])
+            main = _main_ops(case_id, op_type, m)
             cases.append(NodeCase(case_id, op_type, m, feeds, expected, main_ops=main, **tol))
     return cases
 

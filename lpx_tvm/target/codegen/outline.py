@@ -39,6 +39,7 @@ def outline_regions(mod, names: dict) -> tvm.IRModule:
     for gv, f in mod.functions.items():
         if gv.name_hint in names:
             continue
-        out[gv.name_hint] = m.visit_expr(f) if isinstance(f, relax.Function) else f
+        # Keyed by the GlobalVar itself: call_tir references in main must keep resolving.
+        out[gv] = m.visit_expr(f) if isinstance(f, relax.Function) else f
     new = tvm.IRModule(out)
     return new.with_attrs(mod.attrs) if mod.attrs is not None else new
