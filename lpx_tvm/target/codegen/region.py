@@ -189,10 +189,15 @@ class RegionCompiler:
                 self._release(v)
         outputs = []
         out_names = {bnd.name for bnd in self.b._bindings if bnd.role == "output"}
+        taken = set()
         for name_ in region.outputs:
             st = self.values[name_]
-            if st.tensor.name not in out_names:
+            # A reshape alias shares its source's tensor: an output tensor stored in another
+            # shape (or already returned for another output) is returned through a copy.
+            if st.tensor.name not in out_names or st.tensor.name in taken or \
+                    tuple(st.tensor.layout.shape) != stored_shape(st.shape):
                 st = self._copy(st, f"{name_}_out", is_output=True)
+            taken.add(st.tensor.name)
             outputs.append((st.tensor.name, st.shape))
         prog = self.b.build()
         weights = [w for w in self._weights.values() if w is not None]
@@ -787,7 +792,7 @@ class RegionCompiler:
         the MXM against a column of 1/(H*W), transpose the sums back into one vector."""
         a = op.main.attrs
         x = self._value(op.main.args[0])
-        if len(x.shape) != 4 or sorted(a.get("axis", [])) != [2, 3]:
+        if len(x.shape) != 4 or sorted(ax % 4 for ax in a.get("axis", [])) != [2, 3]:
             raise UnsupportedOnLPX("mean over axes other than the spatial ones of a 4-D tensor")
         n, c, h, w = x.shape
         lanes = self.cfg.lanes
