@@ -58,7 +58,7 @@ class CompiledModel:
         exe = self.executable
         cfg = exe.config
         s = exe.stats
-        macs = sum(r.macs for r in exe.regions.values()) if s.region_calls else 0
+        macs = s.useful_macs
         weight_bytes = sum(r.weight_bytes for r in exe.regions.values())
         peak = cfg.peak_macs_per_cycle_for({"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}[self.precision])
         return {

@@ -42,7 +42,7 @@ from tvm.relax.backend.pattern_registry import register_patterns
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl.pattern import is_op, wildcard
 
-from ..target.codegen.support import binary_operands_problem, reshape_keeps_storage
+from ..target.codegen.support import binary_operands_problem, grouped_conv_problem, reshape_keeps_storage
 from .check_context import (
     PRECISIONS,
     CheckSettings,
@@ -173,12 +173,8 @@ def _conv2d_rule(a, settings):
             "weight is not a constant: LPX keeps conv weights in SRAM, fixed at compile time"
         )
     groups, cin, cout = int(attrs.groups), _expr_shape(data)[1], _expr_shape(weight)[0]
-    if groups != 1 and not groups == cin == cout:
-        return conv, (
-            f"groups={groups} with {cin} input and {cout} output channels: only dense "
-            "(groups=1) or depthwise (groups = in = out channels) convolution is supported"
-        )
-    return None
+    problem = grouped_conv_problem(groups, cin, cout) if groups != 1 else None
+    return (conv, problem) if problem else None
 
 
 def _dense_rule(a, settings):

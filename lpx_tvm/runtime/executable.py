@@ -29,7 +29,10 @@ class RunStats:
     """Counters of the last run, summed over its region calls."""
 
     cycles: int = 0
-    macs: int = 0
+    macs: int = 0  # the simulator's count (whole MXM tiles)
+    # The compiler's count of useful MACs, added per call: structurally equal regions
+    # share one compiled definition that runs once per call site.
+    useful_macs: int = 0
     region_calls: int = 0
     sim_wall_s: float = 0.0
     total_wall_s: float = 0.0
@@ -95,6 +98,7 @@ class LPXExecutable:
         c = result.counters
         s.cycles += c.cycles
         s.macs += c.macs
+        s.useful_macs += region.macs
         s.region_calls += 1
         s.sim_wall_s += wall
         s.sram_bytes += c.sram_bytes_read + c.sram_bytes_written

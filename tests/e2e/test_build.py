@@ -123,3 +123,63 @@ def test_weights_stream_over_the_offchip_path_when_sram_is_short(cnn, monkeypatc
     assert base["streamed_weight_bytes"] == 0 and base["offchip_bytes"] == 0
     assert rep["offchip_bytes"] >= rep["streamed_weight_bytes"] // 2  # each weight tile loaded at least once
     assert rep["cycles"] > base["cycles"]
+
+
+@pytest.mark.parametrize("cin, cout, groups, kernel", [
+    (6, 4, 2, 3),     # AlexNet-like: groups=2
+    (24, 40, 4, 1),   # ShuffleNet-like 1x1 group conv, channels past one mini tile (16 lanes)
+    (8, 16, 8, 3),    # depthwise with a channel multiplier of 2
+])
+def test_grouped_conv_runs_on_lpx(cin, cout, groups, kernel):
+    """Grouped convolution runs as a dense convolution with a block-diagonal weight;
+    the report counts the useful MACs only."""
+    w = _const("w", (cout, cin // groups, kernel, kernel))
+    b = _const("b", (cout,))
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=groups, pads=[kernel // 2] * 4),
+             helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(nodes, "grouped", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, 7, 7])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, 7, 7])],
+                              initializer=[w, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = RNG.standard_normal((1, cin, 7, 7)).astype(np.float32)
+    m = lpx_tvm.compile_model(model, preset="mini", precision="fp32")
+    tvm.testing.assert_allclose(m.run({"x": x})["y"], _ort(model, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    rep = m.report
+    assert rep["offload"]["cpu"] == {} and rep["offload"]["lpx"]["nn.conv2d"] == 1
+    assert rep["macs"] == 7 * 7 * cout * (cin // groups) * kernel * kernel
+
+
+def test_shared_regions_count_macs_per_call():
+    """Two structurally equal LPX regions (split by a CPU op) share one compiled definition;
+    the report still counts the MACs of both calls."""
+    w = numpy_helper.from_array(np.full((4, 4), 0.5, np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m1"]), helper.make_node("Softmax", ["m1"], ["s"], axis=-1),
+             helper.make_node("MatMul", ["s", "w"], ["m2"]), helper.make_node("Softmax", ["m2"], ["y"], axis=-1)]
+    graph = helper.make_graph(nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 4])], initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = RNG.standard_normal((6, 4)).astype(np.float32)
+    m = lpx_tvm.compile_model(model, preset="mini", precision="fp32")
+    tvm.testing.assert_allclose(m.run({"x": x})["y"], _ort(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    assert len(m.executable.regions) == 1 and m.executable.stats.region_calls == 2
+    assert m.report["macs"] == 2 * 6 * 4 * 4
+
+
+def test_region_returns_a_value_and_its_reshape():
+    """A region whose outputs are a 4-D value and its flattening (one SRAM tensor, as after
+    a global pooling) returns each through its own output, in its own shape."""
+    w = _const("w", (5, 4, 1, 1))
+    shape = numpy_helper.from_array(np.array([1, 5], np.int64), "shape")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Reshape", ["c", "shape"], ["y"])]
+    graph = helper.make_graph(nodes, "two_outputs",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 1, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5]),
+                               helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 5, 1, 1])],
+                              initializer=[w, shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = RNG.standard_normal((1, 4, 1, 1)).astype(np.float32)
+    m = lpx_tvm.compile_model(model, preset="mini", precision="fp32")
+    got = m.run({"x": x})
+    for name, want in zip(["y", "c"], _ort(model, {"x": x})):
+        tvm.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5)
+    assert m.report["offload"]["cpu"] == {}

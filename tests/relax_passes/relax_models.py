@@ -119,22 +119,21 @@ def depthwise_net(seed=1):
     )
 
 
-def rejects_net(seed=2):
-    """A grouped conv (groups=2), an int32 Add and a Softmax: none can run on LPX."""
-    rng = np.random.default_rng(seed)
+def rejects_net():
+    """A conv with a runtime weight, an int32 Add and a Softmax: none can run on LPX."""
     inits = [
-        _init("Wg", rng.standard_normal((4, 2, 3, 3)).astype(np.float32)),
         _init("k", np.arange(6, dtype=np.int32).reshape(1, 6)),
     ]
     nodes = [
-        helper.make_node("Conv", ["x", "Wg"], ["conv"], group=2, pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["x", "Wr"], ["conv"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["conv"], ["relu"]),
         helper.make_node("Softmax", ["relu"], ["probs"], axis=1),
         helper.make_node("Add", ["i", "k"], ["j"]),
     ]
     return make_model(
         nodes,
-        [("x", TensorProto.FLOAT, [1, 4, 6, 6]), ("i", TensorProto.INT32, [2, 6])],
+        [("x", TensorProto.FLOAT, [1, 4, 6, 6]), ("Wr", TensorProto.FLOAT, [4, 4, 3, 3]),
+         ("i", TensorProto.INT32, [2, 6])],
         [("probs", TensorProto.FLOAT, [1, 4, 6, 6]), ("j", TensorProto.INT32, [2, 6])],
         inits,
         "rejects_net",

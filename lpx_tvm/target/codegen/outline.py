@@ -25,8 +25,10 @@ class _Outline(PyExprMutator):
     def visit_call_(self, call):
         call = super().visit_call_(call)
         if isinstance(call.op, relax.GlobalVar) and call.op.name_hint in self.names:
+            # A region with several outputs returns a tuple: one destination tensor each.
+            out_ty = list(call.ty.fields) if isinstance(call.ty, relax.TupleType) else call.ty
             return relax.call_dps_packed(REGION_PREFIX + self.names[call.op.name_hint], relax.Tuple(list(call.args)),
-                                         out_ty=call.ty)
+                                         out_ty=out_ty)
         return call
 
 

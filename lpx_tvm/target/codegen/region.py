@@ -31,7 +31,7 @@ from ..config import LPXConfig
 from ..isa import DType
 from ..program import Program
 from .graph import Operand, Region, RegionOp, UnsupportedOnLPX, read_region
-from .support import reshape_keeps_storage
+from .support import block_diagonal, grouped_conv_problem, reshape_keeps_storage
 
 PRECISION_DTYPE = {"fp32": DType.FP32, "fp16": DType.FP16, "bf16": DType.BF16}
 TVM_DTYPE = {DType.FP32: "float32", DType.FP16: "float16", DType.BF16: "bfloat16"}
@@ -307,10 +307,12 @@ class RegionCompiler:
         if kind == "nn.conv2d" and len(args) > 1 and args[1].is_const:
             w = np.asarray(args[1].const, np.float32)
             co, cg, kh, kw = w.shape
-            if a.get("groups", 1) != 1:
-                c = args[0].shape[1]
-                if not (a["groups"] == c == co and cg == 1):
-                    return None
+            c, groups = args[0].shape[1], a.get("groups", 1)
+            depthwise = groups != 1 and groups == c == co and cg == 1
+            if groups != 1 and not depthwise:
+                w = block_diagonal(w, groups)  # other groupings are lowered as a dense conv
+                co, cg, kh, kw = w.shape
+            if depthwise:
                 cpad = round_up(c, lanes)
                 # Row (tap * cpad + ch) holds w[ch, tap] at lane ch % lanes: a diagonal tile per tap.
                 diag = np.zeros((kh * kw, cpad, lanes), np.float32)
@@ -397,12 +399,17 @@ class RegionCompiler:
         w = np.asarray(op.main.args[1].const, np.float32)
         if op.main.args[0].name in self.input_transforms:
             return self._conv_from_im2col(op, x, w, is_output)
-        if a.get("groups", 1) != 1:
-            if a["groups"] == x.shape[1] == w.shape[0] and w.shape[1] == 1:
+        groups = a.get("groups", 1)
+        if groups != 1:
+            if groups == x.shape[1] == w.shape[0] and w.shape[1] == 1:
                 return self._depthwise(op, x, w, is_output)
-            raise UnsupportedOnLPX(f"conv2d with groups={a.get('groups')}")
+            # Any other grouping runs as a dense conv with a block-diagonal weight
+            # (built by _weight_tensor): the MXM also multiplies the zeros between groups.
+            problem = grouped_conv_problem(groups, x.shape[1], w.shape[0])
+            if problem:
+                raise UnsupportedOnLPX(problem)
         n, c, h, wd = x.shape
-        co, _, kh, kw = w.shape
+        co, cg, kh, kw = w.shape
         (sh, sw), (dh, dw) = a["strides"], a["dilation"]
         lanes = self.cfg.lanes
         xp = self._padded(x, tuple(a["padding"]), op.out)
@@ -430,7 +437,7 @@ class RegionCompiler:
             n0, (oh0, ohe), co0 = step.writes["mxm"][0][0], step.writes["mxm"][1], step.writes["mxm"][3][0]
             return co0, (n0 * oh + oh0) * ow, ohe * ow
 
-        self.macs += n * oh * ow * co * c * kh * kw
+        self.macs += n * oh * ow * co * cg * kh * kw  # useful MACs: cg = c / groups
         self._emit_mxm(op, steps, window, weights, block, co, is_output)
 
     def _depthwise(self, op: RegionOp, x: Stored, w: np.ndarray, is_output: bool):

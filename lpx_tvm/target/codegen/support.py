@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 
 def _matrix(shape: tuple) -> tuple:
     """The (rows, cols) matrix a value is stored as (4-D NCHW values as NHWC)."""
@@ -44,3 +46,25 @@ def binary_operands_problem(lhs: tuple, rhs: tuple, lhs_const: bool, rhs_const: 
         return None
     return f"constant of shape {other} broadcast against {tensor}: only scalars, one value per channel " \
            "or a full tensor are supported"
+
+
+def grouped_conv_problem(groups: int, cin: int, cout: int) -> "str | None":
+    """Why a conv2d with ``groups`` cannot be lowered, or None.
+
+    Depthwise convolution has its own lowering (a diagonal weight tile per tap); any other
+    grouping becomes a dense convolution whose weight is block-diagonal (see
+    :func:`block_diagonal`), which needs only that the groups split both channel counts."""
+    if groups < 1 or cin % groups or cout % groups:
+        return f"groups={groups} does not divide {cin} input and {cout} output channels"
+    return None
+
+
+def block_diagonal(w, groups: int):
+    """The dense (CO, C, KH, KW) weight of a grouped conv's (CO, C / groups, KH, KW) weight:
+    output channels of group g read input channels of group g only, zeros elsewhere."""
+    co, cg, kh, kw = w.shape
+    og = co // groups
+    dense = np.zeros((co, cg * groups, kh, kw), np.float32)
+    for g in range(groups):
+        dense[g * og:(g + 1) * og, g * cg:(g + 1) * cg] = w[g * og:(g + 1) * og]
+    return dense
