@@ -477,38 +477,20 @@ class RegionCompiler:
         """A convolution whose input arrives as im2col rows: a dense matmul with the
         (taps x channels, out channels) weight matrix."""
         co, cg, kh, kw = w.shape
-        rows, k = x.tensor.layout.rows, kh * kw * cg
-        lanes = self.cfg.lanes
-        work = DenseWorkload(rows, round_up(k, lanes), round_up(co, lanes), TVM_DTYPE[self.dtype])
-        t = default_tiling(self.cfg, work)
-        steps = tile_steps(schedule(work, DenseTiling(m=t.m, k=lanes, n=lanes, order=t.order)).mod["main"])
-
-        def window(step):
-            (m0, me), (k0, _) = step.reads["A"]
-            return [(first - m0, r) for first, r in x.tensor.segments(k0 // lanes, m0, m0 + me)]
-
-        def weights(step):
-            (k0, _), (n0, _) = step.reads["B"]
-            return n0 // lanes, k0, min(k, k0 + lanes)
-
-        def block(step):
-            (m0, me), (n0, _) = step.writes["mxm"]
-            return n0, m0, me
-
-        self.macs += rows * k * co
-        self._emit_mxm(op, steps, window, weights, block, co, is_output)
+        self._matmul(op, x, x.tensor.layout.rows, kh * kw * cg, co, is_output)
 
     def _dense(self, op: RegionOp, is_output: bool):
         x = self._value(op.main.args[0])
         wconst = op.main.args[1]
         if not wconst.is_const or len(wconst.shape) != 2:
             raise UnsupportedOnLPX("matmul with a non-constant or non-2-D weight")
-        w = np.asarray(wconst.const, np.float32)
-        k, nn = w.shape
+        k, nn = wconst.shape
+        self._matmul(op, x, math.prod(x.shape[:-1]), k, nn, is_output)
+
+    def _matmul(self, op: RegionOp, x: Stored, rows: int, k: int, nn: int, is_output: bool):
+        """(rows, k) activations times the op's (k, nn) weight matrix, through DenseWorkload tiles."""
         lanes = self.cfg.lanes
-        rows = math.prod(x.shape[:-1])
-        kpad, npad = round_up(k, lanes), round_up(nn, lanes)
-        work = DenseWorkload(rows, kpad, npad, TVM_DTYPE[self.dtype])
+        work = DenseWorkload(rows, round_up(k, lanes), round_up(nn, lanes), TVM_DTYPE[self.dtype])
         t = default_tiling(self.cfg, work)
         steps = tile_steps(schedule(work, DenseTiling(m=t.m, k=lanes, n=lanes, order=t.order)).mod["main"])
 
