@@ -45,17 +45,26 @@ def _largest_divisor(n: int, limit: int) -> int:
     return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
 
 
+def _block_rows(extent: int, limit: int, other_blocks: int, planes: int, row: int = 1) -> int:
+    """Rows per output block: the largest divisor of ``extent`` within ``limit``, but small
+    enough that there are at least as many output blocks as MXM planes (when the extent
+    allows), so every plane gets work."""
+    fits = [d for d in range(1, min(extent, limit) + 1) if extent % d == 0]
+    busy = [d for d in fits if (extent // d) * other_blocks >= planes]
+    return max(busy) if busy else max(fits)
+
+
 def default_tiling(cfg: LPXConfig, w) -> "DenseTiling | Conv2dTiling":
     half = cfg.mxm_acc_rows // 2
+    planes = cfg.mxm_planes
     if isinstance(w, DenseWorkload):
-        return DenseTiling(m=_largest_divisor(w.M, half), k=_largest_divisor(w.K, cfg.mxm_rows),
-                           n=_largest_divisor(w.N, cfg.mxm_cols))
+        n = _largest_divisor(w.N, cfg.mxm_cols)
+        return DenseTiling(m=_block_rows(w.M, half, w.N // n, planes), k=_largest_divisor(w.K, cfg.mxm_rows), n=n)
     rows = max(1, half // w.OW)
-    if isinstance(w, DepthwiseWorkload):
-        return Conv2dTiling(oh=_largest_divisor(w.OH, rows), ci=_largest_divisor(w.C, cfg.mxm_rows),
-                            co=_largest_divisor(w.C, cfg.mxm_cols))
-    return Conv2dTiling(oh=_largest_divisor(w.OH, rows), ci=_largest_divisor(w.C, cfg.mxm_rows),
-                        co=_largest_divisor(w.CO, cfg.mxm_cols))
+    channels = w.C if isinstance(w, DepthwiseWorkload) else w.CO
+    co = _largest_divisor(channels, cfg.mxm_cols)
+    oh = _block_rows(w.OH, rows, w.N * (channels // co), planes)
+    return Conv2dTiling(oh=oh, ci=_largest_divisor(w.C, cfg.mxm_rows), co=co)
 
 
 def schedule(workload, tiling) -> s_tir.Schedule:
