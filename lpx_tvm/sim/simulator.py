@@ -129,6 +129,7 @@ class _Run:
             self.host[:len(prog.host_init)] = np.frombuffer(prog.host_init, np.uint8)
         self.busy_until = {}
         self.busy_by = {}
+        self._installed = {}  # converted weight matrices by SRAM source
 
         self.trace = TraceRecorder(cfg.clock_hz, prog.name) if self.want_trace else None
         for img in prog.sram_init:
@@ -356,11 +357,24 @@ class _Run:
         if ins.cycle < buf.busy_until:
             raise Race("weights-in-use", f"weight buffer {ins.buf} of plane {ins.unit} is in use until cycle "
                                          f"{buf.busy_until}")
-        rows = self._take(ins, ins.src0, ins.dtype, t.position)
+        em, off, rows = self.streams.read(ins.src0, t.position, ins.cycle, ins.count, ins.dtype)
         buf.dtype, buf.rows, buf.width, buf.installer = ins.dtype, ins.count, ins.aux0, i
-        buf.matrix = None if rows is None else nx.weights_matrix(rows, ins.aux0)
+        buf.matrix = None if rows is None else self._weights_matrix(em, off, rows, ins.aux0)
         buf.ready = t.done
         buf.busy_until = t.done
+
+    def _weights_matrix(self, em, off, rows, width):
+        """The installed matrix; the same SRAM rows (unchanged since) convert only once, as a
+        layer installs each weight tile once per output block."""
+        if em.source is None:
+            return nx.weights_matrix(rows, width)
+        key = (em.source, off, len(rows), width)
+        matrix = self._installed.get(key)
+        if matrix is None:
+            if len(self._installed) >= 256:
+                self._installed.pop(next(iter(self._installed)))
+            matrix = self._installed[key] = nx.weights_matrix(rows, width)
+        return matrix
 
     def _mxm_multiply(self, i, ins, t, _):
         plane, cfg = ins.unit, self.cfg
