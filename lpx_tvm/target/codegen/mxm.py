@@ -1,0 +1,251 @@
+"""MXM lowerings: conv2d (dense, depthwise, grouped, im2col stems) and dense/matmul through
+their scheduled TensorIR tiles, and the weight matrices they install."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...errors import SchedulingError
+from ...tir_schedules import (Conv2dWorkload, DenseTiling, DenseWorkload, DepthwiseWorkload, default_tiling, round_up,
+                              schedule, tile_steps)
+from ...tir_schedules.schedules import Conv2dTiling
+from ..config import LPXConfig
+from ..isa import DType
+from .graph import RegionOp, UnsupportedOnLPX
+from .storage import Stored, StreamedWeights, _one
+from .support import block_diagonal, grouped_conv_problem
+
+TVM_DTYPE = {DType.FP32: "float32", DType.FP16: "float16", DType.BF16: "bfloat16"}
+
+
+class _Planes:
+    """Round-robin plane choice, alternating weight buffers and accumulator halves."""
+
+    def __init__(self, cfg: LPXConfig):
+        self.cfg = cfg
+        self.next = 0
+        self.installs = [0] * cfg.mxm_planes
+        self.blocks = [0] * cfg.mxm_planes
+
+    def new_block(self, rows: int) -> tuple:
+        p = self.next
+        self.next = (self.next + 1) % self.cfg.mxm_planes
+        half = self.cfg.mxm_acc_rows // 2
+        base = (self.blocks[p] % 2) * half if rows <= half else 0
+        if rows > self.cfg.mxm_acc_rows:
+            raise UnsupportedOnLPX(f"an output block of {rows} rows exceeds the {self.cfg.mxm_acc_rows} accumulators")
+        self.blocks[p] += 1
+        return p, base
+
+    def buffer(self, plane: int) -> int:
+        b = self.installs[plane] % self.cfg.mxm_weight_buffers
+        self.installs[plane] += 1
+        return b
+
+
+class MxmLowering:
+    """Methods of :class:`~lpx_tvm.target.codegen.region.RegionCompiler` for MXM ops."""
+
+    def _weight_tensor(self, op: RegionOp):
+        """The MXM weight matrix of an op, as its lowering reads it (None for vector ops):
+        resident in SRAM while the constants' budget lasts, else streamed from off-chip memory."""
+        lanes = self.cfg.lanes
+        kind, args, a = op.main.op, op.main.args, op.main.attrs
+        matrix, align = None, lanes
+        if kind == "nn.conv2d" and len(args) > 1 and args[1].is_const:
+            w = np.asarray(args[1].const, np.float32)
+            co, cg, kh, kw = w.shape
+            c, groups = args[0].shape[1], a.get("groups", 1)
+            depthwise = groups != 1 and groups == c == co and cg == 1
+            if groups != 1 and not depthwise:
+                w = block_diagonal(w, groups)  # other groupings are lowered as a dense conv
+                co, cg, kh, kw = w.shape
+            if depthwise:
+                cpad = round_up(c, lanes)
+                # Row (tap * cpad + ch) holds w[ch, tap] at lane ch % lanes: a diagonal tile per tap.
+                diag = np.zeros((kh * kw, cpad, lanes), np.float32)
+                diag[:, np.arange(c), np.arange(c) % lanes] = w.reshape(c, kh * kw).T
+                matrix = diag.reshape(-1, lanes)
+            else:
+                # Row (tap * c + ci): whole taps per chunk (or lane tiles) so no K tile straddles slices.
+                matrix = w.transpose(2, 3, 1, 0).reshape(-1, co)
+                align = lanes if cg % lanes == 0 or kh * kw == 1 else cg
+        elif kind == "matmul" and len(args) > 1 and args[1].is_const and len(args[1].shape) == 2:
+            matrix = np.asarray(args[1].const, np.float32)
+        if matrix is None:
+            return None
+        rows, cols = matrix.shape
+        lines = -(-cols // lanes) * rows * self.dtype.itemsize
+        budget = self.weight_budget * self.cfg.mem_slices * self.cfg.lines_per_slice
+        if self.b.constant_lines + lines <= budget:
+            try:
+                return self.b.tensor(f"{op.out}.weight", matrix.shape, self.dtype, data=matrix, row_align=align)
+            except SchedulingError:
+                pass
+        return StreamedWeights.place(self.b, matrix, self.dtype, lanes)
+
+    def _conv2d(self, op: RegionOp, is_output: bool):
+        a = op.main.attrs
+        if a.get("data_layout", "NCHW") != "NCHW" or a.get("kernel_layout", "OIHW") != "OIHW":
+            raise UnsupportedOnLPX("conv2d layouts other than NCHW/OIHW")
+        x = self._value(op.main.args[0])
+        w = np.asarray(op.main.args[1].const, np.float32)
+        if op.main.args[0].name in self.input_transforms:
+            return self._conv_from_im2col(op, x, w, is_output)
+        groups = a.get("groups", 1)
+        if groups != 1:
+            if groups == x.shape[1] == w.shape[0] and w.shape[1] == 1:
+                return self._depthwise(op, x, w, is_output)
+            # Any other grouping runs as a dense conv with a block-diagonal weight
+            # (built by _weight_tensor): the MXM also multiplies the zeros between groups.
+            problem = grouped_conv_problem(groups, x.shape[1], w.shape[0])
+            if problem:
+                raise UnsupportedOnLPX(problem)
+        n, c, h, wd = x.shape
+        co, cg, kh, kw = w.shape
+        (sh, sw), (dh, dw) = a["strides"], a["dilation"]
+        lanes = self.cfg.lanes
+        xp = self._padded(x, tuple(a["padding"]), op.out)
+        hp, wp = xp.shape[2], xp.shape[3]
+        cpad, copad = round_up(c, lanes), round_up(co, lanes)
+        # Row (tap * c + ci) holds the weights of input channel ci at one tap: taps are whole
+        # chunks' worth of rows (row_align=c) so a K tile never straddles two slices.
+        work = Conv2dWorkload(n, hp, wp, cpad, kh, kw, copad, (sh, sw), (dh, dw), TVM_DTYPE[self.dtype])
+        oh, ow = work.OH, work.OW
+        t = default_tiling(self.cfg, work)
+        steps = tile_steps(schedule(work, Conv2dTiling(oh=t.oh, ci=lanes, co=lanes, order=t.order)).mod["main"])
+
+        def window(step):
+            n0, (oh0, ohe) = step.writes["mxm"][0][0], step.writes["mxm"][1]
+            kh0, kw0, ci0 = (step.reads["W"][d][0] for d in range(3))
+            first = (n0 * hp + oh0 * sh + kh0 * dh) * wp + kw0 * dw
+            return xp.tensor.window_segments(ci0 // lanes, first, ohe, ow, sh * wp, sw)
+
+        def weights(step):
+            kh0, kw0, ci0, co0 = (step.reads["W"][d][0] for d in range(4))
+            base = (kh0 * kw + kw0) * c + ci0
+            return co0 // lanes, base, base + min(c - ci0, lanes)
+
+        def block(step):
+            n0, (oh0, ohe), co0 = step.writes["mxm"][0][0], step.writes["mxm"][1], step.writes["mxm"][3][0]
+            return co0, (n0 * oh + oh0) * ow, ohe * ow
+
+        self.macs += n * oh * ow * co * cg * kh * kw  # useful MACs: cg = c / groups
+        self._emit_mxm(op, steps, window, weights, block, co, is_output)
+
+    def _depthwise(self, op: RegionOp, x: Stored, w: np.ndarray, is_output: bool):
+        """Depthwise conv on the MXM: each tap of a channel tile is a diagonal weight tile."""
+        a = op.main.attrs
+        n, c, h, wd = x.shape
+        kh, kw = w.shape[2], w.shape[3]
+        (sh, sw), (dh, dw) = a["strides"], a["dilation"]
+        lanes = self.cfg.lanes
+        xp = self._padded(x, tuple(a["padding"]), op.out)
+        hp, wp = xp.shape[2], xp.shape[3]
+        cpad = round_up(c, lanes)
+        work = DepthwiseWorkload(n, hp, wp, cpad, kh, kw, (sh, sw), (dh, dw), TVM_DTYPE[self.dtype])
+        oh, ow = work.OH, work.OW
+        t = default_tiling(self.cfg, work)
+        steps = tile_steps(schedule(work, Conv2dTiling(oh=t.oh, ci=lanes, co=lanes, order=t.order)).mod["main"])
+
+        def window(step):
+            n0, (oh0, ohe) = step.writes["mxm"][0][0], step.writes["mxm"][1]
+            kh0, kw0, c0 = (step.reads["W"][d][0] for d in range(3))
+            first = (n0 * hp + oh0 * sh + kh0 * dh) * wp + kw0 * dw
+            return xp.tensor.window_segments(c0 // lanes, first, ohe, ow, sh * wp, sw)
+
+        def weights(step):
+            kh0, kw0, c0 = (step.reads["W"][d][0] for d in range(3))
+            base = (kh0 * kw + kw0) * cpad + c0
+            return 0, base, base + min(c - c0, lanes)
+
+        def block(step):
+            n0, (oh0, ohe), c0 = step.writes["mxm"][0][0], step.writes["mxm"][1], step.writes["mxm"][3][0]
+            return c0, (n0 * oh + oh0) * ow, ohe * ow
+
+        self.macs += n * oh * ow * c * kh * kw
+        self._emit_mxm(op, steps, window, weights, block, c, is_output)
+
+    def _conv_from_im2col(self, op: RegionOp, x: Stored, w: np.ndarray, is_output: bool):
+        """A convolution whose input arrives as im2col rows: a dense matmul with the
+        (taps x channels, out channels) weight matrix."""
+        co, cg, kh, kw = w.shape
+        self._matmul(op, x, x.tensor.layout.rows, kh * kw * cg, co, is_output)
+
+    def _dense(self, op: RegionOp, is_output: bool):
+        x = self._value(op.main.args[0])
+        wconst = op.main.args[1]
+        if not wconst.is_const or len(wconst.shape) != 2:
+            raise UnsupportedOnLPX("matmul with a non-constant or non-2-D weight")
+        k, nn = wconst.shape
+        self._matmul(op, x, math.prod(x.shape[:-1]), k, nn, is_output)
+
+    def _matmul(self, op: RegionOp, x: Stored, rows: int, k: int, nn: int, is_output: bool):
+        """(rows, k) activations times the op's (k, nn) weight matrix, through DenseWorkload tiles."""
+        lanes = self.cfg.lanes
+        work = DenseWorkload(rows, round_up(k, lanes), round_up(nn, lanes), TVM_DTYPE[self.dtype])
+        t = default_tiling(self.cfg, work)
+        steps = tile_steps(schedule(work, DenseTiling(m=t.m, k=lanes, n=lanes, order=t.order)).mod["main"])
+
+        def window(step):
+            (m0, me), (k0, _) = step.reads["A"]
+            return [(first - m0, r) for first, r in x.tensor.segments(k0 // lanes, m0, m0 + me)]
+
+        def weights(step):
+            (k0, _), (n0, _) = step.reads["B"]
+            return n0 // lanes, k0, min(k, k0 + lanes)
+
+        def block(step):
+            (m0, me), (n0, _) = step.writes["mxm"]
+            return n0, m0, me
+
+        self.macs += rows * k * nn
+        self._emit_mxm(op, steps, window, weights, block, nn, is_output)
+
+    def _emit_mxm(self, op: RegionOp, steps, window, weights, block, channels: int, is_output: bool):
+        """Install / multiply groups per tile, a drain group (with the epilogue) per output block.
+
+        ``window(step)`` -> [(row offset in the block, Region)]; ``weights(step)`` -> (column
+        tile, first row, end row) of the op's weight matrix; ``block(step)`` -> (first channel,
+        first output row, rows). Streamed weights come over the off-chip path, one tile at a
+        time, into two staging buffers that alternate so the next load overlaps this install.
+        """
+        lanes = self.cfg.lanes
+        W = self._weights[op.out]
+        staging = None
+        if isinstance(W, StreamedWeights):
+            staging = [self._temp(self.b.tensor(f"{op.out}.staging{i}", (lanes, lanes), self.dtype))
+                       for i in range(2)]
+        y = self._new(op.out, op.shape, is_output)
+        epi = self._epilogue_consts(op, channels)
+        tag = op.out
+        last = {block(s): i for i, s in enumerate(steps)}
+        live = {}  # output block -> (plane, first accumulator row)
+        for i, s in enumerate(steps):
+            key = block(s)
+            col0, first_row, nrows = key
+            first = key not in live
+            if first:
+                live[key] = self.planes.new_block(nrows)
+            plane, acc = live[key]
+            buf = self.planes.buffer(plane)
+            j, row0, row1 = weights(s)
+            if staging is None:
+                src = _one(W.segments(j, row0, row1))
+            else:
+                src = staging[i % 2].tile(0).rows(0, row1 - row0)
+                self.b.group(f"{tag}.stream").dma_load(W.offset(j, row0), src)
+            g = self.b.group(f"{tag}.install")
+            g.install(plane, buf, g.read(src), width=min(channels - col0, lanes))
+            for offset, region in window(s):
+                g = self.b.group(f"{tag}.mul")
+                g.mul(plane, buf, g.read(region), acc=acc + offset, accumulate=not first)
+            if last[key] == i:
+                g = self.b.group(f"{tag}.drain")
+                v = g.drain(plane, acc, nrows, self.acc)
+                v = self._apply_epilogue(g, v, epi, col0 // lanes, nrows)
+                self._write_rows(g, v, y, col0 // lanes, first_row, first_row + nrows)
+                del live[key]
+        self.values[op.out] = y

@@ -1,0 +1,271 @@
+"""Vector lowerings: elementwise ops, pools, global pooling, concat, reshape, padded copies."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .graph import RegionOp, UnsupportedOnLPX
+from .storage import Stored, _chunk_of, _one, _row_align, _runs, _slices, stored_shape
+from .support import reshape_keeps_storage
+
+
+class VectorLowering:
+    """Methods of :class:`~lpx_tvm.target.codegen.region.RegionCompiler` for VXM/SXM ops."""
+
+    def _padded(self, x: Stored, pads, tag: str, fill: float = 0.0) -> Stored:
+        """A spatially padded copy of an NHWC value (the value itself when no padding).
+
+        The border is written explicitly with ``fill`` (a reused buffer holds old data)."""
+        pt, pl, pb, pr = pads
+        if not any(pads):
+            return x
+        n, c, h, w = x.shape
+        hp, wp = h + pt + pb, w + pl + pr
+        xp = Stored(self._temp(self.b.tensor(f"{tag}.padded", (n * hp * wp, c), self.dtype, row_align=wp,
+                                             avoid=_slices([x]))), (n, c, hp, wp))
+        fill_row = self._fill_vector(fill)
+        border = [(0, pt, 0, wp), (pt + h, pb, 0, wp), (pt, h, 0, pl), (pt, h, pl + w, pr)]  # rows, cols
+        for i in range(n):
+            for r_first, nrows, c_first, ncols in border:
+                if not nrows or not ncols:
+                    continue
+                base = (i * hp + r_first) * wp + c_first
+                for r0, r1 in _runs(nrows, lambda r: _chunk_of(xp.tensor, base + r * wp)):
+                    for j in range(x.tensor.ntiles):
+                        g = self.b.group(f"{tag}.border")
+                        dst = _one(xp.tensor.window_segments(j, base + r0 * wp, r1 - r0, ncols, wp))
+                        g.write(g.read(fill_row.tile(0).repeat(dst.count)), dst)
+            for r0, r1 in _runs(h, lambda r: (_chunk_of(x.tensor, (i * h + r) * w),
+                                              _chunk_of(xp.tensor, (i * hp + pt + r) * wp))):
+                for j in range(x.tensor.ntiles):
+                    g = self.b.group(f"{tag}.pad")
+                    src = _one(x.tensor.segments(j, (i * h + r0) * w, (i * h + r1) * w))
+                    dst = _one(xp.tensor.window_segments(j, (i * hp + pt + r0) * wp + pl, r1 - r0, w, wp))
+                    g.write(g.read(src), dst)
+        return xp
+
+    def _fill_vector(self, value: float):
+        """A constant vector of ``value`` in every lane (one per value and region)."""
+        key = float(value)
+        if key not in self._fills:
+            self._fills[key] = self.b.constant(f"fill{len(self._fills)}", np.full((1, self.cfg.lanes), key,
+                                                                                  np.float32), self.dtype)
+        return self._fills[key]
+
+    def _binary(self, op: RegionOp, is_output: bool):
+        a, b = op.main.args
+        if a.is_const and not b.is_const:
+            if op.main.op == "subtract":
+                raise UnsupportedOnLPX("constant minus tensor")
+            a, b = b, a
+        x = self._value(a)
+        if tuple(x.shape) != tuple(op.shape):
+            raise UnsupportedOnLPX("broadcast that enlarges the first operand")
+        vop = {"add": "vxm.add", "subtract": "vxm.sub", "multiply": "vxm.mul"}[op.main.op]
+        clips = [e for e in self._epilogue_consts(op, x.tensor.layout.cols) if e[0] == "clip"]
+        y = self._new(op.out, op.shape, is_output, avoid=[x])
+        if not b.is_const:
+            other = self._value(b)
+            if tuple(other.shape) != tuple(x.shape):
+                raise UnsupportedOnLPX(f"broadcast of {other.shape} to {x.shape}")
+            other = self._apart(other, x, op.out)
+            self._rowwise(f"{op.out}.{op.main.op}", [x, other], y,
+                          lambda g, vs: self._apply_epilogue(g, g.vxm(vop, vs[0], vs[1]), clips, 0, 0))
+            self.values[op.out] = y
+            return
+        cv = np.asarray(b.const, np.float32)
+        if cv.size == 1:
+            imm = float(cv.reshape(-1)[0])
+            body = lambda g, vs: self._apply_epilogue(g, g.vxm(vop, vs[0], imm=imm), clips, 0, 0)  # noqa: E731
+            self._rowwise(f"{op.out}.{op.main.op}", [x], y, body)
+        elif self._per_channel(cv, x.shape):
+            row = self._temp(self.b.constant(f"{op.out}.operand", cv.reshape(1, -1), self.dtype,
+                                             avoid=_slices([x, y])))
+            rows = x.tensor.layout.rows
+            tensors = [x.tensor, y.tensor]
+            for j in range(x.tensor.ntiles):
+                for r0, r1 in _runs(rows, lambda r: tuple(_chunk_of(t, r) for t in tensors)):
+                    g = self.b.group(f"{op.out}.{op.main.op}")
+                    v = g.vxm(vop, g.read(_one(x.tensor.segments(j, r0, r1))), g.read(row.tile(j).repeat(r1 - r0)))
+                    self._finish(g, self._apply_epilogue(g, v, clips, j, r1 - r0), _one(y.tensor.segments(j, r0, r1)))
+        elif cv.shape == tuple(x.shape):
+            arr = cv.transpose(0, 2, 3, 1) if x.nhwc else cv
+            full = Stored(self._temp(self.b.tensor(f"{op.out}.operand", stored_shape(cv.shape), self.dtype,
+                                                   data=arr, avoid=_slices([x]), row_align=_row_align(cv.shape))),
+                          cv.shape)
+            self._rowwise(f"{op.out}.{op.main.op}", [x, full], y,
+                          lambda g, vs: self._apply_epilogue(g, g.vxm(vop, vs[0], vs[1]), clips, 0, 0))
+        else:
+            raise UnsupportedOnLPX(f"broadcast of a constant of shape {cv.shape} to {x.shape}")
+        self.values[op.out] = y
+
+    @staticmethod
+    def _per_channel(cv: np.ndarray, shape: tuple) -> bool:
+        """True when ``cv`` broadcasts along the stored channel axis only."""
+        if len(shape) == 4:
+            return cv.size == shape[1] and (cv.ndim < 3 or cv.shape[-1] == cv.shape[-2] == 1)
+        return cv.size == shape[-1] and cv.shape[-1] == shape[-1]
+
+    def _unary(self, op: RegionOp, is_output: bool):
+        x = self._value(op.main.args[0])
+        y = self._new(op.out, op.shape, is_output, avoid=[x])
+
+        def body(g, vs):
+            v = vs[0]
+            for s in [op.main] + op.epilogue:
+                if s.op == "nn.relu":
+                    v = g.vxm("vxm.max", v, imm=0.0)
+                elif s.op == "clip":
+                    lo, hi = (float(np.asarray(a.const)) for a in s.args[1:3])
+                    if np.isfinite(lo):
+                        v = g.vxm("vxm.max", v, imm=lo)
+                    if np.isfinite(hi):
+                        v = g.vxm("vxm.min", v, imm=hi)
+                elif s.op in ("sigmoid", "tanh"):
+                    v = g.vxm(f"vxm.{s.op}", v)
+                else:
+                    raise UnsupportedOnLPX(f"{s.op} after {op.main.op}")
+            return v
+
+        self._rowwise(f"{op.out}.{op.main.op}", [x], y, body)
+        self.values[op.out] = y
+
+    def _pool(self, op: RegionOp, is_output: bool):
+        """Max or average pooling: fold the window taps into an fp32 accumulator one tap per
+        group (the taps of one image share a slice, so they cannot stream together), then
+        scale (average) and convert."""
+        a = op.main.attrs
+        if a.get("layout", "NCHW") != "NCHW" or a.get("ceil_mode", False):
+            raise UnsupportedOnLPX("pooling with ceil_mode or a layout other than NCHW")
+        is_max = op.main.op == "nn.max_pool2d"
+        x = self._value(op.main.args[0])
+        n, c, h, w = x.shape
+        kh, kw = a["pool_size"]
+        (sh, sw), (dh, dw) = a["strides"], a["dilation"]
+        pads = tuple(a["padding"])
+        xp = self._padded(x, pads, op.out, fill=-np.inf if is_max else 0.0)
+        hp, wp = xp.shape[2], xp.shape[3]
+        oh, ow = op.shape[2], op.shape[3]
+        total = self._temp(self._new(f"{op.out}.acc", op.shape, avoid=[xp], dtype=self.acc))
+        y = self._new(op.out, op.shape, is_output, avoid=[total])
+        lanes = self.cfg.lanes
+        scale_t = None
+        if not is_max:
+            if a.get("count_include_pad", False) or not any(pads):
+                scale = np.full(oh * ow, 1.0 / (kh * kw), np.float32)
+            else:  # taps that fall on padding do not count
+                inside = np.zeros((hp, wp), np.float32)
+                inside[pads[0]:pads[0] + h, pads[1]:pads[1] + w] = 1
+                counts = [[inside[i * sh:i * sh + (kh - 1) * dh + 1:dh, j * sw:j * sw + (kw - 1) * dw + 1:dw].sum()
+                           for j in range(ow)] for i in range(oh)]
+                scale = 1.0 / np.array(counts, np.float32).reshape(-1)
+            scale_map = np.repeat(np.tile(scale, n)[:, None], lanes, axis=1)
+            scale_t = Stored(self._temp(self.b.tensor(f"{op.out}.scale", (n * oh * ow, lanes), self.acc,
+                                                      data=scale_map, avoid=_slices([total]), row_align=ow)),
+                             (n, lanes, oh, ow))
+        combine = "vxm.max" if is_max else "vxm.add"
+        for i in range(n):
+            for t in range(kh * kw):
+                r, s_ = divmod(t, kw)
+                first = (i * hp + r * dh) * wp + s_ * dw
+                runs = _runs(oh, lambda o: (_chunk_of(xp.tensor, first + o * sh * wp),
+                                            _chunk_of(total.tensor, (i * oh + o) * ow)))
+                for o0, o1 in runs:
+                    for j in range(x.tensor.ntiles):
+                        g = self.b.group(f"{op.out}.pool")
+                        win = _one(xp.tensor.window_segments(j, first + o0 * sh * wp, o1 - o0, ow, sh * wp, sw))
+                        out = _one(total.tensor.segments(j, (i * oh + o0) * ow, (i * oh + o1) * ow))
+                        v = g.read(win)
+                        if v.dtype != self.acc:
+                            v = g.vxm("vxm.cvt", v, to=self.acc)
+                        if t:
+                            v = g.vxm(combine, v, g.read(out))
+                        g.write(v, out)
+        if is_max:
+            self._rowwise(f"{op.out}.pool", [total], y, lambda g, vs: vs[0])
+        else:
+            self._rowwise(f"{op.out}.pool", [total, (self._apart(scale_t, total, op.out), 0)], y,
+                          lambda g, vs: g.vxm("vxm.mul", vs[0], vs[1]))
+        self.values[op.out] = y
+
+    def _concat(self, op: RegionOp, is_output: bool):
+        """Concatenate along channels: move each input's lanes into place with one SXM
+        permute (the other lanes become zero) and add the disjoint pieces of each output tile."""
+        axis = op.main.attrs.get("axis", 1)
+        axis = axis[0] if isinstance(axis, list) else axis
+        parts = [self._value(v) for v in op.main.args]
+        rank = len(op.shape)
+        axis = axis + rank if axis < 0 else axis
+        if axis != (1 if rank == 4 else rank - 1):
+            raise UnsupportedOnLPX(f"concat along axis {axis} of a rank-{rank} tensor")
+        lanes = self.cfg.lanes
+        y = self._new(op.out, op.shape, is_output, avoid=parts)
+        rows = y.tensor.layout.rows
+        written = set()
+        offset = 0
+        for x in parts:
+            cx = x.shape[1] if rank == 4 else x.shape[-1]
+            for ch0 in range(0, cx, lanes):
+                done, width_in = 0, min(lanes, cx - ch0)
+                while done < width_in:
+                    tile, b = divmod(offset + ch0 + done, lanes)
+                    length = min(width_in - done, lanes - b)
+                    for r0, r1 in _runs(rows, lambda r: (_chunk_of(x.tensor, r), _chunk_of(y.tensor, r))):
+                        g = self.b.group(f"{op.out}.concat")
+                        v = g.read(_one(x.tensor.segments(ch0 // lanes, r0, r1)))
+                        v = g.sxm("sxm.permute", v, map=self._lane_map(done, b, length))
+                        out = _one(y.tensor.segments(tile, r0, r1))
+                        if tile in written:
+                            v = g.vxm("vxm.add", v, g.read(out))
+                        g.write(v, out)
+                    written.add(tile)
+                    done += length
+            offset += cx
+        self.values[op.out] = y
+
+    def _lane_map(self, src: int, dst: int, length: int) -> int:
+        """A permutation table moving lanes src..src+length-1 to dst.., zero elsewhere."""
+        key = (src, dst, length)
+        if key not in self._maps:
+            table = np.full(self.cfg.lanes, -1, np.int32)
+            table[dst:dst + length] = np.arange(src, src + length)
+            self._maps[key] = self.b.table(table)
+        return self._maps[key]
+
+    def _global_avg_pool(self, op: RegionOp, is_output: bool):
+        """Mean over H and W: transpose pixel chunks so channels become vectors, sum them on
+        the MXM against a column of 1/(H*W), transpose the sums back into one vector."""
+        a = op.main.attrs
+        x = self._value(op.main.args[0])
+        if len(x.shape) != 4 or sorted(ax % 4 for ax in a.get("axis", [])) != [2, 3]:
+            raise UnsupportedOnLPX("mean over axes other than the spatial ones of a 4-D tensor")
+        n, c, h, w = x.shape
+        lanes = self.cfg.lanes
+        hw = h * w
+        scale = self._temp(self.b.constant(f"{op.out}.scale", np.full((lanes, 1), 1.0 / hw, np.float32),
+                                           self.dtype))
+        y = self._new(op.out, op.shape, is_output)
+        for i in range(n):
+            for j in range(x.tensor.ntiles):
+                cv = min(c - j * lanes, lanes)
+                plane, acc = self.planes.new_block(cv)
+                pieces = [seg for p0 in range(0, hw, lanes)
+                          for seg in x.tensor.segments(j, i * hw + p0, i * hw + min(hw, p0 + lanes))]
+                for q, (_, region) in enumerate(pieces):
+                    buf = self.planes.buffer(plane)
+                    g = self.b.group(f"{op.out}.install")
+                    g.install(plane, buf, g.read(scale.tile(0).rows(0, region.count)), width=1)
+                    g = self.b.group(f"{op.out}.sum")
+                    t = g.sxm("sxm.transpose", g.read(region), out=cv)
+                    g.mul(plane, buf, t, acc=acc, accumulate=q > 0)
+                g = self.b.group(f"{op.out}.drain")
+                v = g.sxm("sxm.transpose", g.drain(plane, acc, cv, self.acc), out=1)
+                self._write_rows(g, v, y, j, i, i + 1)
+        self.macs += n * c * hw
+        self.values[op.out] = y
+
+    def _reshape(self, op: RegionOp):
+        x = self._value(op.main.args[0])
+        if not reshape_keeps_storage(x.shape, op.shape):
+            raise UnsupportedOnLPX(f"reshape {x.shape} -> {op.shape} moves data between lanes")
+        self.values[op.out] = Stored(x.tensor, tuple(op.shape))
