@@ -110,30 +110,39 @@ class MxmLowering:
         xp = self._padded(x, tuple(a["padding"]), op.out)
         hp, wp = xp.shape[2], xp.shape[3]
         cpad, copad = round_up(c, lanes), round_up(co, lanes)
-        # Row (tap * c + ci) holds the weights of input channel ci at one tap: taps are whole
-        # chunks' worth of rows (row_align=c) so a K tile never straddles two slices.
         work = Conv2dWorkload(n, hp, wp, cpad, kh, kw, copad, (sh, sw), (dh, dw), TVM_DTYPE[self.dtype])
         oh, ow = work.OH, work.OW
+        steps, window, block = self._conv_tiles(work, xp)
+
+        def weights(step):
+            # Row (tap * c + ci) of the weight matrix: input channel ci at one tap.
+            kh0, kw0, ci0, co0 = (step.reads["W"][d][0] for d in range(4))
+            base = (kh0 * kw + kw0) * c + ci0
+            return co0 // lanes, base, base + min(c - ci0, lanes)
+
+        self.macs += n * oh * ow * co * cg * kh * kw  # useful MACs: cg = c / groups
+        self._emit_mxm(op, steps, window, weights, block, co, is_output)
+
+    def _conv_tiles(self, work, xp: Stored):
+        """The tile steps of a (dense or depthwise) convolution's default schedule, with the
+        activation window each step multiplies and the output block it accumulates into."""
+        lanes = self.cfg.lanes
+        (sh, sw), (dh, dw) = work.stride, work.dilation
+        hp, wp, oh, ow = work.Hp, work.Wp, work.OH, work.OW
         t = default_tiling(self.cfg, work)
         steps = tile_steps(schedule(work, Conv2dTiling(oh=t.oh, ci=lanes, co=lanes, order=t.order)).mod["main"])
 
         def window(step):
             n0, (oh0, ohe) = step.writes["mxm"][0][0], step.writes["mxm"][1]
-            kh0, kw0, ci0 = (step.reads["W"][d][0] for d in range(3))
+            kh0, kw0, c0 = (step.reads["W"][d][0] for d in range(3))
             first = (n0 * hp + oh0 * sh + kh0 * dh) * wp + kw0 * dw
-            return xp.tensor.window_segments(ci0 // lanes, first, ohe, ow, sh * wp, sw)
-
-        def weights(step):
-            kh0, kw0, ci0, co0 = (step.reads["W"][d][0] for d in range(4))
-            base = (kh0 * kw + kw0) * c + ci0
-            return co0 // lanes, base, base + min(c - ci0, lanes)
+            return xp.tensor.window_segments(c0 // lanes, first, ohe, ow, sh * wp, sw)
 
         def block(step):
-            n0, (oh0, ohe), co0 = step.writes["mxm"][0][0], step.writes["mxm"][1], step.writes["mxm"][3][0]
-            return co0, (n0 * oh + oh0) * ow, ohe * ow
+            n0, (oh0, ohe), c0 = step.writes["mxm"][0][0], step.writes["mxm"][1], step.writes["mxm"][3][0]
+            return c0, (n0 * oh + oh0) * ow, ohe * ow
 
-        self.macs += n * oh * ow * co * cg * kh * kw  # useful MACs: cg = c / groups
-        self._emit_mxm(op, steps, window, weights, block, co, is_output)
+        return steps, window, block
 
     def _depthwise(self, op: RegionOp, x: Stored, w: np.ndarray, is_output: bool):
         """Depthwise conv on the MXM: each tap of a channel tile is a diagonal weight tile."""
@@ -147,23 +156,12 @@ class MxmLowering:
         cpad = round_up(c, lanes)
         work = DepthwiseWorkload(n, hp, wp, cpad, kh, kw, (sh, sw), (dh, dw), TVM_DTYPE[self.dtype])
         oh, ow = work.OH, work.OW
-        t = default_tiling(self.cfg, work)
-        steps = tile_steps(schedule(work, Conv2dTiling(oh=t.oh, ci=lanes, co=lanes, order=t.order)).mod["main"])
-
-        def window(step):
-            n0, (oh0, ohe) = step.writes["mxm"][0][0], step.writes["mxm"][1]
-            kh0, kw0, c0 = (step.reads["W"][d][0] for d in range(3))
-            first = (n0 * hp + oh0 * sh + kh0 * dh) * wp + kw0 * dw
-            return xp.tensor.window_segments(c0 // lanes, first, ohe, ow, sh * wp, sw)
+        steps, window, block = self._conv_tiles(work, xp)
 
         def weights(step):
             kh0, kw0, c0 = (step.reads["W"][d][0] for d in range(3))
             base = (kh0 * kw + kw0) * cpad + c0
             return 0, base, base + min(c - c0, lanes)
-
-        def block(step):
-            n0, (oh0, ohe), c0 = step.writes["mxm"][0][0], step.writes["mxm"][1], step.writes["mxm"][3][0]
-            return c0, (n0 * oh + oh0) * ow, ohe * ow
 
         self.macs += n * oh * ow * c * kh * kw
         self._emit_mxm(op, steps, window, weights, block, c, is_output)
