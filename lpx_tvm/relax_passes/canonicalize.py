@@ -3,10 +3,12 @@
 The pass order, top to bottom:
 
 1. ``DecomposeOpsForInference``: batch norm becomes subtract / divide / multiply / add.
-2. ``FoldConstant``, ``CanonicalizeBindings``, dead code elimination: constant
-   subgraphs (reshaped biases, transposed Gemm weights, BN statistics) become single
-   constants, and the tuple plumbing the decomposition leaves goes away (an unused
-   tuple would still count as a use and stop the folds below).
+2. ``lpx.EvalConstants`` (numpy), then ``FoldConstant`` for whatever it left (skipped
+   when nothing is left), ``CanonicalizeBindings``, dead code elimination: constant
+   subgraphs (ConstantOfShape weights, reshaped biases, transposed Gemm weights, BN
+   statistics) become single constants, and the tuple plumbing the decomposition
+   leaves goes away (an unused tuple would still count as a use and stop the folds
+   below).
 3. ``lpx.RemoveDropout``: dropout is the identity at inference.
 4. ``lpx.UnstackReduce``: ONNX Sum / Max / Min (stack, then reduce) become pairwise
    add / maximum / minimum.
@@ -28,6 +30,7 @@ import tvm
 from tvm import relax
 
 from .collapse_affine import CollapseAffine
+from .eval_constants import EvalConstants, has_constant_calls
 from .fold_scale_shift import FoldScaleShift
 from .normalize_clip import NormalizeClip
 from .remove_dropout import RemoveDropout
@@ -36,6 +39,7 @@ from .unstack_reduce import UnstackReduce
 __all__ = [
     "canonicalize",
     "CollapseAffine",
+    "EvalConstants",
     "FoldScaleShift",
     "NormalizeClip",
     "RemoveDropout",
@@ -63,7 +67,8 @@ def canonicalize(mod: tvm.IRModule) -> tvm.IRModule:
     seq = tvm.ir.transform.Sequential(
         [
             relax.transform.DecomposeOpsForInference(),
-            relax.transform.FoldConstant(),
+            EvalConstants(),
+            _fold_rest,
             relax.transform.CanonicalizeBindings(),
             _remove_unused,
             RemoveDropout(),
@@ -85,3 +90,13 @@ def _remove_unused(mod, ctx):
     unused PrimFuncs go, even in modules whose functions are not public."""
     entries = [gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)]
     return relax.transform.DeadCodeElimination(entries)(mod)
+
+
+@tvm.ir.transform.module_pass(opt_level=0, name="lpx.FoldRest")
+def _fold_rest(mod, ctx):
+    """``FoldConstant`` for what ``EvalConstants`` left, run only when something is left:
+    it legalizes every call it visits (each conv2d into a TOPI PrimFunc) to look for
+    constant ones, which costs time even when there are none."""
+    if not has_constant_calls(mod):
+        return mod
+    return relax.transform.FoldConstant()(mod)

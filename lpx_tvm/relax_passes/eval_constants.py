@@ -1,0 +1,164 @@
+"""lpx.EvalConstants: evaluate constant subgraphs with numpy, before ``FoldConstant``.
+
+Relax's ``FoldConstant`` legalizes every call whose arguments are all constant and
+builds and runs a TIR kernel for it, about 30 ms each. The ONNX importer and
+``DecomposeOpsForInference`` leave hundreds of such calls: ConstantOfShape weights
+become ``broadcast_to``, Unsqueeze ``expand_dims``, Gemm's ``transB`` a
+``permute_dims``, and each inference batch norm ``expand_dims`` / ``add`` / ``sqrt`` of
+its statistics. On the ONNX light models that was most of the compile time.
+
+This pass evaluates the ops whose numpy counterpart is bit-exact (data movement, and
+IEEE add / subtract / multiply / divide / sqrt, which are correctly rounded in both)
+and leaves everything else to ``FoldConstant``, which still runs after it. A result is
+kept only when its shape and dtype are exactly the call's type.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ._binding_rewrite import bindings, is_const, rewrite_bindings, static_shape
+
+__all__ = ["EvalConstants", "has_constant_calls"]
+
+# Dtypes whose numpy arrays round-trip through relax.const unchanged.
+_PLAIN = frozenset(
+    ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+     "float16", "float32", "float64"]
+)
+# Arithmetic only where numpy and LLVM both round each op once to nearest (float16 is
+# left out: TVM may compute it through float32 differently per op).
+_IEEE = frozenset(["float32", "float64"])
+
+_BINARY = {
+    "relax.add": np.add,
+    "relax.subtract": np.subtract,
+    "relax.multiply": np.multiply,
+    "relax.divide": np.divide,
+}
+
+
+def _ints(values):
+    return tuple(int(v) for v in values)
+
+
+def _evaluate(call, args, out_shape):
+    """The value of ``call`` on numpy ``args``, or None when this pass does not handle it."""
+    name = call.op.name
+    if name == "relax.broadcast_to":
+        return np.broadcast_to(args[0], out_shape)
+    if name == "relax.reshape":
+        return args[0].reshape(out_shape)
+    if name == "relax.expand_dims":
+        return np.expand_dims(args[0], _ints(call.attrs.axis))
+    if name == "relax.permute_dims":
+        axes = call.attrs.axes
+        return np.transpose(args[0], None if axes is None else _ints(axes))
+    if name in _BINARY and all(a.dtype.name in _IEEE for a in args):
+        if args[0].dtype != args[1].dtype:
+            return None
+        return _BINARY[name](args[0], args[1])
+    if name == "relax.sqrt" and args[0].dtype.name in _IEEE:
+        return np.sqrt(args[0])
+    return None
+
+
+def _array(const):
+    """A read-only numpy view of a constant's data (no copy: weights can be large)."""
+    try:
+        return np.from_dlpack(const.value)
+    except (TypeError, ValueError, RuntimeError, BufferError):
+        return const.value.numpy()
+
+
+def _const(array, dtype):
+    """A Relax constant holding ``array``, written once into the new tensor's memory."""
+    tensor = tvm.runtime.empty(array.shape, dtype)
+    try:
+        np.copyto(np.from_dlpack(tensor), array)
+    except (TypeError, ValueError, RuntimeError, BufferError):
+        tensor.copyfrom(np.ascontiguousarray(array))
+    return relax.const(tensor)
+
+
+def _operand(arg, known):
+    if is_const(arg) and str(arg.ty.dtype) in _PLAIN:
+        return _array(arg)
+    return known.get(arg)
+
+
+def _plan(func):
+    """{var: constant} for every binding computable from constants by ``_evaluate``."""
+    known = {}  # var -> numpy value of a constant or folded binding, for chains
+    folded = {}
+    for var, value in bindings(func):
+        if is_const(value):
+            if str(value.ty.dtype) in _PLAIN:
+                known[var] = _array(value)
+            continue
+        if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+            continue
+        out_shape = static_shape(value)
+        dtype = str(getattr(value.ty, "dtype", ""))
+        if out_shape is None or dtype not in _PLAIN:
+            continue
+        # The target shape of reshape / broadcast_to is a ShapeExpr: out_shape has it.
+        args = [_operand(a, known) for a in value.args if not isinstance(a, relax.ShapeExpr)]
+        if not args or any(a is None for a in args):
+            continue
+        result = _evaluate(value, args, out_shape)
+        if result is None or result.shape != out_shape or result.dtype.name != dtype:
+            continue
+        folded[var] = const = _const(result, dtype)
+        # Keep a view as it is: a transpose of a broadcast then copies a broadcast, not
+        # hundreds of MB of materialized weights. Computed arrays are read back from the
+        # constant instead of being held twice.
+        known[var] = _array(const) if result.flags.owndata else result
+    return folded
+
+
+def has_constant_calls(mod) -> bool:
+    """Whether ``FoldConstant`` could still fold something in ``mod``: a call whose
+    arguments are all constant (directly or through variables bound to constants).
+    Errs towards yes: nested control flow or functions count as foldable."""
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        if not isinstance(func.body, relax.SeqExpr):
+            return True
+        consts = set()
+        for var, value in bindings(func):
+            if isinstance(value, (relax.If, relax.SeqExpr, relax.Function)):
+                return True
+            if isinstance(value, relax.TupleGetItem):
+                value = value.tuple_value
+            if _is_constant_arg(value, consts):
+                consts.add(var)
+            elif isinstance(value, relax.Call) and all(_is_constant_arg(a, consts) for a in value.args):
+                return True
+    return False
+
+
+def _is_constant_arg(expr, consts) -> bool:
+    if isinstance(expr, relax.Tuple):
+        return all(_is_constant_arg(f, consts) for f in expr.fields)
+    if isinstance(expr, relax.Var):
+        return expr in consts
+    # Constants, shapes, dtypes, strings, prim values and global functions.
+    return not isinstance(expr, (relax.Call, relax.If, relax.SeqExpr, relax.Function, relax.TupleGetItem))
+
+
+@relax.transform.function_pass(opt_level=0, name="lpx.EvalConstants")
+class EvalConstants:
+    """Replace calls computable from constants (layout ops, float32 / float64 add,
+    subtract, multiply, divide, sqrt) by their value; uses see the constant once
+    ``CanonicalizeBindings`` runs."""
+
+    def transform_function(self, func, mod, ctx):
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            return func
+        folded = _plan(func)
+        rebuild = {var: (lambda visit, builder, c=c: c) for var, c in folded.items()}
+        return rewrite_bindings(func, mod, set(), rebuild)
