@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 
 @dataclass
@@ -36,6 +36,11 @@ class Counters:
     c2c_bytes_sent: int = 0
     port_busy_cycles: dict = field(default_factory=lambda: defaultdict(int))  # "mxm0.compute" -> cycles
     by_tag: dict = field(default_factory=lambda: defaultdict(TagCounters))
+
+    def copy(self) -> "Counters":
+        c = replace(self, port_busy_cycles=defaultdict(int, self.port_busy_cycles), by_tag=defaultdict(TagCounters))
+        c.by_tag.update((tag, replace(t)) for tag, t in self.by_tag.items())
+        return c
 
     def utilization(self, port: str) -> float:
         return self.port_busy_cycles.get(port, 0) / self.cycles if self.cycles else 0.0

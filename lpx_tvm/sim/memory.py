@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..target.layout import lines_to_vectors, vectors_to_lines
-
 NEVER = -(2**62)
 
 
@@ -158,40 +156,32 @@ class Banked:
         return "line" if self.name == "slice" else "row"
 
     # -- access ------------------------------------------------------------
-    def read(self, bank, addr, stride, count, dtype, first_cycle, me, *, per_vector=True, inner=0, outer=0):
-        """Check and record a read of ``count`` vectors; returns (count, lanes) data or None."""
-        width = np.dtype(dtype).itemsize
+    # The checks record accesses and return the lines touched (a slice, or an index
+    # array for strided patterns); the data moves through load/store (functional runs).
+    def read(self, bank, addr, stride, count, width, first_cycle, me, *, per_vector=True, inner=0, outer=0):
+        """Check and record a read of ``count`` vectors of ``width`` lines; returns the lines."""
         index = _index(addr, stride, count, width, inner, outer)
         self._check_index(bank, index)
         cycles = self._cycles(first_cycle, count, width, index, per_vector)
         self._check_read(bank, index, cycles)
         self._stamp(self.read_at, self.read_by, bank, index, cycles, me)
-        if not self.functional:
-            return None
-        lines = self.data[bank, index]
-        return lines_to_vectors(lines.reshape(count, width, self.lanes), dtype)
+        return index
 
-    def write(self, bank, addr, stride, count, vectors, dtype, first_cycle, me, *, per_vector=True,
-              inner=0, outer=0):
-        """Check and record a write; ``vectors`` is (count, lanes) or None in timing-only mode."""
-        width = np.dtype(dtype).itemsize
+    def write(self, bank, addr, stride, count, width, first_cycle, me, *, per_vector=True, inner=0, outer=0):
+        """Check and record a write of ``count`` vectors of ``width`` lines; returns the lines."""
         index = _index(addr, stride, count, width, inner, outer)
         self._check_index(bank, index)
         cycles = self._cycles(first_cycle, count, width, index, per_vector)
         self._check_write(bank, index, cycles)
         self._stamp(self.written_at, self.written_by, bank, index, cycles, me)
         self.generation[bank] += 1
-        if self.functional and vectors is not None:
+        if self.functional:
             self._mark(bank, *_bounds(index))
-            lines = vectors_to_lines(vectors)
-            if isinstance(index, slice):
-                self.data[bank, index] = lines.reshape(count * width, self.lanes)
-            else:
-                self.data[bank, index] = lines
+        return index
 
-    def gather(self, bank, addrs: np.ndarray, dtype, first_cycle, me):
-        """Read one vector at each line address in ``addrs`` (data-dependent addresses)."""
-        width = np.dtype(dtype).itemsize
+    def gather(self, bank, addrs: np.ndarray, width: int, first_cycle, me):
+        """Check and record one vector read at each line address in ``addrs`` (data-dependent
+        addresses); returns the lines, (len(addrs), width)."""
         lo, hi = int(addrs.min()), int(addrs.max()) + width - 1
         if lo < 0 or hi >= self.lines:
             raise Race("address-out-of-range",
@@ -200,9 +190,7 @@ class Banked:
         cycles = self._cycles(first_cycle, len(addrs), width, index, True)
         self._check_read(bank, index, cycles)
         self._stamp(self.read_at, self.read_by, bank, index, cycles, me)
-        if not self.functional:
-            return None
-        return lines_to_vectors(self.data[bank, index], dtype)
+        return index
 
     def access_rows(self, bank, rows: np.ndarray, cycles: np.ndarray, me, *, read: bool):
         """Check and record one access per row, each at its own cycle (accumulator rows)."""
@@ -214,13 +202,52 @@ class Banked:
             self._check_write(bank, rows, cycles)
             self._stamp(self.written_at, self.written_by, bank, rows, cycles, me)
 
-    def poke(self, bank, lines: np.ndarray, raw: np.ndarray):
+    def poke(self, bank, lines, raw: np.ndarray):
         """Load lines before the program starts (initial image, inputs): no timing."""
-        self.generation[bank] += 1
-        if not self.functional:
-            return
         self._mark(bank, *_bounds(lines))
         self.data[bank, lines] = raw
+
+    # -- data (functional runs) ----------------------------------------------
+    def vectors_spec(self, bank, addr, stride, count, width, itemsize, inner=0, outer=0, *, write=False):
+        """How ``count`` vectors of ``width`` lines each sit in the SRAM bytes: ``(shape, offset,
+        strides)`` of an ndarray over :attr:`flat` whose rows are the vectors, each as
+        ``width * lanes // itemsize`` elements of ``itemsize`` bytes (a 2-D pattern gives
+        shape ``(groups, inner, elements)``). None when no such view exists: a 2-D pattern
+        with a partial last group, or, for writes, vectors that overlap."""
+        lane_bytes = self.lanes
+        shape_row = width * lane_bytes // itemsize
+        offset = (bank * self.lines + addr) * lane_bytes
+        if inner and outer != inner * stride:
+            if count % inner or (write and (stride < width or outer < (inner - 1) * stride + width)):
+                return None
+            return (count // inner, inner, shape_row), offset, (outer * lane_bytes, stride * lane_bytes, itemsize)
+        if write and stride < width:
+            return None
+        return (count, shape_row), offset, (stride * lane_bytes, itemsize)
+
+    @property
+    def flat(self) -> np.ndarray:
+        """All SRAM bytes, one dimension (a view of :attr:`data`)."""
+        return self.data.reshape(-1)
+
+    def load(self, bank, index, count: int, dtype) -> np.ndarray:
+        """A copy of the ``count`` vectors of ``dtype`` stored on lines ``index``: (count, lanes)."""
+        v = self.data[bank, index].view(dtype).reshape(count, self.lanes)
+        return v.copy() if isinstance(index, slice) else v
+
+    def store(self, bank, index, vectors: np.ndarray):
+        """Store (count, lanes) ``vectors`` on lines ``index`` (each vector on ``itemsize`` lines;
+        where vectors overlap, the later one's lines win)."""
+        raw = np.ascontiguousarray(vectors).view(np.uint8)
+        if isinstance(index, slice):
+            self.data[bank, index] = raw.reshape(-1, self.lanes)
+        else:
+            self.data[bank, index] = raw.reshape(index.shape + (self.lanes,))
+
+    def mark(self, ranges: dict):
+        """Note lines about to be written, {bank: (lowest, highest)}, for the next run's zeroing."""
+        for bank, (lo, hi) in ranges.items():
+            self._mark(bank, lo, hi)
 
     def _mark(self, bank, lo, hi):
         old = self.dirty.get(bank)

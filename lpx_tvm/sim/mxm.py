@@ -8,9 +8,11 @@ drain) or partly overwritten: one concatenated matmul, the way the fp32 sum over
 K would be written in numpy. Integer accumulators are computed at once (int32 sums
 wrap, so their order must be the hardware's; they are exact either way).
 
-When the activations of the splits come straight from SRAM reads that are unchanged
-since, the concatenated activations are reused by the next row block with the same
-sources (the other N tiles of a GEMM), so they are converted and copied only once.
+Activations and weights stay in their own dtype until then, and are converted to fp32
+while being concatenated (one pass). When the splits' operands come straight from
+SRAM reads that are unchanged since, they carry a key naming those lines; the
+concatenations are kept by key, so the next row block with the same weights (the
+other row blocks of a layer) or the same activations (the other N tiles) reuses them.
 """
 
 from __future__ import annotations
@@ -21,13 +23,42 @@ import numpy as np
 
 from . import numerics as nx
 
+# Bytes of concatenated fp32 operands kept for reuse (each cache).
+_CACHE_BYTES = 64 << 20
+
 
 @dataclass
 class _Pending:
     width: int
     xs: list = field(default_factory=list)  # activations per split, (n, K_i), original dtype
-    ws: list = field(default_factory=list)  # weights per split, (K_i, width)
-    sources: list = field(default_factory=list)  # where each split's activations were read, or None
+    ws: list = field(default_factory=list)  # weight rows per split, (K_i, lanes), original dtype
+    xkeys: list = field(default_factory=list)  # where each split's activations were read, or None
+    wkeys: list = field(default_factory=list)  # where each split's weights were read, or None
+
+
+class _Cache:
+    """Arrays by key, the most recently used kept up to a byte budget."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.items = {}
+        self.nbytes = 0
+
+    def get(self, key):
+        a = self.items.pop(key, None)
+        if a is not None:
+            self.items[key] = a  # most recent last
+        return a
+
+    def put(self, key, a: np.ndarray):
+        self.items[key] = a
+        self.nbytes += a.nbytes
+        while self.nbytes > self.budget and len(self.items) > 1:
+            self.nbytes -= self.items.pop(next(iter(self.items))).nbytes
+
+    def clear(self):
+        self.items.clear()
+        self.nbytes = 0
 
 
 class Accumulators:
@@ -35,47 +66,65 @@ class Accumulators:
         self.acc_i = np.zeros((planes, rows, lanes), np.int32)
         self.acc_f = np.zeros((planes, rows, lanes), np.float32)
         self._pending = [dict() for _ in range(planes)]  # (addr, count) -> _Pending
-        self._concat = {}  # sources -> concatenated fp32 activations (the last few)
+        self._acts = _Cache(_CACHE_BYTES)  # concatenated fp32 activations by keys
+        self._weights = _Cache(_CACHE_BYTES)  # concatenated fp32 weights by keys
+        self._int_weights = {}  # integer weight matrices by key
 
     def start_run(self):
-        """Forget pending sums and cached activations. The rows need no clearing: every row
+        """Forget pending sums and cached operands. The rows need no clearing: every row
         is written by a mul before it is read (the simulator checks)."""
         for pend in self._pending:
             pend.clear()
-        self._concat.clear()
+        self._acts.clear()
+        self._weights.clear()
+        self._int_weights.clear()
 
-    def multiply(self, plane: int, addr: int, x: np.ndarray, source, w: np.ndarray, width: int, kind: int,
+    def multiply(self, plane: int, addr: int, x: np.ndarray, xkey, rows: np.ndarray, width: int, wkey, kind: int,
                  accumulate: bool):
-        """rows addr.. (+)= x[:, :K] @ w for the ``len(x)`` rows from ``addr``."""
-        n, k = len(x), w.shape[0]
+        """rows addr.. (+)= x[:, :K] @ rows[:, :width] for the ``len(x)`` rows from ``addr``
+        (K = len(rows): the installed weight rows)."""
+        n, k = len(x), len(rows)
         key = (addr, n)
         pend = self._pending[plane]
-        if kind == nx.ACC_FLOAT and w.dtype == np.float32:
-            entry = pend.get(key)
+        if kind == nx.ACC_FLOAT:
             if not accumulate:
                 self.settle(plane, addr, n)
-                pend[key] = _Pending(width, [x[:, :k]], [w], [source])
+                pend[key] = _Pending(width, [x[:, :k]], [rows], [xkey], [wkey])
                 return
+            entry = pend.get(key)
             if entry is not None and entry.width == width:
                 entry.xs.append(x[:, :k])
-                entry.ws.append(w)
-                entry.sources.append(source)
+                entry.ws.append(rows)
+                entry.xkeys.append(xkey)
+                entry.wkeys.append(wkey)
                 return
         self.settle(plane, addr, n)
+        w = self._int_matrix(rows, width, wkey) if kind == nx.ACC_INT else rows[:, :width].astype(np.float32)
         y = x[:, :k].astype(w.dtype) @ w
-        rows = slice(addr, addr + n)
+        sl = slice(addr, addr + n)
         if kind == nx.ACC_INT:
             y = y.astype(np.int32)
             if accumulate:
-                self.acc_i[plane, rows, :width] += y
+                self.acc_i[plane, sl, :width] += y
             else:
-                self.acc_i[plane, rows, :width] = y
-                self.acc_i[plane, rows, width:] = 0
+                self.acc_i[plane, sl, :width] = y
+                self.acc_i[plane, sl, width:] = 0
         elif accumulate:
-            self.acc_f[plane, rows, :width] += y
+            self.acc_f[plane, sl, :width] += y
         else:
-            self.acc_f[plane, rows, :width] = y
-            self.acc_f[plane, rows, width:] = 0
+            self.acc_f[plane, sl, :width] = y
+            self.acc_f[plane, sl, width:] = 0
+
+    def _int_matrix(self, rows, width, wkey):
+        if wkey is None:
+            return nx.weights_matrix(rows, width)
+        key = (wkey, width)
+        w = self._int_weights.get(key)
+        if w is None:
+            if len(self._int_weights) >= 256:
+                self._int_weights.pop(next(iter(self._int_weights)))
+            w = self._int_weights[key] = nx.weights_matrix(rows, width)
+        return w
 
     def read(self, plane: int, addr: int, n: int, kind: int) -> np.ndarray:
         self.settle(plane, addr, n)
@@ -85,27 +134,37 @@ class Accumulators:
     def settle(self, plane: int, addr: int, n: int):
         """Compute every pending row block overlapping rows ``addr .. addr + n - 1``."""
         pend = self._pending[plane]
+        if not pend:
+            return
         for (a, m) in [key for key in pend if key[0] < addr + n and addr < key[0] + key[1]]:
             entry = pend.pop((a, m))
-            x = self._activations(entry)
-            w = entry.ws[0] if len(entry.ws) == 1 else np.concatenate(entry.ws, axis=0)
+            width = entry.width
+            x = self._concat(self._acts, entry.xs, entry.xkeys, None, 1)
+            w = self._concat(self._weights, entry.ws, entry.wkeys, width, 0)
             target = self.acc_f[plane, a:a + m]
-            if entry.width == target.shape[1]:
+            if width == target.shape[1]:
                 np.matmul(x, w, out=target)
             else:
-                target[:, :entry.width] = x @ w
-                target[:, entry.width:] = 0
+                np.matmul(x, w, out=target[:, :width])
+                target[:, width:] = 0
 
-    def _activations(self, entry: _Pending) -> np.ndarray:
-        # Each split uses the first K_i lanes of its activations: K_i is part of the key.
-        sources = tuple((s, x.shape[1]) for s, x in zip(entry.sources, entry.xs))
-        cacheable = all(s is not None for s in entry.sources)
-        if cacheable and sources in self._concat:
-            return self._concat[sources]
-        x = np.concatenate(entry.xs, axis=1, dtype=np.float32) if len(entry.xs) > 1 \
-            else entry.xs[0].astype(np.float32)
+    @staticmethod
+    def _concat(cache: _Cache, parts: list, keys: list, width, axis: int) -> np.ndarray:
+        """The parts joined along ``axis`` in fp32 (weights: their first ``width`` lanes),
+        reused by keys when every part has one."""
+        cacheable = all(k is not None for k in keys)
         if cacheable:
-            if len(self._concat) >= 4:
-                self._concat.pop(next(iter(self._concat)))
-            self._concat[sources] = x
-        return x
+            # A split's activations are the first K_i lanes of its vectors: K_i is part of the key.
+            ckey = (tuple(keys), tuple(p.shape[axis] for p in parts), width)
+            got = cache.get(ckey)
+            if got is not None:
+                return got
+        if width is not None:
+            parts = [p[:, :width] for p in parts]
+        if len(parts) == 1:
+            out = parts[0].astype(np.float32)
+        else:
+            out = np.concatenate(parts, axis=axis, dtype=np.float32)
+        if cacheable:
+            cache.put(ckey, out)
+        return out

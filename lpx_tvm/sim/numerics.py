@@ -19,6 +19,7 @@ from scipy import special
 
 from ..target.isa import DType
 
+_BF16 = DType.BF16.np
 _INT_RANGE = {DType.INT8: (-128, 127), DType.UINT8: (0, 255), DType.INT32: (-(2**31), 2**31 - 1)}
 
 
@@ -61,6 +62,17 @@ def to_dtype(x: np.ndarray, dtype: DType) -> np.ndarray:
     return np.clip(x.astype(np.int64), lo, hi).astype(dtype.np)
 
 
+def convert(x: np.ndarray, dtype: DType) -> np.ndarray:
+    """vxm.cvt: ``x`` (a tile of any LPX dtype) to ``dtype``, rounded once."""
+    if x.dtype.kind == "f" or x.dtype == _BF16:
+        # fp16, bf16 and fp32 values are exact in fp32 (to_dtype rounds fp64 to bf16 in
+        # two steps, and fp32 to bf16 in one).
+        if dtype is DType.BF16 or dtype.is_int:
+            return to_dtype(x.astype(np.float32, copy=False), dtype)
+        return x.astype(dtype.np)
+    return to_dtype(x, dtype)
+
+
 def _int_result(x64: np.ndarray, dtype: DType) -> np.ndarray:
     if dtype is DType.INT32:
         return x64.astype(np.int32)  # wraps
@@ -89,8 +101,9 @@ _BINARY = {
 def binary(op: str, a: np.ndarray, b, dtype: DType) -> np.ndarray:
     fn = _BINARY[op]
     if dtype.is_float:
-        bb = b.astype(np.float32) if isinstance(b, np.ndarray) else b
-        return fn(a.astype(np.float32), bb).astype(dtype.np)
+        bb = b.astype(np.float32, copy=False) if isinstance(b, np.ndarray) else b
+        r = fn(a.astype(np.float32, copy=False), bb)
+        return r if dtype is DType.FP32 else r.astype(dtype.np)
     bb = b.astype(np.int64) if isinstance(b, np.ndarray) else np.int64(b)
     return _int_result(fn(a.astype(np.int64), bb), dtype)
 

@@ -12,17 +12,23 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import operator
+import weakref
+
 import numpy as np
 
 from ..errors import ProgramError, ScheduleHazard
 from ..target import timing as tm
 from ..target.config import MXM_DTYPES, LPXConfig, load_config
 from ..target.isa import ISA_VERSION, NOPS, VXM_BINARY, VXM_REDUCE, VXM_TRANSCENDENTAL, DType, Instr, Unit, queue_name
-from ..target.layout import check_layout, coerce, read_tensor, tensor_tiles
+from ..target.layout import (check_layout, coerce, offchip_bytes, offchip_nbytes, read_offchip, read_tensor,
+                             tensor_tiles)
 from ..target.program import Program
+from . import blas
 from . import numerics as nx
 from .counters import Counters, port_name
-from .memory import Banked, Race
+from .executor import Executor
+from .memory import Banked, Race, _bounds
 from .mxm import Accumulators
 from .streams import StreamFault, StreamNetwork
 from .trace import TraceRecorder
@@ -59,25 +65,121 @@ class Simulator:
         self._sram = Banked("slice", cfg.mem_slices, cfg.lines_per_slice, cfg.lanes)
         self._acc_stamps = Banked("accumulator of plane", cfg.mxm_planes, cfg.mxm_acc_rows, 1)
         self._accs = None
+        self._plans = {}  # id(program) -> _Plan of a program whose schedule passed every check
 
     def run(self, program: Program, inputs: "dict | None" = None, *, timing_only: bool = False,
             trace: bool = False) -> SimResult:
         """Execute ``program``. In ``timing_only`` mode no arithmetic is done and ``inputs``
         may be omitted; every timing check still runs and the counters are identical.
 
+        The first run of a program checks its whole schedule. A functional run of a
+        program that this Simulator has already run through without a hazard (and that
+        has not been changed since) replays the verified instruction steps without
+        repeating the checks, and reports the verified run's counters: the schedule is
+        static, so the checks would find the same. Timing-only and traced runs always
+        check; so does every run of a program with ``mem.gather`` (its addresses are data).
+
         A Simulator reuses its SRAM and accumulator arrays from run to run; use one
         Simulator per thread.
         """
+        with blas.one_thread():
+            return self._run(program, inputs or {}, timing_only, trace)
+
+    def _run(self, program, inputs, timing_only, trace):
         cfg = self.config
+        plan = None if timing_only or trace else self._plan_of(program)
+        if plan is not None:
+            return self._replay(plan, inputs)
         if not timing_only and self._accs is None:
             self._accs = Accumulators(cfg.mxm_planes, cfg.mxm_acc_rows, cfg.lanes)
         self._sram.start_run(not timing_only)
         self._acc_stamps.start_run(False)
-        if self._accs is not None:
+        run = _Run(cfg, program, trace, self._sram, self._acc_stamps)
+        ex = None
+        if not timing_only:
             self._accs.start_run()
-        run = _Run(cfg, program, timing_only, trace, self._sram, self._acc_stamps,
-                   None if timing_only else self._accs)
-        return run.execute(inputs or {})
+            ex = Executor(cfg, program, self._sram, self._accs)
+        result = run.execute(inputs, ex)
+        if run.replayable:
+            self._remember(program, run)
+        return result
+
+    def verify(self, program: Program) -> SimResult:
+        """Check ``program``'s whole schedule now (a timing-only run), so that its functional
+        runs on this Simulator replay it; raises :class:`ScheduleHazard` if it breaks a rule."""
+        return self.run(program, timing_only=True)
+
+    # ---- verified programs --------------------------------------------------
+    def _plan_of(self, program: Program) -> "_Plan | None":
+        plan = self._plans.get(id(program))
+        if plan is None or not plan.matches(program):
+            return None
+        return plan
+
+    def _remember(self, program: Program, run: "_Run"):
+        key = id(program)
+        self._plans[key] = _Plan.record(program, run,
+                                        weakref.ref(program, lambda _, plans=self._plans, k=key: plans.pop(k, None)))
+
+    def _replay(self, plan: "_Plan", inputs: dict) -> SimResult:
+        cfg, program = self.config, plan.program()
+        _check_inputs(program, inputs, functional=True)
+        if self._accs is None:
+            self._accs = Accumulators(cfg.mxm_planes, cfg.mxm_acc_rows, cfg.lanes)
+        self._sram.start_run(True)
+        self._accs.start_run()
+        ex = Executor(cfg, program, self._sram, self._accs)
+        ex.load_image()
+        ex.load_inputs(inputs)
+        self._sram.mark(plan.written)
+        ex.replay(plan.steps)
+        return SimResult(ex.read_outputs(), plan.counters.copy(), cfg)
+
+
+@dataclass
+class _Plan:
+    """A verified program's steps, with what identifies the program they were made from."""
+
+    program: weakref.ref
+    parts: tuple  # the program's fields when it was verified (instructions, images, ...)
+    tables: list  # copies of its permutation tables
+    steps: list
+    written: dict  # bank -> (lowest, highest) line its instructions write
+    counters: Counters
+
+    @staticmethod
+    def _parts(p: Program) -> tuple:
+        return (p.config_hash, p.isa_version, p.host_bytes, p.host_init, tuple(p.instrs), tuple(p.sram_init),
+                tuple(p.bindings))
+
+    @classmethod
+    def record(cls, program: Program, run: "_Run", ref) -> "_Plan":
+        return cls(ref, cls._parts(program), [np.array(t, copy=True) for t in program.tables], run.steps,
+                   dict(run.written), run.counters.copy())
+
+    def matches(self, p: Program) -> bool:
+        """Whether ``p`` is still the program verified (instructions are immutable: compared by identity)."""
+        if self.program() is not p:
+            return False
+        mine = self.parts
+        now = self._parts(p)
+        return mine[:3] == now[:3] and (mine[3] is now[3] or mine[3] == now[3]) \
+            and all(len(a) == len(b) and all(map(operator.is_, a, b)) for a, b in zip(mine[4:], now[4:])) \
+            and len(self.tables) == len(p.tables) \
+            and all(np.array_equal(a, b) for a, b in zip(self.tables, p.tables))
+
+
+def _check_inputs(program: Program, inputs: dict, functional: bool):
+    names = {b.name for b in program.inputs}
+    unknown = set(inputs) - names
+    if unknown:
+        raise ProgramError(f"unknown input(s) {sorted(unknown)}; the program's inputs are {sorted(names)}")
+    if not functional:
+        return
+    for b in program.inputs:
+        if b.name not in inputs:
+            raise ProgramError(f"missing input {b.name!r} (shape {tuple(b.layout.shape)}, "
+                               f"{b.layout.dtype.short})")
 
 
 @dataclass
@@ -85,7 +187,6 @@ class _WeightBuffer:
     dtype: DType = DType.NONE
     rows: int = 0
     width: int = 0
-    matrix: "np.ndarray | None" = None
     ready: "int | None" = None  # cycle from which a multiply may use the weights
     busy_until: int = -1  # last cycle (exclusive) an install or multiply touches it
     installer: int = -1
@@ -95,7 +196,6 @@ class _WeightBuffer:
 class _Message:
     arrival: int
     dtype: DType
-    data: "np.ndarray | None"
     count: int
     sender: int
     taken: int = 0
@@ -103,13 +203,15 @@ class _Message:
 
 @dataclass
 class _Run:
+    """The schedule checker. Each instruction's checks resolve where its operands come
+    from; what remains, the arithmetic, is recorded as a step (see executor.py) and, in a
+    functional run, executed at once."""
+
     cfg: LPXConfig
     program: Program
-    timing_only: bool
     want_trace: bool
     sram: Banked = None
     acc_stamps: Banked = None
-    accs: "Accumulators | None" = None
     counters: Counters = field(default_factory=Counters)
 
     def __post_init__(self):
@@ -119,17 +221,18 @@ class _Run:
         if prog.config_hash != cfg.hash:
             raise ProgramError(f"program {prog.name or ''!s} was built for machine config {prog.config_hash}, "
                                f"but this machine ({cfg.name}) is {cfg.hash}; rebuild it for {cfg.name}")
-        functional = not self.timing_only
         self.acc_kind = np.zeros((cfg.mxm_planes, cfg.mxm_acc_rows), np.int8)
         self.wbuf = [[_WeightBuffer() for _ in range(cfg.mxm_weight_buffers)] for _ in range(cfg.mxm_planes)]
         self.streams = StreamNetwork(len(cfg.floorplan))
         self.links = [deque() for _ in range(cfg.c2c_links)]
-        self.host = np.zeros(max(prog.host_bytes, len(prog.host_init)), np.uint8)
-        if prog.host_init:
-            self.host[:len(prog.host_init)] = np.frombuffer(prog.host_init, np.uint8)
+        self.host_size = max(prog.host_bytes, len(prog.host_init))
         self.busy_until = {}
         self.busy_by = {}
-        self._installed = {}  # converted weight matrices by SRAM source
+        self.steps = []  # (Executor method, arguments) per instruction, in execution order
+        self.written = {}  # bank -> (lowest, highest) line written
+        self.replayable = True  # False once a data-dependent access is seen
+        self._reads = []  # (step, instruction, slice, lines) of each mem.read
+        self.ex = None
 
         self.trace = TraceRecorder(cfg.clock_hz, prog.name) if self.want_trace else None
         for img in prog.sram_init:
@@ -138,15 +241,18 @@ class _Run:
                     or img.addr + nlines > cfg.lines_per_slice:
                 raise ProgramError(f"initial SRAM image at slice {img.slice} line {img.addr} "
                                    f"({len(img.data)} bytes) does not fit the SRAM")
-            raw = np.frombuffer(img.data, np.uint8).reshape(nlines, cfg.lanes)
-            self.sram.poke(img.slice, np.arange(img.addr, img.addr + nlines), raw)
         for b in prog.bindings:
             check_layout(b.layout, cfg.lanes, cfg.mem_slices, cfg.lines_per_slice, f"binding {b.name!r}")
 
     # ---- driver -----------------------------------------------------------
-    def execute(self, inputs: dict) -> SimResult:
+    def execute(self, inputs: dict, ex: "Executor | None") -> SimResult:
+        """Check every instruction; with an executor ``ex``, also compute (a functional run)."""
         cfg, prog = self.cfg, self.program
-        self._load_inputs(inputs)
+        _check_inputs(prog, inputs, ex is not None)
+        self.ex = ex
+        if ex is not None:
+            ex.load_image()
+            ex.load_inputs(inputs)
         instrs = prog.instrs
         for i, ins in enumerate(instrs):
             self._validate(i, ins)
@@ -169,29 +275,39 @@ class _Run:
             tagc.first_cycle = ins.cycle if tagc.first_cycle < 0 else min(tagc.first_cycle, ins.cycle)
             tagc.last_cycle = max(tagc.last_cycle, done)
             if n % 512 == 511:
-                self.streams.prune(ins.cycle)
+                gone = self.streams.prune(ins.cycle)
+                if gone:
+                    self._do(Executor.free, tuple(gone))
         c.cycles = max_done
         c.instructions = len(instrs)
-        outputs = {} if self.timing_only else self._read_outputs()
+        self._share_unchanged_reads(order)
+        outputs = {} if ex is None else ex.read_outputs()
         return SimResult(outputs, c, cfg, self.trace)
 
-    def _load_inputs(self, inputs: dict):
-        names = {b.name for b in self.program.inputs}
-        unknown = set(inputs) - names
-        if unknown:
-            raise ProgramError(f"unknown input(s) {sorted(unknown)}; the program's inputs are {sorted(names)}")
-        if self.timing_only:
-            return
-        for b in self.program.inputs:
-            if b.name not in inputs:
-                raise ProgramError(f"missing input {b.name!r} (shape {tuple(b.layout.shape)}, "
-                                   f"{b.layout.dtype.short})")
-            arr = coerce(b.name, inputs[b.name], b.layout)
-            for sl, lines, raw in tensor_tiles(b.layout, arr, self.cfg.lanes):
-                self.sram.poke(sl, lines, raw)
+    def _share_unchanged_reads(self, order: list):
+        """Let a replay's mem.read steps return views of the SRAM (no copy) where no later
+        instruction writes any of the lines read: the values then stay as read until the
+        run ends, however long the MXM model keeps them."""
+        pos = np.empty(len(order), np.int64)
+        pos[np.asarray(order, np.int64)] = np.arange(len(order))
+        sram, base = self.sram, self.sram.base
+        for k, i, bank, index in self._reads:
+            now = sram.written_at[bank, index] >= base  # lines written in this run
+            if now.any() and (pos[sram.written_by[bank, index][now]] > pos[i]).any():
+                continue
+            fn, args = self.steps[k]
+            self.steps[k] = (fn, args[:-1] + (False,))
 
-    def _read_outputs(self) -> dict:
-        return {b.name: read_tensor(b.layout, self.sram.peek, self.cfg.lanes) for b in self.program.outputs}
+    def _do(self, fn, *args):
+        """Record a step; in a functional run, execute it."""
+        self.steps.append((fn, args))
+        if self.ex is not None:
+            fn(self.ex, *args)
+
+    def _note_write(self, bank: int, index):
+        lo, hi = _bounds(index)
+        old = self.written.get(bank)
+        self.written[bank] = (lo, hi) if old is None else (min(lo, old[0]), max(hi, old[1]))
 
     # ---- static operand checks ---------------------------------------------
     def _validate(self, i: int, ins: Instr):
@@ -268,11 +384,13 @@ class _Run:
             if self.trace is not None:
                 self.trace.add(queue_name(ins.queue), pname, ins.op, ins.cycle, t.occupancy, i, ins.tag)
 
-    def _take(self, ins: Instr, stream, dtype: DType, position: int, count: int = None):
-        return self.streams.read(stream, position, ins.cycle, count or ins.count, dtype)[2]
+    def _read_stream(self, ins: Instr, stream, dtype: DType, position: int, count: int = None):
+        """(producer, offset) of the vectors a stream operand reads, after the stream checks."""
+        em, off = self.streams.read(stream, position, ins.cycle, count or ins.count, dtype)
+        return em.producer, off
 
-    def _emit(self, i: int, ins: Instr, t: tm.Timing, dtype: DType, data):
-        self.streams.emit(ins.dst, t.position, t.emit, dtype, data, t.emit_count, i)
+    def _emit(self, i: int, ins: Instr, t: tm.Timing, dtype: DType, source=None):
+        self.streams.emit(ins.dst, t.position, t.emit, dtype, t.emit_count, i, source)
 
     def _step(self, i: int, ins: Instr, done_before: int) -> int:
         op = ins.op
@@ -289,26 +407,45 @@ class _Run:
 
     # MEM
     def _mem_read(self, i, ins, t, _):
-        data = self.sram.read(ins.unit, ins.addr, ins.stride, ins.count, ins.dtype.np, ins.cycle, i,
-                              inner=ins.aux0, outer=ins.aux1)
+        w = ins.dtype.itemsize
+        index = self.sram.read(ins.unit, ins.addr, ins.stride, ins.count, w, ins.cycle, i,
+                               inner=ins.aux0, outer=ins.aux1)
         self._count_sram(ins, read=True)
         source = (ins.unit, ins.addr, ins.stride, ins.aux0, ins.aux1, ins.dtype, int(self.sram.generation[ins.unit]))
-        self.streams.emit(ins.dst, t.position, t.emit, ins.dtype, data, t.emit_count, i, source)
+        self._emit(i, ins, t, ins.dtype, source)
+        spec = self.sram.vectors_spec(ins.unit, ins.addr, ins.stride, ins.count, w, w, ins.aux0, ins.aux1)
+        if spec is None:
+            self._do(Executor.mem_read_lines, i, ins.unit, index, ins.count, ins.dtype.np)
+        else:
+            if len(spec[0]) == 2:
+                self._reads.append((len(self.steps), i, ins.unit, index))
+            self._do(Executor.mem_read, i, spec, ins.count, ins.dtype.np, True)
 
     def _mem_write(self, i, ins, t, _):
-        data = self._take(ins, ins.src0, ins.dtype, t.position)
-        self.sram.write(ins.unit, ins.addr, ins.stride, ins.count, data, ins.dtype.np,
-                        ins.cycle + self.cfg.latency["mem_write"], i, inner=ins.aux0, outer=ins.aux1)
+        p, off = self._read_stream(ins, ins.src0, ins.dtype, t.position)
+        w = ins.dtype.itemsize
+        index = self.sram.write(ins.unit, ins.addr, ins.stride, ins.count, w,
+                                ins.cycle + self.cfg.latency["mem_write"], i, inner=ins.aux0, outer=ins.aux1)
+        self._note_write(ins.unit, index)
         self._count_sram(ins, read=False)
+        spec = self.sram.vectors_spec(ins.unit, ins.addr, ins.stride, ins.count, w, w, ins.aux0, ins.aux1,
+                                      write=True)
+        if spec is None:
+            self._do(Executor.mem_write_lines, ins.unit, index, p, off, ins.count)
+        else:
+            self._do(Executor.mem_write, spec, p, off, ins.count)
 
     def _mem_gather(self, i, ins, t, _):
-        idx = self._take(ins, ins.src0, DType.INT32, t.position)
-        data = None
-        if idx is not None:
+        # The addresses are data: only a functional run can check them, and no replay can skip that.
+        self.replayable = False
+        p, off = self._read_stream(ins, ins.src0, DType.INT32, t.position)
+        if self.ex is not None:
+            idx = self.ex.operand(p, off, ins.count)
             addrs = ins.addr + idx[:, 0].astype(np.int64) * ins.stride
-            data = self.sram.gather(ins.unit, addrs, ins.dtype.np, ins.cycle, i)
+            index = self.sram.gather(ins.unit, addrs, ins.dtype.itemsize, ins.cycle, i)
+            self._do(Executor.mem_read_lines, i, ins.unit, index, ins.count, ins.dtype.np)
         self._count_sram(ins, read=True)
-        self._emit(i, ins, t, ins.dtype, data)
+        self._emit(i, ins, t, ins.dtype)
 
     def _count_sram(self, ins, read: bool):
         nbytes = ins.count * self.cfg.lanes * ins.dtype.itemsize
@@ -323,33 +460,36 @@ class _Run:
     # DMA
     def _host_range(self, ins):
         nbytes = ins.count * self.cfg.lanes * ins.dtype.itemsize
-        if ins.aux0 < 0 or ins.aux0 + nbytes > len(self.host):
+        if ins.aux0 < 0 or ins.aux0 + nbytes > self.host_size:
             raise Race("address-out-of-range", f"off-chip bytes {ins.aux0}..{ins.aux0 + nbytes - 1} outside "
-                                               f"the program's {len(self.host)} bytes of off-chip memory")
-        return slice(ins.aux0, ins.aux0 + nbytes), nbytes
+                                               f"the program's {self.host_size} bytes of off-chip memory")
+        return ins.aux0, nbytes
 
     def _dma_load(self, i, ins, t, _):
-        rng, nbytes = self._host_range(ins)
-        data = None
-        if not self.timing_only:
-            data = self.host[rng].view(ins.dtype.np).reshape(ins.count, self.cfg.lanes)
-        self.sram.write(ins.slice, ins.addr, ins.stride, ins.count, data, ins.dtype.np, t.done, i,
-                        per_vector=False)
+        lo, nbytes = self._host_range(ins)
+        index = self.sram.write(ins.slice, ins.addr, ins.stride, ins.count, ins.dtype.itemsize, t.done, i,
+                                per_vector=False)
+        self._note_write(ins.slice, index)
         self.counters.offchip_bytes_read += nbytes
         self.counters.sram_bytes_written += nbytes
         self.counters.by_tag[ins.tag].offchip_bytes += nbytes
         self.counters.by_tag[ins.tag].sram_bytes_written += nbytes
+        spec = self.sram.vectors_spec(ins.slice, ins.addr, ins.stride, ins.count, ins.dtype.itemsize, 1, write=True)
+        if spec is None:
+            self._do(Executor.dma_load_lines, ins.slice, index, lo, lo + nbytes)
+        else:
+            self._do(Executor.dma_load, spec, lo, lo + nbytes)
 
     def _dma_store(self, i, ins, t, _):
-        rng, nbytes = self._host_range(ins)
-        data = self.sram.read(ins.slice, ins.addr, ins.stride, ins.count, ins.dtype.np, ins.cycle, i,
-                              per_vector=False)
-        if data is not None:
-            self.host[rng] = np.ascontiguousarray(data).view(np.uint8).ravel()
+        lo, nbytes = self._host_range(ins)
+        index = self.sram.read(ins.slice, ins.addr, ins.stride, ins.count, ins.dtype.itemsize, ins.cycle, i,
+                               per_vector=False)
         self.counters.offchip_bytes_written += nbytes
         self.counters.sram_bytes_read += nbytes
         self.counters.by_tag[ins.tag].offchip_bytes += nbytes
         self.counters.by_tag[ins.tag].sram_bytes_read += nbytes
+        spec = self.sram.vectors_spec(ins.slice, ins.addr, ins.stride, ins.count, ins.dtype.itemsize, 1)
+        self._do(Executor.dma_store, spec, lo, lo + nbytes)
 
     # MXM
     def _mxm_install(self, i, ins, t, _):
@@ -357,24 +497,13 @@ class _Run:
         if ins.cycle < buf.busy_until:
             raise Race("weights-in-use", f"weight buffer {ins.buf} of plane {ins.unit} is in use until cycle "
                                          f"{buf.busy_until}")
-        em, off, rows = self.streams.read(ins.src0, t.position, ins.cycle, ins.count, ins.dtype)
+        em, off = self.streams.read(ins.src0, t.position, ins.cycle, ins.count, ins.dtype)
         buf.dtype, buf.rows, buf.width, buf.installer = ins.dtype, ins.count, ins.aux0, i
-        buf.matrix = None if rows is None else self._weights_matrix(em, off, rows, ins.aux0)
         buf.ready = t.done
         buf.busy_until = t.done
-
-    def _weights_matrix(self, em, off, rows, width):
-        """The installed matrix; the same SRAM rows (unchanged since) convert only once, as a
-        layer installs each weight tile once per output block."""
-        if em.source is None:
-            return nx.weights_matrix(rows, width)
-        key = (em.source, off, len(rows), width)
-        matrix = self._installed.get(key)
-        if matrix is None:
-            if len(self._installed) >= 256:
-                self._installed.pop(next(iter(self._installed)))
-            matrix = self._installed[key] = nx.weights_matrix(rows, width)
-        return matrix
+        # The same SRAM rows, unchanged since, give the same weights: the key says which.
+        wkey = None if em.source is None else em.source + (off, ins.count)
+        self._do(Executor.mxm_install, ins.unit, ins.buf, em.producer, off, ins.count, ins.aux0, wkey)
 
     def _mxm_multiply(self, i, ins, t, _):
         plane, cfg = ins.unit, self.cfg
@@ -388,7 +517,7 @@ class _Run:
         if kind != nx.acc_kind(buf.dtype) or (kind == nx.ACC_FLOAT and ins.dtype != buf.dtype):
             raise Race("dtype-mismatch", f"{ins.dtype.short} activations cannot multiply {buf.dtype.short} "
                                          f"weights in buffer {ins.buf}")
-        em, off, x = self.streams.read(ins.src0, t.position, ins.cycle, ins.count, ins.dtype)
+        em, off = self.streams.read(ins.src0, t.position, ins.cycle, ins.count, ins.dtype)
         rate = tm.mxm_rate(cfg, ins.dtype, buf.dtype)
         n, rows = ins.count, slice(ins.addr, ins.addr + ins.count)
         self.acc_stamps.check_range(plane, ins.addr, 1, n, 1, "accumulator row")
@@ -407,10 +536,9 @@ class _Run:
         macs = n * buf.rows * buf.width
         self.counters.macs += macs
         self.counters.by_tag[ins.tag].macs += macs
-        if x is None:
-            return
-        source = None if em.source is None else em.source + (off, n)
-        self.accs.multiply(plane, ins.addr, x, source, buf.matrix, buf.width, kind, ins.op == "mxm.mac")
+        xkey = None if em.source is None else em.source + (off, n)
+        self._do(Executor.mxm_multiply, plane, ins.buf, ins.addr, em.producer, off, n, xkey, kind,
+                 ins.op == "mxm.mac")
 
     def _acc_access(self, plane, ins, rate, first, i, read):
         # Accumulator rows land one every `rate` cycles: stamp each row with its own cycle.
@@ -430,73 +558,45 @@ class _Run:
                        f"drain as {ins.dtype.short} of accumulator row {ins.addr + bad} of plane {plane}, which "
                        + ("was never written" if kinds[bad] == 0 else "holds the other accumulator type"))
         self._acc_access(plane, ins, 1, ins.cycle, i, read=True)
-        data = None
-        if not self.timing_only:
-            data = self.accs.read(plane, ins.addr, ins.count, want)
-        self._emit(i, ins, t, ins.dtype, data)
+        self._do(Executor.mxm_drain, i, plane, ins.addr, ins.count, want)
+        self._emit(i, ins, t, ins.dtype)
 
     # VXM
     def _vxm(self, i, ins, t, _):
         op, dt = ins.op, ins.dtype
-        a = self._take(ins, ins.src0, dt, t.position)
-        b = None
+        a = self._read_stream(ins, ins.src0, dt, t.position)
+        b = imm = None
         out_dt = dt
         if op in VXM_BINARY or op == "vxm.requant":
             if ins.src1 is not None:
-                b = self._take(ins, ins.src1, DType.FP32 if op == "vxm.requant" else dt, t.position)
+                b = self._read_stream(ins, ins.src1, DType.FP32 if op == "vxm.requant" else dt, t.position)
             else:
-                b = float(np.float32(ins.imm)) if op == "vxm.requant" else nx.imm_value(ins.imm, dt)
+                imm = float(np.float32(ins.imm)) if op == "vxm.requant" else nx.imm_value(ins.imm, dt)
         if op in VXM_TRANSCENDENTAL and not dt.is_float:
             raise nx.NumericsError(f"{op} needs a float dtype, got {dt.short}")
         if op in ("vxm.cvt", "vxm.requant"):
             out_dt = ins.out_dtype
         if op == "vxm.reduce_sum" and dt in (DType.INT8, DType.UINT8):
             raise nx.NumericsError("reduce_sum of int8/uint8 would overflow; convert to int32 first")
-        self._emit(i, ins, t, out_dt, None if a is None else self._vxm_compute(ins, a, b, out_dt))
-
-    @staticmethod
-    def _vxm_compute(ins, a, b, out_dt):
-        op, dt = ins.op, ins.dtype
-        with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the hardware's, not errors
-            if op in VXM_BINARY:
-                return nx.binary(op, a, b, dt)
-            if op in VXM_TRANSCENDENTAL:
-                return nx.unary(op, a, dt)
-            if op == "vxm.cvt":
-                return nx.to_dtype(a.astype(np.float64) if dt.is_float else a, out_dt)
-            if op == "vxm.requant":
-                return nx.requant(a, b, ins.aux0, out_dt)
-            return nx.reduce(op, a, ins.aux0, dt)
+        self._do(Executor.vxm, i, op, dt, out_dt, ins.count, a, b, imm, ins.aux0)
+        self._emit(i, ins, t, out_dt)
 
     # SXM
     def _sxm(self, i, ins, t, _):
-        op, dt = ins.op, ins.dtype
-        a = self._take(ins, ins.src0, dt, t.position)
-        out = None
-        if a is not None:
-            if op == "sxm.shift":
-                out = nx.shift(a, ins.aux0)
-            elif op == "sxm.rotate":
-                out = nx.rotate(a, ins.aux0)
-            elif op == "sxm.permute":
-                out = nx.permute(a, np.asarray(self.program.tables[ins.aux0]))
-            elif op == "sxm.transpose":
-                out = nx.transpose(a, ins.aux0)
-            elif op == "sxm.broadcast":
-                out = nx.broadcast(a, ins.aux0)
-            else:
-                out = nx.pad(a, ins.aux0, ins.aux1)
-        self._emit(i, ins, t, dt, out)
+        a = self._read_stream(ins, ins.src0, ins.dtype, t.position)
+        self._do(Executor.sxm, i, ins.op, ins.count, a, ins.aux0, ins.aux1)
+        self._emit(i, ins, t, ins.dtype)
 
     # C2C: each link loops back to this chip.
     def _c2c_send(self, i, ins, t, _):
-        data = self._take(ins, ins.src0, ins.dtype, t.position)
-        self.links[ins.unit].append(_Message(t.done, ins.dtype, data, ins.count, i))
+        p, off = self._read_stream(ins, ins.src0, ins.dtype, t.position)
+        self.links[ins.unit].append(_Message(t.done, ins.dtype, ins.count, i))
         nbytes = ins.count * self.cfg.lanes * ins.dtype.itemsize
         self.counters.c2c_bytes_sent += nbytes
+        self._do(Executor.c2c_send, i, p, off, ins.count)
 
     def _c2c_recv(self, i, ins, t, _):
-        link, need, parts = self.links[ins.unit], ins.count, []
+        link, need, parts, done = self.links[ins.unit], ins.count, [], []
         while need:
             if not link:
                 raise Race("c2c-empty", f"link {ins.unit} has {ins.count - need} of the {ins.count} vectors "
@@ -509,14 +609,16 @@ class _Run:
                 raise Race("dtype-mismatch", f"link {ins.unit} carries {m.dtype.short}, receive expects "
                                              f"{ins.dtype.short}")
             k = min(need, m.count - m.taken)
-            if m.data is not None:
-                parts.append(m.data[m.taken:m.taken + k])
+            parts.append((m.sender, m.taken, k))
             m.taken += k
             need -= k
             if m.taken == m.count:
                 link.popleft()
-        data = np.concatenate(parts) if parts else None
-        self._emit(i, ins, t, ins.dtype, data)
+                done.append(m.sender)
+        self._do(Executor.c2c_recv, i, tuple(parts))
+        if done:
+            self._do(Executor.free, tuple(done))
+        self._emit(i, ins, t, ins.dtype)
 
     def _sync(self, i, ins, t, done_before):
         if done_before > ins.cycle:

@@ -15,8 +15,6 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..target.isa import DType, Stream
 
 
@@ -32,7 +30,6 @@ class Emission:
     d1: int  # exclusive
     position: int
     dtype: DType
-    data: "np.ndarray | None"
     producer: int  # instruction index
     last_cycle: int  # cycle at which its last vector leaves the chip
     source: "tuple | None" = None  # (slice, addr, stride, dtype, generation) for values read from SRAM
@@ -44,7 +41,7 @@ class StreamNetwork:
         self._starts: dict = {}  # Stream -> sorted list of d0
         self._emissions: dict = {}  # Stream -> list of Emission, same order
 
-    def emit(self, stream: Stream, position: int, first_cycle: int, dtype: DType, data, count: int, producer: int,
+    def emit(self, stream: Stream, position: int, first_cycle: int, dtype: DType, count: int, producer: int,
              source=None):
         d0 = first_cycle - stream.sign * position
         d1 = d0 + count
@@ -61,10 +58,11 @@ class StreamNetwork:
         edge = self.positions - 1 if stream.sign > 0 else 0
         last = d1 - 1 + stream.sign * edge
         starts.insert(i, d0)
-        ems.insert(i, Emission(d0, d1, position, dtype, data, producer, last, source))
+        ems.insert(i, Emission(d0, d1, position, dtype, producer, last, source))
 
     def read(self, stream: Stream, position: int, first_cycle: int, count: int, dtype: DType):
-        """Return (emission, offset, data) of the vectors passing ``position`` from ``first_cycle``."""
+        """Return (emission, offset) of the vectors passing ``position`` from ``first_cycle``: they are
+        vectors ``offset ..`` of what instruction ``emission.producer`` emitted."""
         d0 = first_cycle - stream.sign * position
         starts = self._starts.get(stream, ())
         i = bisect.bisect_right(starts, d0) - 1
@@ -85,14 +83,16 @@ class StreamNetwork:
             raise StreamFault("dtype-mismatch",
                               f"stream {stream}: expects {dtype.short} but carries {em.dtype.short} "
                               f"(from instruction #{em.producer})")
-        off = d0 - em.d0
-        data = None if em.data is None else em.data[off:off + count]
-        return em, off, data
+        return em, d0 - em.d0
 
-    def prune(self, now: int):
-        """Forget values that have left the chip before cycle ``now``."""
+    def prune(self, now: int) -> list:
+        """Forget values that have left the chip before cycle ``now``; returns their producers."""
+        gone = []
         for stream, ems in self._emissions.items():
             if ems and any(e.last_cycle < now for e in ems):
-                keep = [e for e in ems if e.last_cycle >= now]
+                keep = []
+                for e in ems:
+                    (keep if e.last_cycle >= now else gone).append(e)
                 self._emissions[stream] = keep
                 self._starts[stream] = [e.d0 for e in keep]
+        return [e.producer for e in gone]

@@ -80,7 +80,24 @@ class Hand:
                        bindings=list(self.bindings), tables=list(self.tables), name=self.name)
 
     def run(self, inputs=None, **kw):
-        return Simulator(self.cfg).run(self.program(), inputs, **kw)
+        """Run on a fresh simulator. A functional run that passes is run again on the same
+        simulator, which replays the verified program: both must agree bit for bit."""
+        sim, prog = Simulator(self.cfg), self.program()
+        result = sim.run(prog, inputs, **kw)
+        if not kw.get("timing_only") and not kw.get("trace"):
+            again = sim.run(prog, inputs, **kw)
+            assert_same_result(again, result)
+        return result
+
+
+def assert_same_result(got, want):
+    """Bitwise-equal outputs and equal counters."""
+    assert got.outputs.keys() == want.outputs.keys()
+    for name, w in want.outputs.items():
+        g = got.outputs[name]
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        assert np.array_equal(g.view(np.uint8), w.view(np.uint8)), f"output {name} differs"
+    assert got.counters.to_json() == want.counters.to_json()
 
 
 # ---- independent numeric references ---------------------------------------------

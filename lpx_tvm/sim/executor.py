@@ -1,0 +1,162 @@
+"""The functional half of a run: the machine's data, changed by one step per instruction.
+
+The schedule checker (``simulator._Run``) turns each instruction into a *step*: a
+function of this module's :class:`Executor` and arguments that the checks resolved —
+which SRAM lines an access touches, which earlier instruction produced the values a
+stream operand reads and from which offset, the weights' and activations' reuse keys.
+A step does only arithmetic and data movement, on whole tiles, with no timing. Steps
+run either right after their instruction's checks (a checked functional run), or, for
+a program whose schedule this simulator has already verified, straight from the
+recorded list (a replay; see docs/design.md, "Verify once, replay").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..target.isa import VXM_BINARY, VXM_TRANSCENDENTAL
+from ..target.layout import coerce, read_tensor, tensor_tiles
+from . import numerics as nx
+from .memory import Banked
+from .mxm import Accumulators
+
+
+class Executor:
+    """Data of one functional run: SRAM bytes, accumulators, off-chip memory, and the
+    values each instruction put on a stream (by instruction index), kept until the
+    checker has seen them leave the chip."""
+
+    def __init__(self, cfg, program, sram: Banked, accs: Accumulators):
+        self.cfg = cfg
+        self.lanes = cfg.lanes
+        self.program = program
+        self.sram = sram
+        self.flat = sram.flat
+        self.accs = accs
+        self.host = np.zeros(max(program.host_bytes, len(program.host_init)), np.uint8)
+        if program.host_init:
+            self.host[:len(program.host_init)] = np.frombuffer(program.host_init, np.uint8)
+        self.vals = {}  # producer instruction -> (count, lanes) values it emitted
+        self.wbuf = {}  # (plane, buffer) -> (installed rows, width, reuse key)
+
+    # ---- before and after the instructions ---------------------------------
+    def load_image(self):
+        """The program's initial SRAM image (checked to fit by the simulator)."""
+        lanes = self.lanes
+        for img in self.program.sram_init:
+            nlines = len(img.data) // lanes
+            raw = np.frombuffer(img.data, np.uint8).reshape(nlines, lanes)
+            self.sram.poke(img.slice, slice(img.addr, img.addr + nlines), raw)
+
+    def load_inputs(self, inputs: dict):
+        for b in self.program.inputs:
+            arr = coerce(b.name, inputs[b.name], b.layout)
+            for sl, lines, raw in tensor_tiles(b.layout, arr, self.lanes):
+                self.sram.poke(sl, lines, raw)
+
+    def read_outputs(self) -> dict:
+        return {b.name: read_tensor(b.layout, self.sram.peek, self.lanes) for b in self.program.outputs}
+
+    def replay(self, steps):
+        for fn, args in steps:
+            fn(self, *args)
+
+    def operand(self, producer: int, off: int, count: int) -> np.ndarray:
+        return self.vals[producer][off:off + count]
+
+    def free(self, producers: tuple):
+        vals = self.vals
+        for p in producers:
+            vals.pop(p, None)
+
+    # ---- MEM / DMA -----------------------------------------------------------
+    # An access is a strided ndarray over the SRAM bytes (see Banked.vectors_spec), or,
+    # for the few patterns without one, a gather/scatter of line numbers.
+    def mem_read(self, i, spec, count, dtype, copy):
+        shape, offset, strides = spec
+        v = np.ndarray(shape, dtype, self.flat, offset, strides)
+        if len(shape) == 3:
+            v = v.reshape(count, self.lanes)  # a copy: rows in groups
+        elif copy:
+            v = v.copy()
+        self.vals[i] = v
+
+    def mem_read_lines(self, i, bank, index, count, dtype):
+        self.vals[i] = self.sram.load(bank, index, count, dtype)
+
+    def mem_write(self, spec, producer, off, count):
+        v = self.vals[producer][off:off + count]
+        shape, offset, strides = spec
+        np.ndarray(shape, v.dtype, self.flat, offset, strides)[...] = v.reshape(shape)
+
+    def mem_write_lines(self, bank, index, producer, off, count):
+        self.sram.store(bank, index, self.vals[producer][off:off + count])
+
+    def dma_load(self, spec, lo, hi):
+        shape, offset, strides = spec
+        np.ndarray(shape, np.uint8, self.flat, offset, strides)[...] = self.host[lo:hi].reshape(shape)
+
+    def dma_load_lines(self, bank, index, lo, hi):
+        raw = self.host[lo:hi]
+        if isinstance(index, slice):
+            self.sram.data[bank, index] = raw.reshape(-1, self.lanes)
+        else:
+            self.sram.data[bank, index] = raw.reshape(index.shape + (self.lanes,))
+
+    def dma_store(self, spec, lo, hi):
+        shape, offset, strides = spec
+        self.host[lo:hi] = np.ndarray(shape, np.uint8, self.flat, offset, strides).reshape(-1)
+
+    # ---- MXM -------------------------------------------------------------------
+    def mxm_install(self, plane, buf, producer, off, rows, width, wkey):
+        self.wbuf[plane, buf] = (self.vals[producer][off:off + rows], width, wkey)
+
+    def mxm_multiply(self, plane, buf, addr, producer, off, count, xkey, kind, accumulate):
+        rows, width, wkey = self.wbuf[plane, buf]
+        self.accs.multiply(plane, addr, self.vals[producer][off:off + count], xkey, rows, width, wkey, kind,
+                           accumulate)
+
+    def mxm_drain(self, i, plane, addr, count, kind):
+        self.vals[i] = self.accs.read(plane, addr, count, kind)
+
+    # ---- VXM / SXM -----------------------------------------------------------
+    def vxm(self, i, op, dt, out_dt, count, a, b, imm, aux0):
+        x = self.vals[a[0]][a[1]:a[1] + count]
+        y = imm if b is None else self.vals[b[0]][b[1]:b[1] + count]
+        with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the hardware's, not errors
+            if op in VXM_BINARY:
+                out = nx.binary(op, x, y, dt)
+            elif op in VXM_TRANSCENDENTAL:
+                out = nx.unary(op, x, dt)
+            elif op == "vxm.cvt":
+                out = nx.convert(x, out_dt)
+            elif op == "vxm.requant":
+                out = nx.requant(x, y, aux0, out_dt)
+            else:
+                out = nx.reduce(op, x, aux0, dt)
+        self.vals[i] = out
+
+    def sxm(self, i, op, count, a, aux0, aux1):
+        x = self.vals[a[0]][a[1]:a[1] + count]
+        if op == "sxm.shift":
+            out = nx.shift(x, aux0)
+        elif op == "sxm.rotate":
+            out = nx.rotate(x, aux0)
+        elif op == "sxm.permute":
+            out = nx.permute(x, np.asarray(self.program.tables[aux0]))
+        elif op == "sxm.transpose":
+            out = nx.transpose(x, aux0)
+        elif op == "sxm.broadcast":
+            out = nx.broadcast(x, aux0)
+        else:
+            out = nx.pad(x, aux0, aux1)
+        self.vals[i] = out
+
+    # ---- C2C -------------------------------------------------------------------
+    def c2c_send(self, i, producer, off, count):
+        self.vals[i] = self.vals[producer][off:off + count]
+
+    def c2c_recv(self, i, parts):
+        vals = self.vals
+        self.vals[i] = np.concatenate([vals[s][a:a + k] for s, a, k in parts])
+
