@@ -50,7 +50,11 @@ class Reservations:
     def __init__(self):
         self.ports = defaultdict(IntervalSet)
         self.streams = defaultdict(IntervalSet)  # (dir, id) -> busy D-intervals
-        self.accesses = defaultdict(list)  # state key -> [(lo, hi, kind, start, end)]
+        # state key -> {(lo, hi, kind): [latest end, latest issue]}. Dependencies only
+        # need the latest access of each window: repeated accesses of the same lines (an
+        # accumulator block, a weight buffer) collapse into one entry (14k -> 1.6k on
+        # ResNet-50), which lower_bound scans once per effect.
+        self.accesses = defaultdict(dict)
 
     def lower_bound(self, effects) -> int:
         """Earliest group start meeting every dependency.
@@ -63,7 +67,7 @@ class Reservations:
         (and is reported as a race)."""
         lb = 0
         for key, lo, hi, kind, rel_start, _, rel_issue in effects:
-            for plo, phi, pkind, pstart, pend, pissue in self.accesses.get(key, ()):
+            for (plo, phi, pkind), (pend, pissue) in self.accesses.get(key, {}).items():
                 if plo > hi or lo > phi:
                     continue
                 if kind == "r" and pkind == "w":
@@ -75,5 +79,11 @@ class Reservations:
         return lb
 
     def record(self, effects, t: int):
-        for key, lo, hi, kind, rel_start, rel_end, rel_issue in effects:
-            self.accesses[key].append((lo, hi, kind, t + rel_start, t + rel_end, t + rel_issue))
+        for key, lo, hi, kind, _, rel_end, rel_issue in effects:
+            window = self.accesses[key]
+            latest = window.get((lo, hi, kind))
+            if latest is None:
+                window[(lo, hi, kind)] = [t + rel_end, t + rel_issue]
+            else:
+                latest[0] = max(latest[0], t + rel_end)
+                latest[1] = max(latest[1], t + rel_issue)
