@@ -21,6 +21,23 @@ from .memory import Banked
 from .mxm import Accumulators
 
 
+def _chunks(layout, lanes):
+    """(slice, addr, first row, rows, first column, end column) of each stored chunk of a tensor."""
+    for j in range(-(-layout.cols // lanes)):
+        c0, c1 = j * lanes, min(layout.cols, (j + 1) * lanes)
+        for q in range(layout.nchunks):
+            (sl, addr), r0, n = layout.chunk(j, q)
+            yield sl, addr, r0, n, c0, c1
+
+
+def _tiles(arr, layout, lanes) -> np.ndarray:
+    """A tensor as (column tiles, rows, lanes) vectors, zero past the last column."""
+    ntiles = -(-layout.cols // lanes)
+    out = np.zeros((layout.rows, ntiles * lanes), layout.dtype.np)
+    out[:, :layout.cols] = np.asarray(arr).reshape(layout.rows, layout.cols)
+    return out.reshape(layout.rows, ntiles, lanes).transpose(1, 0, 2)
+
+
 class Executor:
     """Data of one functional run: SRAM bytes, accumulators, off-chip memory, and the
     values each instruction put on a stream (by instruction index), kept until the
@@ -51,11 +68,47 @@ class Executor:
     def load_inputs(self, inputs: dict):
         for b in self.program.inputs:
             arr = coerce(b.name, inputs[b.name], b.layout)
-            for sl, lines, raw in tensor_tiles(b.layout, arr, self.lanes):
-                self.sram.poke(sl, lines, raw)
+            if getattr(b, "offchip", None) is not None:
+                self._offchip(b)[...] = _tiles(arr, b.layout, self.lanes)
+                continue
+            for sl, addr, r0, n, c0, c1 in _chunks(b.layout, self.lanes):
+                lay = b.layout
+                if lay.row_stride < lay.dtype.itemsize:  # overlapping vectors: the generic path
+                    for sl_, lines, raw in tensor_tiles(lay, arr, self.lanes):
+                        self.sram.poke(sl_, lines, raw)
+                    break
+                dst = self._vectors(sl, addr, n, lay)
+                dst[:, :c1 - c0] = arr.reshape(lay.rows, lay.cols)[r0:r0 + n, c0:c1]
+                dst[:, c1 - c0:] = 0
+                self.sram.mark({sl: (addr, addr + (n - 1) * lay.row_stride + lay.dtype.itemsize - 1)})
 
     def read_outputs(self) -> dict:
-        return {b.name: read_tensor(b.layout, self.sram.peek, self.lanes) for b in self.program.outputs}
+        out = {}
+        for b in self.program.outputs:
+            lay = b.layout
+            if getattr(b, "offchip", None) is not None:
+                mat = np.concatenate(list(self._offchip(b)), axis=1)[:, :lay.cols]
+            elif lay.row_stride < lay.dtype.itemsize:
+                mat = read_tensor(lay, self.sram.peek, self.lanes)
+            else:
+                mat = np.empty((lay.rows, lay.cols), lay.dtype.np)
+                for sl, addr, r0, n, c0, c1 in _chunks(lay, self.lanes):
+                    mat[r0:r0 + n, c0:c1] = self._vectors(sl, addr, n, lay)[:, :c1 - c0]
+            out[b.name] = mat.reshape(lay.shape)
+        return out
+
+    def _vectors(self, sl, addr, n, layout) -> np.ndarray:
+        """The (n, lanes) vectors of a tensor chunk, as a view of the SRAM."""
+        L, w = self.lanes, layout.dtype.itemsize
+        return np.ndarray((n, L), layout.dtype.np, self.flat, (sl * self.sram.lines + addr) * L,
+                          (layout.row_stride * L, w))
+
+    def _offchip(self, b) -> np.ndarray:
+        """An off-chip binding's (column tiles, rows, lanes) vectors, a view of the off-chip memory."""
+        lay, L = b.layout, self.lanes
+        ntiles = -(-lay.cols // L)
+        nbytes = ntiles * lay.rows * L * lay.dtype.itemsize
+        return self.host[b.offchip:b.offchip + nbytes].view(lay.dtype.np).reshape(ntiles, lay.rows, L)
 
     def replay(self, steps):
         for fn, args in steps:

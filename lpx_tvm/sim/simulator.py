@@ -242,7 +242,15 @@ class _Run:
                 raise ProgramError(f"initial SRAM image at slice {img.slice} line {img.addr} "
                                    f"({len(img.data)} bytes) does not fit the SRAM")
         for b in prog.bindings:
-            check_layout(b.layout, cfg.lanes, cfg.mem_slices, cfg.lines_per_slice, f"binding {b.name!r}")
+            off = getattr(b, "offchip", None)
+            if off is None:
+                check_layout(b.layout, cfg.lanes, cfg.mem_slices, cfg.lines_per_slice, f"binding {b.name!r}")
+                continue
+            lay = b.layout
+            nbytes = -(-lay.cols // cfg.lanes) * lay.rows * cfg.lanes * lay.dtype.itemsize
+            if off < 0 or off + nbytes > self.host_size:
+                raise ProgramError(f"binding {b.name!r}: off-chip bytes {off}..{off + nbytes - 1} outside the "
+                                   f"program's {self.host_size} bytes of off-chip memory")
 
     # ---- driver -----------------------------------------------------------
     def execute(self, inputs: dict, ex: "Executor | None") -> SimResult:

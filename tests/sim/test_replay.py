@@ -15,11 +15,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from lpx_tvm.errors import ScheduleHazard
+from lpx_tvm.errors import ProgramError, ScheduleHazard
 from lpx_tvm.sim import Simulator
 from lpx_tvm.sim import simulator as simmod
 from lpx_tvm.target.builder import ProgramBuilder
 from lpx_tvm.target.isa import DType
+from lpx_tvm.target.program import Binding, TensorLayout
 
 from lpx_hand import E, Hand, W, assert_same_result
 
@@ -213,3 +214,45 @@ def test_activations_overwritten_before_the_drain(dtype):
         assert np.allclose(first.outputs["Y"], ref, rtol=1e-5, atol=1e-5)
     else:
         assert np.array_equal(first.outputs["Y"], ref.astype(np.int32))
+
+
+@pytest.mark.skipif("offchip" not in Binding.__dataclass_fields__, reason="no off-chip bindings")
+def test_offchip_bindings():
+    """Inputs and outputs in off-chip memory (column tile after column tile), through a DMA
+    round trip: load the input into SRAM, store it back to the output's bytes."""
+    rows, cols, w = 5, 2 * LANES + 3, 2
+    x = RNG.standard_normal((rows, cols)).astype(np.float16)
+    h = Hand()
+    ntiles = 3
+    nbytes = ntiles * rows * LANES * w
+    h.host_bytes = 2 * nbytes
+    layout = TensorLayout((rows, cols), DType.FP16, (), w)
+    h.bindings.append(Binding("X", "input", layout, offchip=0))
+    h.bindings.append(Binding("Y", "output", layout, offchip=nbytes))
+    d = dma_cycles(h, ntiles * rows, "fp16")
+    h.add("dma.load", 0, unit=0, slice=3, addr=0, stride=w, count=ntiles * rows, dtype="fp16", aux0=0)
+    h.add("dma.store", d, unit=0, slice=3, addr=0, stride=w, count=ntiles * rows, dtype="fp16", aux0=nbytes)
+    r = h.run({"X": x})
+    assert np.array_equal(r.outputs["Y"].view(np.uint16), x.view(np.uint16))
+    # the SRAM holds the tiles one after another, zero past the last column
+    got = Simulator("mini")
+    h.bindings.append(Binding("S", "output", TensorLayout((ntiles * rows, LANES), DType.FP16, ((3, 0),), w)))
+    s = got.run(h.program(), {"X": x}).outputs["S"].reshape(ntiles, rows, LANES)
+    want = np.zeros((rows, ntiles * LANES), np.float16)
+    want[:, :cols] = x
+    assert np.array_equal(s.view(np.uint16), want.reshape(rows, ntiles, LANES).transpose(1, 0, 2).view(np.uint16))
+
+
+def test_offchip_binding_outside_the_offchip_memory():
+    if "offchip" not in Binding.__dataclass_fields__:
+        pytest.skip("no off-chip bindings")
+    h = Hand()
+    h.host_bytes = 100
+    h.bindings.append(Binding("X", "input", TensorLayout((2, LANES), DType.INT8, (), 1), offchip=80))
+    with pytest.raises(ProgramError, match="off-chip"):
+        h.run({"X": np.zeros((2, LANES), np.int8)})
+
+
+def dma_cycles(h, n, dtype):
+    nbytes = n * h.lanes * DType.parse(dtype).itemsize
+    return h.cfg.offchip_latency + -(-nbytes * h.cfg.clock_hz // h.cfg.offchip_bytes_per_s)
