@@ -7,8 +7,10 @@ also busy with other work, one descheduled thread stalls the rest, and the same
 matmuls take several times longer than on one thread (measured on a shared 2-core
 machine: the ResNet-50 tiles took 1.5 - 2.6 s on two threads, 0.15 - 0.2 s on one).
 So the simulator asks numpy's OpenBLAS for one thread for the duration of a run and
-restores the previous count afterwards. OpenBLAS's thread count is process-wide: a
-matmul that another Python thread runs meanwhile also gets one thread.
+restores the previous count afterwards, except around single matmuls big enough for
+the threads' synchronization to be a small part of their time (:func:`threads_for`).
+OpenBLAS's thread count is process-wide: a matmul that another Python thread runs
+meanwhile also gets one thread.
 
 Where numpy's BLAS is not an OpenBLAS this module can find, it changes nothing.
 """
@@ -23,6 +25,12 @@ import os
 import numpy as np
 
 _API = None  # (get, set) once looked up; () when there is none
+_SAVED = []  # thread counts that one_thread() replaced, innermost last
+
+# Multiply-adds from which a matmul runs on the threads one_thread() took away: about
+# 10 ms of one core's work (e.g. 2048 x 2048 x 320), where a thread's start and the
+# barrier at the end cost little.
+THREADED_MACS = 1 << 27
 
 
 def _candidates():
@@ -71,7 +79,24 @@ def one_thread():
         yield
         return
     set_(1)
+    _SAVED.append(old)
     try:
         yield
     finally:
+        _SAVED.pop()
         set_(old)
+
+
+@contextlib.contextmanager
+def threads_for(macs: int):
+    """Inside :func:`one_thread`: a matmul of ``macs`` multiply-adds gets the threads that
+    one_thread() took away when it is at least :data:`THREADED_MACS`."""
+    if macs < THREADED_MACS or not _SAVED:
+        yield
+        return
+    get, set_ = _api()
+    set_(_SAVED[-1])
+    try:
+        yield
+    finally:
+        set_(1)

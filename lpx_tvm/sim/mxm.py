@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import blas
 from . import numerics as nx
 
 # Bytes of concatenated fp32 operands kept for reuse (each cache).
@@ -142,11 +143,12 @@ class Accumulators:
             x = self._concat(self._acts, entry.xs, entry.xkeys, None, 1)
             w = self._concat(self._weights, entry.ws, entry.wkeys, width, 0)
             target = self.acc_f[plane, a:a + m]
-            if width == target.shape[1]:
-                np.matmul(x, w, out=target)
-            else:
-                np.matmul(x, w, out=target[:, :width])
-                target[:, width:] = 0
+            with blas.threads_for(m * w.shape[0] * width):
+                if width == target.shape[1]:
+                    np.matmul(x, w, out=target)
+                else:
+                    np.matmul(x, w, out=target[:, :width])
+                    target[:, width:] = 0
 
     @staticmethod
     def _concat(cache: _Cache, parts: list, keys: list, width, axis: int) -> np.ndarray:
