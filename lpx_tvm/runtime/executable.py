@@ -6,6 +6,10 @@ registers one Python packed function per region; it converts the VM's NCHW tenso
 the region's NHWC storage, runs the region's Program on a simulator of the machine,
 and writes the outputs back. Cycles add up across regions; time spent in CPU ops is
 measured apart.
+
+Making an executable (building or loading one) verifies every region's schedule on its
+simulator, so a program that breaks a timing rule fails there, and every run replays
+the verified programs (docs/design.md, "Verify once, replay").
 """
 
 from __future__ import annotations
@@ -75,6 +79,8 @@ class LPXExecutable:
         self.offload = offload
         self.stats = RunStats()
         self._sim = Simulator(config)
+        for region in regions.values():
+            self._sim.verify(region.program)
 
     def register(self):
         """Register the regions' packed functions (needed before a VirtualMachine is made)."""
