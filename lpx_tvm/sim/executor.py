@@ -4,10 +4,10 @@ The schedule checker (``simulator._Run``) turns each instruction into a *step*: 
 function of this module's :class:`Executor` and arguments that the checks resolved —
 which SRAM lines an access touches, which earlier instruction produced the values a
 stream operand reads and from which offset, the weights' and activations' reuse keys.
-A step does only arithmetic and data movement, on whole tiles, with no timing. Steps
-run either right after their instruction's checks (a checked functional run), or, for
-a program whose schedule this simulator has already verified, straight from the
-recorded list (a replay; see docs/design.md, "Verify once, replay").
+A step does only arithmetic and data movement, on whole tiles, with no timing. A
+functional run replays the steps of the verified program (see docs/design.md, "Verify
+once, replay"); only programs with data-dependent addresses (``mem.gather``) run each
+step right after its instruction's checks.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..target.isa import VXM_BINARY, VXM_TRANSCENDENTAL
-from ..target.layout import coerce, read_tensor, tensor_tiles
+from ..target.layout import read_tensor, tensor_tiles
 from . import numerics as nx
 from .memory import Banked
 from .mxm import Accumulators
@@ -65,9 +65,10 @@ class Executor:
             raw = np.frombuffer(img.data, np.uint8).reshape(nlines, lanes)
             self.sram.poke(img.slice, slice(img.addr, img.addr + nlines), raw)
 
-    def load_inputs(self, inputs: dict):
+    def load_inputs(self, arrays: dict):
+        """Store the inputs (already checked and converted to their layouts' dtypes)."""
         for b in self.program.inputs:
-            arr = coerce(b.name, inputs[b.name], b.layout)
+            arr = arrays[b.name]
             if getattr(b, "offchip", None) is not None:
                 self._offchip(b)[...] = _tiles(arr, b.layout, self.lanes)
                 continue
@@ -161,13 +162,19 @@ class Executor:
         self.host[lo:hi] = np.ndarray(shape, np.uint8, self.flat, offset, strides).reshape(-1)
 
     # ---- MXM -------------------------------------------------------------------
-    def mxm_install(self, plane, buf, producer, off, rows, width, wkey):
-        self.wbuf[plane, buf] = (self.vals[producer][off:off + rows], width, wkey)
+    def mxm_install(self, plane, buf, producer, off, rows, width):
+        self.wbuf[plane, buf] = (self.vals[producer][off:off + rows], width)
 
-    def mxm_multiply(self, plane, buf, addr, producer, off, count, xkey, kind, accumulate):
-        rows, width, wkey = self.wbuf[plane, buf]
-        self.accs.multiply(plane, addr, self.vals[producer][off:off + count], xkey, rows, width, wkey, kind,
-                           accumulate)
+    def mxm_split(self, plane, buf, block, producer, off, count):
+        rows, width = self.wbuf[plane, buf]
+        self.accs.split(block, self.vals[producer][off:off + count], rows, width)
+
+    def mxm_settle(self, plane, block, addr, count, xkeep, wkeep):
+        self.accs.settle(plane, block, addr, count, xkeep, wkeep)
+
+    def mxm_now(self, plane, buf, addr, producer, off, count, wkey, kind, accumulate):
+        rows, width = self.wbuf[plane, buf]
+        self.accs.now(plane, addr, self.vals[producer][off:off + count], rows, width, wkey, kind, accumulate)
 
     def mxm_drain(self, i, plane, addr, count, kind):
         self.vals[i] = self.accs.read(plane, addr, count, kind)

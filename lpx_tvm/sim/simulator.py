@@ -9,7 +9,8 @@ with a :class:`~lpx_tvm.errors.ScheduleHazard` naming the instruction, unit and 
 
 from __future__ import annotations
 
-from collections import deque
+import bisect
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 import operator
@@ -21,8 +22,7 @@ from ..errors import ProgramError, ScheduleHazard
 from ..target import timing as tm
 from ..target.config import MXM_DTYPES, LPXConfig, load_config
 from ..target.isa import ISA_VERSION, NOPS, VXM_BINARY, VXM_REDUCE, VXM_TRANSCENDENTAL, DType, Instr, Unit, queue_name
-from ..target.layout import (check_layout, coerce, offchip_bytes, offchip_nbytes, read_offchip, read_tensor,
-                             tensor_tiles)
+from ..target.layout import check_layout, coerce
 from ..target.program import Program
 from . import blas
 from . import numerics as nx
@@ -89,20 +89,31 @@ class Simulator:
         cfg = self.config
         plan = None if timing_only or trace else self._plan_of(program)
         if plan is not None:
-            return self._replay(plan, inputs)
-        if not timing_only and self._accs is None:
-            self._accs = Accumulators(cfg.mxm_planes, cfg.mxm_acc_rows, cfg.lanes)
-        self._sram.start_run(not timing_only)
+            return self._replay(plan, _coerce_inputs(program, inputs, True))
+        # mem.gather reads addresses from data: its programs compute while they are checked.
+        lockstep = not timing_only and any(ins.op == "mem.gather" for ins in program.instrs)
+        self._sram.start_run(lockstep)
         self._acc_stamps.start_run(False)
         run = _Run(cfg, program, trace, self._sram, self._acc_stamps)
-        ex = None
-        if not timing_only:
-            self._accs.start_run()
-            ex = Executor(cfg, program, self._sram, self._accs)
-        result = run.execute(inputs, ex)
-        if run.replayable:
-            self._remember(program, run)
-        return result
+        arrays = _coerce_inputs(program, inputs, not timing_only)
+        if lockstep:
+            ex = Executor(cfg, program, self._sram, self._accs_for_run())
+            ex.load_image()
+            ex.load_inputs(arrays)
+            run.ex = ex
+            return run.execute()
+        result = run.execute()
+        plan = self._remember(program, run)
+        if timing_only:
+            return result
+        return self._replay(plan, arrays, result.trace)
+
+    def _accs_for_run(self) -> Accumulators:
+        cfg = self.config
+        if self._accs is None:
+            self._accs = Accumulators(cfg.mxm_planes, cfg.mxm_acc_rows, cfg.lanes)
+        self._accs.start_run()
+        return self._accs
 
     def verify(self, program: Program) -> SimResult:
         """Check ``program``'s whole schedule now (a timing-only run), so that its functional
@@ -116,24 +127,22 @@ class Simulator:
             return None
         return plan
 
-    def _remember(self, program: Program, run: "_Run"):
+    def _remember(self, program: Program, run: "_Run") -> "_Plan":
         key = id(program)
-        self._plans[key] = _Plan.record(program, run,
-                                        weakref.ref(program, lambda _, plans=self._plans, k=key: plans.pop(k, None)))
+        plan = _Plan.record(program, run,
+                            weakref.ref(program, lambda _, plans=self._plans, k=key: plans.pop(k, None)))
+        self._plans[key] = plan
+        return plan
 
-    def _replay(self, plan: "_Plan", inputs: dict) -> SimResult:
+    def _replay(self, plan: "_Plan", arrays: dict, trace=None) -> SimResult:
         cfg, program = self.config, plan.program()
-        _check_inputs(program, inputs, functional=True)
-        if self._accs is None:
-            self._accs = Accumulators(cfg.mxm_planes, cfg.mxm_acc_rows, cfg.lanes)
         self._sram.start_run(True)
-        self._accs.start_run()
-        ex = Executor(cfg, program, self._sram, self._accs)
+        ex = Executor(cfg, program, self._sram, self._accs_for_run())
         ex.load_image()
-        ex.load_inputs(inputs)
+        ex.load_inputs(arrays)
         self._sram.mark(plan.written)
         ex.replay(plan.steps)
-        return SimResult(ex.read_outputs(), plan.counters.copy(), cfg)
+        return SimResult(ex.read_outputs(), plan.counters.copy(), cfg, trace)
 
 
 @dataclass
@@ -154,7 +163,7 @@ class _Plan:
 
     @classmethod
     def record(cls, program: Program, run: "_Run", ref) -> "_Plan":
-        return cls(ref, cls._parts(program), [np.array(t, copy=True) for t in program.tables], run.steps,
+        return cls(ref, cls._parts(program), [np.array(t, copy=True) for t in program.tables], run.finalize(),
                    dict(run.written), run.counters.copy())
 
     def matches(self, p: Program) -> bool:
@@ -169,17 +178,22 @@ class _Plan:
             and all(np.array_equal(a, b) for a, b in zip(self.tables, p.tables))
 
 
-def _check_inputs(program: Program, inputs: dict, functional: bool):
+def _coerce_inputs(program: Program, inputs: dict, functional: bool) -> dict:
+    """Check the input names (and, for a functional run, that each is there); returns the
+    inputs converted to their layouts' dtypes."""
     names = {b.name for b in program.inputs}
     unknown = set(inputs) - names
     if unknown:
         raise ProgramError(f"unknown input(s) {sorted(unknown)}; the program's inputs are {sorted(names)}")
     if not functional:
-        return
+        return {}
+    arrays = {}
     for b in program.inputs:
         if b.name not in inputs:
             raise ProgramError(f"missing input {b.name!r} (shape {tuple(b.layout.shape)}, "
                                f"{b.layout.dtype.short})")
+        arrays[b.name] = coerce(b.name, inputs[b.name], b.layout)
+    return arrays
 
 
 @dataclass
@@ -190,6 +204,25 @@ class _WeightBuffer:
     ready: "int | None" = None  # cycle from which a multiply may use the weights
     busy_until: int = -1  # last cycle (exclusive) an install or multiply touches it
     installer: int = -1
+    producer: int = -1  # the instruction whose values were installed
+    key: "tuple | None" = None  # the SRAM lines they came from (see _mxm_install)
+
+
+@dataclass
+class _Block:
+    """Float accumulator rows whose K splits wait for one concatenated matmul."""
+
+    width: int
+    splits: list = field(default_factory=list)  # (activation producer, weight producer, xkey, K, wkey)
+
+
+def _concat_keys(block: _Block) -> tuple:
+    """Keys naming a block's concatenated activations and weights; None where a split's
+    operand did not come straight from SRAM lines (unchanged since)."""
+    xs = tuple((xkey, k) for _, _, xkey, k, _ in block.splits)
+    ws = tuple(wkey for *_, wkey in block.splits)
+    return (None if any(x is None for x, _ in xs) else xs,
+            None if any(w is None for w in ws) else (ws, block.width))
 
 
 @dataclass
@@ -228,11 +261,17 @@ class _Run:
         self.host_size = max(prog.host_bytes, len(prog.host_init))
         self.busy_until = {}
         self.busy_by = {}
-        self.steps = []  # (Executor method, arguments) per instruction, in execution order
+        self.ex = None  # an Executor computing each step as it is recorded
+        self.steps = []  # (Executor method, arguments), in execution order
         self.written = {}  # bank -> (lowest, highest) line written
-        self.replayable = True  # False once a data-dependent access is seen
-        self._reads = []  # (step, instruction, slice, lines) of each mem.read
-        self.ex = None
+        # For finalize(): what each step reads and where values come from.
+        self._uses = []  # (step, producers whose values it reads)
+        self._made = {}  # producer -> step that makes its value
+        self._reads = []  # (step, instruction, slice, lowest line, highest line) of mem.reads that may share
+        self._writes = []  # (step, slice, lowest line, highest line) of every SRAM write
+        self._pending = [dict() for _ in range(cfg.mxm_planes)]  # (addr, count) -> block id
+        self._blocks = {}  # block id -> _Block
+        self._settles = []  # (step, block id)
 
         self.trace = TraceRecorder(cfg.clock_hz, prog.name) if self.want_trace else None
         for img in prog.sram_init:
@@ -253,14 +292,9 @@ class _Run:
                                    f"program's {self.host_size} bytes of off-chip memory")
 
     # ---- driver -----------------------------------------------------------
-    def execute(self, inputs: dict, ex: "Executor | None") -> SimResult:
-        """Check every instruction; with an executor ``ex``, also compute (a functional run)."""
-        cfg, prog = self.cfg, self.program
-        _check_inputs(prog, inputs, ex is not None)
-        self.ex = ex
-        if ex is not None:
-            ex.load_image()
-            ex.load_inputs(inputs)
+    def execute(self) -> SimResult:
+        """Check every instruction (with an executor ``self.ex``: and compute)."""
+        cfg, prog, ex = self.cfg, self.program, self.ex
         instrs = prog.instrs
         for i, ins in enumerate(instrs):
             self._validate(i, ins)
@@ -284,36 +318,89 @@ class _Run:
             tagc.last_cycle = max(tagc.last_cycle, done)
             if n % 512 == 511:
                 gone = self.streams.prune(ins.cycle)
-                if gone:
-                    self._do(Executor.free, tuple(gone))
+                if gone and ex is not None:
+                    ex.free(gone)  # values that left the chip: nothing reads them again
         c.cycles = max_done
         c.instructions = len(instrs)
-        self._share_unchanged_reads(order)
         outputs = {} if ex is None else ex.read_outputs()
         return SimResult(outputs, c, cfg, self.trace)
 
-    def _share_unchanged_reads(self, order: list):
-        """Let a replay's mem.read steps return views of the SRAM (no copy) where no later
-        instruction writes any of the lines read: the values then stay as read until the
-        run ends, however long the MXM model keeps them."""
-        pos = np.empty(len(order), np.int64)
-        pos[np.asarray(order, np.int64)] = np.arange(len(order))
-        sram, base = self.sram, self.sram.base
-        for k, i, bank, index in self._reads:
-            now = sram.written_at[bank, index] >= base  # lines written in this run
-            if now.any() and (pos[sram.written_by[bank, index][now]] > pos[i]).any():
-                continue
-            fn, args = self.steps[k]
-            self.steps[k] = (fn, args[:-1] + (False,))
-
-    def _do(self, fn, *args):
-        """Record a step; in a functional run, execute it."""
+    def _do(self, fn, args: tuple, uses: tuple = (), makes: int = None) -> int:
+        """Record a step that reads the values of ``uses`` (producers) and makes the value of
+        ``makes``; with an executor, run it now."""
+        k = len(self.steps)
         self.steps.append((fn, args))
+        if uses:
+            self._uses.append((k, uses))
+        if makes is not None:
+            self._made[makes] = k
         if self.ex is not None:
             fn(self.ex, *args)
+        return k
+
+    # ---- the steps of a replay ------------------------------------------------
+    def finalize(self) -> list:
+        """The steps for replays of this (verified) program, with what only the whole run
+        tells: when each value is read for the last time (it is dropped then), which
+        concatenated MXM operands a later block reuses (kept until then), and which
+        mem.reads may hand out views of the SRAM (no write to their lines while any of
+        their values is still read)."""
+        steps = list(self.steps)
+        last = {}  # producer -> last step reading its value directly
+        live = {}  # producer -> last step reading it or a view of it (MXM operands, at the settle)
+        for k, ps in self._uses:
+            for p in ps:
+                last[p] = live[p] = k
+        # Concatenated operands: the same key at several settles is computed once.
+        at = (defaultdict(list), defaultdict(list))  # activations, weights: key -> settle steps
+        for k, bid in self._settles:
+            for which, key in enumerate(_concat_keys(self._blocks[bid])):
+                if key is not None:
+                    at[which][key].append(k)
+        action = {}  # (step, 0 for activations / 1 for weights) -> (id, how)
+        for which in (0, 1):
+            for cid, ks in enumerate(at[which].values()):
+                if len(ks) > 1:
+                    action[ks[0], which] = (cid, Accumulators.PUT)
+                    for k in ks[1:-1]:
+                        action[k, which] = (cid, Accumulators.GET)
+                    action[ks[-1], which] = (cid, Accumulators.POP)
+        for k, bid in self._settles:
+            xa, wa = action.get((k, 0)), action.get((k, 1))
+            fn, args = steps[k]
+            steps[k] = (fn, args[:-2] + (xa, wa))
+            for xp, wp, *_ in self._blocks[bid].splits:
+                if xa is None or xa[1] == Accumulators.PUT:
+                    live[xp] = max(live.get(xp, k), k)
+                if wa is None or wa[1] == Accumulators.PUT:
+                    live[wp] = max(live.get(wp, k), k)
+        # Views: a read whose lines no write changes while any of its values is read.
+        writes = defaultdict(list)
+        for k, bank, lo, hi in self._writes:
+            writes[bank].append((k, lo, hi))
+        starts = {bank: [w[0] for w in ws] for bank, ws in writes.items()}
+        for k, i, bank, lo, hi in self._reads:
+            end = live.get(i, k)
+            ws = writes.get(bank, ())
+            j, stop = bisect.bisect_right(starts.get(bank, ()), k), bisect.bisect_right(starts.get(bank, ()), end)
+            if any(wlo <= hi and lo <= whi for _, wlo, whi in ws[j:stop]):
+                continue
+            fn, args = steps[k]
+            steps[k] = (fn, args[:-1] + (False,))
+        # Drop each value after its last direct read (at once when nothing reads it).
+        drop = defaultdict(list)
+        for p, k in self._made.items():
+            drop[last.get(p, k)].append(p)
+        out = []
+        for k, step in enumerate(steps):
+            out.append(step)
+            if k in drop:
+                out.append((Executor.free, (tuple(drop[k]),)))
+        return out
 
     def _note_write(self, bank: int, index):
         lo, hi = _bounds(index)
+        self._writes.append((len(self.steps), bank, lo, hi))
         old = self.written.get(bank)
         self.written[bank] = (lo, hi) if old is None else (min(lo, old[0]), max(hi, old[1]))
 
@@ -423,11 +510,11 @@ class _Run:
         self._emit(i, ins, t, ins.dtype, source)
         spec = self.sram.vectors_spec(ins.unit, ins.addr, ins.stride, ins.count, w, w, ins.aux0, ins.aux1)
         if spec is None:
-            self._do(Executor.mem_read_lines, i, ins.unit, index, ins.count, ins.dtype.np)
-        else:
-            if len(spec[0]) == 2:
-                self._reads.append((len(self.steps), i, ins.unit, index))
-            self._do(Executor.mem_read, i, spec, ins.count, ins.dtype.np, True)
+            self._do(Executor.mem_read_lines, (i, ins.unit, index, ins.count, ins.dtype.np), makes=i)
+            return
+        if len(spec[0]) == 2:  # one strided view: a replay may share it (see finalize)
+            self._reads.append((len(self.steps), i, ins.unit, *_bounds(index)))
+        self._do(Executor.mem_read, (i, spec, ins.count, ins.dtype.np, True), makes=i)
 
     def _mem_write(self, i, ins, t, _):
         p, off = self._read_stream(ins, ins.src0, ins.dtype, t.position)
@@ -439,19 +526,18 @@ class _Run:
         spec = self.sram.vectors_spec(ins.unit, ins.addr, ins.stride, ins.count, w, w, ins.aux0, ins.aux1,
                                       write=True)
         if spec is None:
-            self._do(Executor.mem_write_lines, ins.unit, index, p, off, ins.count)
+            self._do(Executor.mem_write_lines, (ins.unit, index, p, off, ins.count), (p,))
         else:
-            self._do(Executor.mem_write, spec, p, off, ins.count)
+            self._do(Executor.mem_write, (spec, p, off, ins.count), (p,))
 
     def _mem_gather(self, i, ins, t, _):
-        # The addresses are data: only a functional run can check them, and no replay can skip that.
-        self.replayable = False
+        # The addresses are data: only a run that computes can check them (see Simulator._run).
         p, off = self._read_stream(ins, ins.src0, DType.INT32, t.position)
         if self.ex is not None:
             idx = self.ex.operand(p, off, ins.count)
             addrs = ins.addr + idx[:, 0].astype(np.int64) * ins.stride
             index = self.sram.gather(ins.unit, addrs, ins.dtype.itemsize, ins.cycle, i)
-            self._do(Executor.mem_read_lines, i, ins.unit, index, ins.count, ins.dtype.np)
+            self._do(Executor.mem_read_lines, (i, ins.unit, index, ins.count, ins.dtype.np), (p,), i)
         self._count_sram(ins, read=True)
         self._emit(i, ins, t, ins.dtype)
 
@@ -484,20 +570,20 @@ class _Run:
         self.counters.by_tag[ins.tag].sram_bytes_written += nbytes
         spec = self.sram.vectors_spec(ins.slice, ins.addr, ins.stride, ins.count, ins.dtype.itemsize, 1, write=True)
         if spec is None:
-            self._do(Executor.dma_load_lines, ins.slice, index, lo, lo + nbytes)
+            self._do(Executor.dma_load_lines, (ins.slice, index, lo, lo + nbytes))
         else:
-            self._do(Executor.dma_load, spec, lo, lo + nbytes)
+            self._do(Executor.dma_load, (spec, lo, lo + nbytes))
 
     def _dma_store(self, i, ins, t, _):
         lo, nbytes = self._host_range(ins)
-        index = self.sram.read(ins.slice, ins.addr, ins.stride, ins.count, ins.dtype.itemsize, ins.cycle, i,
-                               per_vector=False)
+        self.sram.read(ins.slice, ins.addr, ins.stride, ins.count, ins.dtype.itemsize, ins.cycle, i,
+                       per_vector=False)
         self.counters.offchip_bytes_written += nbytes
         self.counters.sram_bytes_read += nbytes
         self.counters.by_tag[ins.tag].offchip_bytes += nbytes
         self.counters.by_tag[ins.tag].sram_bytes_read += nbytes
         spec = self.sram.vectors_spec(ins.slice, ins.addr, ins.stride, ins.count, ins.dtype.itemsize, 1)
-        self._do(Executor.dma_store, spec, lo, lo + nbytes)
+        self._do(Executor.dma_store, (spec, lo, lo + nbytes))
 
     # MXM
     def _mxm_install(self, i, ins, t, _):
@@ -509,9 +595,10 @@ class _Run:
         buf.dtype, buf.rows, buf.width, buf.installer = ins.dtype, ins.count, ins.aux0, i
         buf.ready = t.done
         buf.busy_until = t.done
+        buf.producer = em.producer
         # The same SRAM rows, unchanged since, give the same weights: the key says which.
-        wkey = None if em.source is None else em.source + (off, ins.count)
-        self._do(Executor.mxm_install, ins.unit, ins.buf, em.producer, off, ins.count, ins.aux0, wkey)
+        buf.key = None if em.source is None else em.source + (off, ins.count)
+        self._do(Executor.mxm_install, (ins.unit, ins.buf, em.producer, off, ins.count, ins.aux0), (em.producer,))
 
     def _mxm_multiply(self, i, ins, t, _):
         plane, cfg = ins.unit, self.cfg
@@ -545,8 +632,35 @@ class _Run:
         self.counters.macs += macs
         self.counters.by_tag[ins.tag].macs += macs
         xkey = None if em.source is None else em.source + (off, n)
-        self._do(Executor.mxm_multiply, plane, ins.buf, ins.addr, em.producer, off, n, xkey, kind,
-                 ins.op == "mxm.mac")
+        self._mxm_arith(plane, ins.buf, buf, ins.addr, n, em.producer, off, xkey, kind, ins.op == "mxm.mac")
+
+    def _mxm_arith(self, plane, b, buf, addr, n, xp, off, xkey, kind, accumulate):
+        """The multiply's arithmetic. Float accumulators keep a row block's splits pending
+        until its rows are read or partly overwritten (see mxm.py), the rest is computed at once."""
+        key = (addr, n)
+        pending = self._pending[plane]
+        if kind == nx.ACC_FLOAT:
+            bid = None if not accumulate else pending.get(key)
+            if bid is not None and self._blocks[bid].width != buf.width:
+                bid = None
+            if bid is None and not accumulate:
+                self._settle(plane, addr, n)
+                bid = pending[key] = len(self._blocks)
+                self._blocks[bid] = _Block(buf.width)
+            if bid is not None:
+                self._blocks[bid].splits.append((xp, buf.producer, xkey, buf.rows, buf.key))
+                self._do(Executor.mxm_split, (plane, b, bid, xp, off, n), (xp,))
+                return
+        self._settle(plane, addr, n)
+        self._do(Executor.mxm_now, (plane, b, addr, xp, off, n, buf.key, kind, accumulate), (xp, buf.producer))
+
+    def _settle(self, plane, addr, n):
+        """Compute the pending blocks overlapping rows ``addr .. addr + n - 1``."""
+        pending = self._pending[plane]
+        for key in [k for k in pending if k[0] < addr + n and addr < k[0] + k[1]]:
+            bid = pending.pop(key)
+            self._settles.append((len(self.steps), bid))
+            self._do(Executor.mxm_settle, (plane, bid, key[0], key[1], None, None))
 
     def _acc_access(self, plane, ins, rate, first, i, read):
         # Accumulator rows land one every `rate` cycles: stamp each row with its own cycle.
@@ -566,7 +680,8 @@ class _Run:
                        f"drain as {ins.dtype.short} of accumulator row {ins.addr + bad} of plane {plane}, which "
                        + ("was never written" if kinds[bad] == 0 else "holds the other accumulator type"))
         self._acc_access(plane, ins, 1, ins.cycle, i, read=True)
-        self._do(Executor.mxm_drain, i, plane, ins.addr, ins.count, want)
+        self._settle(plane, ins.addr, ins.count)
+        self._do(Executor.mxm_drain, (i, plane, ins.addr, ins.count, want), makes=i)
         self._emit(i, ins, t, ins.dtype)
 
     # VXM
@@ -586,13 +701,14 @@ class _Run:
             out_dt = ins.out_dtype
         if op == "vxm.reduce_sum" and dt in (DType.INT8, DType.UINT8):
             raise nx.NumericsError("reduce_sum of int8/uint8 would overflow; convert to int32 first")
-        self._do(Executor.vxm, i, op, dt, out_dt, ins.count, a, b, imm, ins.aux0)
+        self._do(Executor.vxm, (i, op, dt, out_dt, ins.count, a, b, imm, ins.aux0),
+                 (a[0],) if b is None else (a[0], b[0]), i)
         self._emit(i, ins, t, out_dt)
 
     # SXM
     def _sxm(self, i, ins, t, _):
         a = self._read_stream(ins, ins.src0, ins.dtype, t.position)
-        self._do(Executor.sxm, i, ins.op, ins.count, a, ins.aux0, ins.aux1)
+        self._do(Executor.sxm, (i, ins.op, ins.count, a, ins.aux0, ins.aux1), (a[0],), i)
         self._emit(i, ins, t, ins.dtype)
 
     # C2C: each link loops back to this chip.
@@ -601,10 +717,10 @@ class _Run:
         self.links[ins.unit].append(_Message(t.done, ins.dtype, ins.count, i))
         nbytes = ins.count * self.cfg.lanes * ins.dtype.itemsize
         self.counters.c2c_bytes_sent += nbytes
-        self._do(Executor.c2c_send, i, p, off, ins.count)
+        self._do(Executor.c2c_send, (i, p, off, ins.count), (p,), i)
 
     def _c2c_recv(self, i, ins, t, _):
-        link, need, parts, done = self.links[ins.unit], ins.count, [], []
+        link, need, parts = self.links[ins.unit], ins.count, []
         while need:
             if not link:
                 raise Race("c2c-empty", f"link {ins.unit} has {ins.count - need} of the {ins.count} vectors "
@@ -622,10 +738,7 @@ class _Run:
             need -= k
             if m.taken == m.count:
                 link.popleft()
-                done.append(m.sender)
-        self._do(Executor.c2c_recv, i, tuple(parts))
-        if done:
-            self._do(Executor.free, tuple(done))
+        self._do(Executor.c2c_recv, (i, tuple(parts)), tuple(s for s, _, _ in parts), i)
         self._emit(i, ins, t, ins.dtype)
 
     def _sync(self, i, ins, t, done_before):
