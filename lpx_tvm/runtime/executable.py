@@ -7,9 +7,11 @@ the region's NHWC storage, runs the region's Program on a simulator of the machi
 and writes the outputs back. Cycles add up across regions; time spent in CPU ops is
 measured apart.
 
-Making an executable (building or loading one) verifies every region's schedule on its
-simulator, so a program that breaks a timing rule fails there, and every run replays
-the verified programs (docs/design.md, "Verify once, replay").
+Making an executable (building or loading one) loads every region's program onto a
+simulator of its own, as a chip loads a program: its schedule is verified (a program
+that breaks a timing rule fails there) and its initial SRAM image (the weights) is put
+in place. Every run then replays the verified program and restores only the SRAM lines
+the previous run changed (docs/design.md, "Verify once, replay").
 """
 
 from __future__ import annotations
@@ -78,22 +80,24 @@ class LPXExecutable:
         self.precision = precision
         self.offload = offload
         self.stats = RunStats()
-        self._sim = Simulator(config)
-        for region in regions.values():
-            self._sim.verify(region.program)
+        # One simulator per region: each keeps its program's image loaded between runs.
+        self._sims = {}
+        for name, region in regions.items():
+            self._sims[name] = Simulator(config)
+            self._sims[name].load(region.program)
 
     def register(self):
         """Register the regions' packed functions (needed before a VirtualMachine is made)."""
         for name, region in self.regions.items():
-            tvm.register_global_func(REGION_PREFIX + name, self._make_call(region), override=True)
+            tvm.register_global_func(REGION_PREFIX + name, self._make_call(region, self._sims[name]), override=True)
 
-    def _make_call(self, region: CompiledRegion):
+    def _make_call(self, region: CompiledRegion, sim: Simulator):
         def call(*args):
             ins, outs = args[:len(region.inputs)], args[len(region.inputs):]
             feed = {name: to_storage(a.numpy(), region.input_transforms.get(name))
                     for (name, _), a in zip(region.inputs, ins)}
             t = time.perf_counter()
-            result = self._sim.run(region.program, feed)
+            result = sim.run(region.program, feed)
             self._account(region, result, time.perf_counter() - t)
             for (name, _), out in zip(region.outputs, outs):
                 out.copyfrom(np.ascontiguousarray(from_storage(result.outputs[name])).astype(out.dtype))

@@ -57,13 +57,13 @@ class Executor:
         self.wbuf = {}  # (plane, buffer) -> (installed rows, width, reuse key)
 
     # ---- before and after the instructions ---------------------------------
-    def load_image(self):
-        """The program's initial SRAM image (checked to fit by the simulator)."""
+    def load_image(self, key=None):
+        """The program's initial SRAM image (checked to fit by the simulator); ``key`` names
+        it, to restore only what changed when it is still loaded (see Banked.load_image)."""
         lanes = self.lanes
-        for img in self.program.sram_init:
-            nlines = len(img.data) // lanes
-            raw = np.frombuffer(img.data, np.uint8).reshape(nlines, lanes)
-            self.sram.poke(img.slice, slice(img.addr, img.addr + nlines), raw)
+        self.sram.load_image(key, [(img.slice, img.addr,
+                                    np.frombuffer(img.data, np.uint8).reshape(len(img.data) // lanes, lanes))
+                                   for img in self.program.sram_init])
 
     def load_inputs(self, arrays: dict):
         """Store the inputs (already checked and converted to their layouts' dtypes)."""

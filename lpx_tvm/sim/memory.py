@@ -79,7 +79,8 @@ class Banked:
     only timestamps). One object serves a Simulator's successive runs: its arrays are
     large, and fresh ones page-fault on every touch. Each run stamps cycles offset by a
     ``base`` above every stamp of earlier runs, so old stamps never look recent and no
-    table needs resetting; only the data lines a run wrote are zeroed for the next.
+    table needs resetting. The data keeps the last program's initial image loaded: the
+    next run of that program restores only the lines its run changed (:meth:`load_image`).
     """
 
     def __init__(self, name: str, banks: int, lines: int, lanes: int):
@@ -91,7 +92,9 @@ class Banked:
         self.functional = False
         self.base = 0
         self.high = 0  # highest absolute stamp so far
-        self.dirty = {}  # bank -> (lowest, highest) line written with data this run
+        self.dirty = {}  # bank -> (lowest, highest) line that may be nonzero
+        self.image = None  # what identifies the initial image loaded (see load_image)
+        self.touched = {}  # bank -> (lowest, highest) line changed since the image was loaded
         self.written_at = _PerBank(banks, lines, NEVER)
         self.written_by = _PerBank(banks, lines, -1)
         self.read_at = _PerBank(banks, lines, NEVER)
@@ -99,15 +102,35 @@ class Banked:
         self.generation = np.zeros(banks, np.int64)  # bumped by every write to a bank
 
     def start_run(self, functional: bool):
-        """Begin a run: all lines zero, no access on record."""
+        """Begin a run: no access on record. A functional run then loads its initial image."""
         if functional and self.data is None:
             self.data = np.zeros((self.banks, self.lines, self.lanes), np.uint8)
-        if self.data is not None:
-            for bank, (lo, hi) in self.dirty.items():
-                self.data[bank, lo:hi + 1] = 0
-        self.dirty = {}
         self.functional = functional
         self.base = self.high + 1
+
+    def load_image(self, key, images):
+        """Make the data the initial image ``images`` ([(bank, first line, (n, lanes) bytes)])
+        and zero elsewhere. When the image ``key`` names is the one loaded, only the lines
+        changed since are restored; ``key`` None always loads afresh (and keeps nothing)."""
+        data = self.data
+        if key is not None and key is self.image:
+            for bank, (lo, hi) in self.touched.items():
+                data[bank, lo:hi + 1] = 0
+            for bank, addr, raw in images:
+                t = self.touched.get(bank)
+                if t is not None:
+                    lo, hi = max(t[0], addr), min(t[1], addr + len(raw) - 1)
+                    if lo <= hi:
+                        data[bank, lo:hi + 1] = raw[lo - addr:hi - addr + 1]
+        else:
+            for bank, (lo, hi) in self.dirty.items():
+                data[bank, lo:hi + 1] = 0
+            self.dirty = {}
+            for bank, addr, raw in images:
+                data[bank, addr:addr + len(raw)] = raw
+                self._mark(bank, addr, addr + len(raw) - 1)
+        self.image = key
+        self.touched = {}
 
     # -- checks ------------------------------------------------------------
     def check_range(self, bank: int, addr: int, stride: int, count: int, width: int, what: str = "line"):
@@ -245,13 +268,14 @@ class Banked:
             self.data[bank, index] = raw.reshape(index.shape + (self.lanes,))
 
     def mark(self, ranges: dict):
-        """Note lines about to be written, {bank: (lowest, highest)}, for the next run's zeroing."""
+        """Note lines about to be changed, {bank: (lowest, highest)}, for the next run."""
         for bank, (lo, hi) in ranges.items():
             self._mark(bank, lo, hi)
 
     def _mark(self, bank, lo, hi):
-        old = self.dirty.get(bank)
-        self.dirty[bank] = (lo, hi) if old is None else (min(lo, old[0]), max(hi, old[1]))
+        for ranges in (self.dirty, self.touched):
+            old = ranges.get(bank)
+            ranges[bank] = (lo, hi) if old is None else (min(lo, old[0]), max(hi, old[1]))
 
     def peek(self, bank, lines: np.ndarray) -> np.ndarray:
         return self.data[bank, lines]

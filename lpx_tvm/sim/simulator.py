@@ -134,11 +134,22 @@ class Simulator:
         self._plans[key] = plan
         return plan
 
+    def load(self, program: Program):
+        """Verify ``program`` (unless done) and load its initial SRAM image, as a chip
+        loads a program before running it: its functional runs then start from the loaded
+        image, restoring only the lines the previous run changed."""
+        plan = self._plan_of(program)
+        if plan is None:
+            self.verify(program)
+            plan = self._plan_of(program)
+        self._sram.start_run(True)
+        Executor(self.config, program, self._sram, None).load_image(plan)
+
     def _replay(self, plan: "_Plan", arrays: dict, trace=None) -> SimResult:
         cfg, program = self.config, plan.program()
         self._sram.start_run(True)
         ex = Executor(cfg, program, self._sram, self._accs_for_run())
-        ex.load_image()
+        ex.load_image(plan)
         ex.load_inputs(arrays)
         self._sram.mark(plan.written)
         ex.replay(plan.steps)

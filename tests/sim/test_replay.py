@@ -20,7 +20,7 @@ from lpx_tvm.sim import Simulator
 from lpx_tvm.sim import simulator as simmod
 from lpx_tvm.target.builder import ProgramBuilder
 from lpx_tvm.target.isa import DType
-from lpx_tvm.target.program import Binding, TensorLayout
+from lpx_tvm.target.program import Binding, SramImage, TensorLayout
 
 from lpx_hand import E, Hand, W, assert_same_result
 
@@ -256,3 +256,35 @@ def test_offchip_binding_outside_the_offchip_memory():
 def dma_cycles(h, n, dtype):
     nbytes = n * h.lanes * DType.parse(dtype).itemsize
     return h.cfg.offchip_latency + -(-nbytes * h.cfg.clock_hz // h.cfg.offchip_bytes_per_s)
+
+
+def image_program():
+    """Slice 0 starts with a constant image C; the program copies it to Y, then overwrites
+    it with the input X (Z is slice 0 at the end)."""
+    h = Hand()
+    c = (np.arange(4 * LANES) % 120 - 60).astype(np.int8).reshape(4, LANES)
+    h.input("X", 4, "int8", 1)
+    h.output("Y", 4, "int8", 4)
+    h.output("Z", 4, "int8", 0)
+    # slice 0 (pos 2) read at 0 emits at 2 on E0: slice 4 (pos 7) writes at 7; slice 1 (pos 3)
+    # read at 4 emits at 6 on W1: slice 0 writes at 7, after slice 0 was read (cycles 0..3)
+    h.add("mem.read", 0, unit=0, count=4, addr=0, stride=1, dtype="int8", dst=E(0))
+    h.add("mem.write", 7, unit=4, count=4, addr=0, stride=1, dtype="int8", src0=E(0))
+    h.add("mem.read", 4, unit=1, count=4, addr=0, stride=1, dtype="int8", dst=W(1))
+    h.add("mem.write", 7, unit=0, count=4, addr=0, stride=1, dtype="int8", src0=W(1))
+    return replace(h.program(), sram_init=[SramImage(0, 0, c.tobytes())]), c
+
+
+def test_the_initial_image_is_restored_between_runs():
+    prog, c = image_program()
+    other = add_one_program()
+    sim = Simulator("mini")
+    sim.load(prog)
+    for k in range(3):
+        x = np.full((4, LANES), k + 1, np.int8)
+        r = sim.run(prog, {"X": x})
+        assert np.array_equal(r.outputs["Y"], c)  # the image, though the last run overwrote it
+        assert np.array_equal(r.outputs["Z"], x)
+        if k == 1:  # another program in between: it sees zeros, not this image
+            y = sim.run(other, {"x": np.zeros((64, 16), np.float32)}).outputs["y"]
+            assert np.array_equal(y, np.ones((64, 16), np.float32))
