@@ -54,6 +54,11 @@ class Accumulators:
             kept.clear()
         self._int_weights.clear()
 
+    def touch(self):
+        """Write every row once (fresh memory is slow to touch the first time)."""
+        self.acc_i.fill(0)
+        self.acc_f.fill(0)
+
     def split(self, block: int, x: np.ndarray, rows: np.ndarray, width: int):
         """Add the split x[:, :K] @ rows[:, :width] to a block (K = len(rows), the installed rows)."""
         b = self.blocks.get(block)

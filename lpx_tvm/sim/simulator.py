@@ -143,6 +143,13 @@ class Simulator:
             self.verify(program)
             plan = self._plan_of(program)
         self._sram.start_run(True)
+        # Fault in the memory the runs write (fresh pages are slow to touch the first time).
+        data = self._sram.data
+        for bank, (lo, hi) in plan.written.items():
+            data[bank, lo:hi + 1] = 0
+        for bank, lo, hi in _input_lines(program, self.config.lanes):
+            data[bank, lo:hi + 1] = 0
+        self._accs_for_run().touch()
         Executor(self.config, program, self._sram, None).load_image(plan)
 
     def _replay(self, plan: "_Plan", arrays: dict, trace=None) -> SimResult:
@@ -187,6 +194,19 @@ class _Plan:
             and all(len(a) == len(b) and all(map(operator.is_, a, b)) for a, b in zip(mine[4:], now[4:])) \
             and len(self.tables) == len(p.tables) \
             and all(np.array_equal(a, b) for a, b in zip(self.tables, p.tables))
+
+
+def _input_lines(program: Program, lanes: int):
+    """(slice, lowest line, highest line) of each chunk of the program's SRAM inputs."""
+    for b in program.inputs:
+        lay = b.layout
+        if getattr(b, "offchip", None) is not None:
+            continue
+        for j in range(-(-lay.cols // lanes)):
+            for q in range(lay.nchunks):
+                (sl, addr), _, n = lay.chunk(j, q)
+                last = addr + (n - 1) * lay.row_stride
+                yield sl, min(addr, last), max(addr, last) + lay.dtype.itemsize - 1
 
 
 def _coerce_inputs(program: Program, inputs: dict, functional: bool) -> dict:
