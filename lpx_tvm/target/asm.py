@@ -260,7 +260,8 @@ def format_program(prog: Program) -> str:
         lay = b.layout
         out.append(f".binding {b.role} {json.dumps(b.name)} dtype={lay.dtype.short} "
                    f"shape={_json(list(lay.shape))} row_stride={lay.row_stride} "
-                   f"tiles={_json([list(t) for t in lay.tiles])}")
+                   f"tiles={_json([list(t) for t in lay.tiles])}"
+                   + ("" if b.offchip is None else f" offchip={b.offchip}"))
     for i, table in enumerate(prog.tables):
         out.append(f".table {_json(table_to_json(table, i))}")
     for key, value in prog.symbols.items():
@@ -356,12 +357,15 @@ def _directive(r: _Reader, word: str, rest: str, lineno: int) -> None:
         name, rest = _json_prefix(rest, ".binding")
         if not isinstance(name, str):
             raise EncodingError(".binding: the name must be a quoted string")
-        kv = _keyvals(rest.split(), ("dtype", "shape", "row_stride", "tiles"), ".binding")
+        tokens = rest.split()
+        offchip = [t for t in tokens if t.startswith("offchip=")]
+        kv = _keyvals([t for t in tokens if t not in offchip], ("dtype", "shape", "row_stride", "tiles"), ".binding")
         try:
             layout = TensorLayout.from_json({"dtype": kv["dtype"], "shape": json.loads(kv["shape"]),
                                              "tiles": json.loads(kv["tiles"]),
                                              "row_stride": kv["row_stride"]})
-            r.bindings.append(Binding(name, role, layout))
+            off = _parse_int(offchip[-1].partition("=")[2], ".binding offchip") if offchip else None
+            r.bindings.append(Binding(name, role, layout, off))
         except (ValueError, TypeError, ProgramError) as e:
             raise EncodingError(f".binding {name!r}: {e}") from None
     elif word == ".table":

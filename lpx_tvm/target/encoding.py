@@ -305,7 +305,8 @@ def encode_program(prog: Program) -> bytes:
         "name": prog.name,
         "host_bytes": int(prog.host_bytes),
         "tags": tags,
-        "bindings": [{"name": b.name, "role": b.role, "layout": b.layout.to_json()} for b in prog.bindings],
+        "bindings": [{"name": b.name, "role": b.role, "layout": b.layout.to_json(),
+                      **({} if b.offchip is None else {"offchip": int(b.offchip)})} for b in prog.bindings],
         "tables": [table_to_json(t, i) for i, t in enumerate(prog.tables)],
         "symbols": prog.symbols,
         "sram_init": sram,
@@ -333,7 +334,8 @@ def _program_from_meta(meta, config_hash: str, instr_bytes: bytes, blob: bytes) 
     if not isinstance(tags, list) or not tags or tags[0] != "" or not all(isinstance(t, str) for t in tags):
         raise EncodingError("invalid program metadata: tags must be a list of strings starting with \"\"")
     instrs = decode_instrs(instr_bytes, tags)
-    bindings = [Binding(str(b["name"]), b["role"], TensorLayout.from_json(b["layout"])) for b in meta["bindings"]]
+    bindings = [Binding(str(b["name"]), b["role"], TensorLayout.from_json(b["layout"]),
+                        None if b.get("offchip") is None else int(b["offchip"])) for b in meta["bindings"]]
     tables = [table_from_json(t, i) for i, t in enumerate(meta["tables"])]
     sram = [SramImage(int(e["slice"]), int(e["addr"]), _blob_slice(blob, e, f"sram_init[{i}]"))
             for i, e in enumerate(meta["sram_init"])]

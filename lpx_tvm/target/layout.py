@@ -94,3 +94,24 @@ def check_layout(layout: TensorLayout, lanes: int, slices: int, lines: int, name
             if not 0 <= sl < slices or addr < 0 or last >= lines:
                 raise ProgramError(f"{name}: chunk at slice {sl} lines {addr}..{last} is outside the SRAM "
                                    f"({slices} slices of {lines} lines)")
+
+
+def offchip_bytes(layout: TensorLayout, array: np.ndarray, lanes: int) -> np.ndarray:
+    """A tensor as an off-chip binding stores it: column tile after column tile, each
+    ``rows`` vectors of ``lanes`` lanes (zeros past the last column); uint8."""
+    ntiles = -(-layout.cols // lanes)
+    mat = np.zeros((layout.rows, ntiles * lanes), layout.dtype.np)
+    mat[:, :layout.cols] = np.asarray(array).reshape(layout.rows, layout.cols)
+    return np.ascontiguousarray(mat.reshape(layout.rows, ntiles, lanes).transpose(1, 0, 2)).view(np.uint8).ravel()
+
+
+def read_offchip(layout: TensorLayout, raw: np.ndarray, lanes: int) -> np.ndarray:
+    """The inverse of :func:`offchip_bytes`: ``raw`` uint8 bytes -> the tensor."""
+    ntiles = -(-layout.cols // lanes)
+    vec = raw.view(layout.dtype.np).reshape(ntiles, layout.rows, lanes)
+    return np.ascontiguousarray(vec.transpose(1, 0, 2).reshape(layout.rows, ntiles * lanes)[:, :layout.cols]) \
+        .reshape(layout.shape)
+
+
+def offchip_nbytes(layout: TensorLayout, lanes: int) -> int:
+    return -(-layout.cols // lanes) * layout.rows * lanes * layout.dtype.itemsize

@@ -70,11 +70,15 @@ class TensorLayout:
 
 @dataclass(frozen=True)
 class Binding:
-    """A program input or output: a named tensor and its SRAM layout."""
+    """A program input or output: a named tensor and its SRAM layout, or (``offchip`` set)
+    a tensor in off-chip memory from that byte offset, stored tile by tile: row ``r`` of
+    column tile ``j`` is the vector at ``offchip + (j * rows + r) * lanes * itemsize``
+    (``layout.tiles`` is empty)."""
 
     name: str
     role: str  # "input" or "output"
     layout: TensorLayout
+    offchip: "int | None" = None
 
     def __post_init__(self):
         if self.role not in ("input", "output"):
