@@ -47,3 +47,7 @@ class ScheduleHazard(LPXError):
 
 class SchedulingError(LPXError):
     """The program builder could not produce a valid schedule (e.g. inconsistent stream timing)."""
+
+
+class SramFull(SchedulingError):
+    """The SRAM has no room for a tensor (the region compiler then keeps activations off chip)."""

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..errors import SchedulingError
+from ..errors import SchedulingError, SramFull
 from .config import LPXConfig, load_config
 from .isa import DType, Instr, Stream, Unit
 from .layout import coerce, tensor_tiles
@@ -131,6 +131,34 @@ class SramTensor:
         return out
 
 
+@dataclass(frozen=True)
+class OffchipTensor:
+    """A tensor in off-chip memory from byte ``offset``, column tile after column tile:
+    row ``r`` of tile ``j`` is the vector at ``offset + (j * rows + r) * vector_bytes``
+    (the layout of an off-chip :class:`~lpx_tvm.target.program.Binding`)."""
+
+    name: str
+    layout: TensorLayout
+    offset: int
+    lanes: int
+
+    @property
+    def ntiles(self) -> int:
+        return -(-self.layout.cols // self.lanes)
+
+    @property
+    def vector_bytes(self) -> int:
+        return self.lanes * self.layout.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.ntiles * self.layout.rows * self.vector_bytes
+
+    def at(self, j: int, row: int) -> int:
+        """Byte offset of row ``row`` of column tile ``j``."""
+        return self.offset + (j * self.layout.rows + row) * self.vector_bytes
+
+
 @dataclass(eq=False)
 class Value:
     """A stream value: ``count`` vectors of ``dtype`` emitted by ``node``; a part of one
@@ -161,6 +189,7 @@ class Node:
     out: "Value | None" = None
     weights: "DType | None" = None
     offset: int = 0
+    timings: dict = field(default_factory=dict)  # unit -> Timing (the node never changes)
 
     def probe(self, unit: int) -> Instr:
         return Instr(self.op, 0, unit=unit, count=self.count, **self.fields)
@@ -339,7 +368,9 @@ class ProgramBuilder:
         self._bindings = []
         self._tables = []
         self._symbols = {}
-        self._host = bytearray()
+        self._host = bytearray()  # initial off-chip memory (streamed weights)
+        self._host_end = 0  # off-chip bytes in use: initial data and working buffers
+        self._const_cache = {}  # (shape, dtype, row_align, bytes) -> SramTensor
         self._installed = {}
 
     # -- storage -------------------------------------------------------------
@@ -372,6 +403,13 @@ class ProgramBuilder:
         chunks of a multiple of ``row_align`` rows (e.g. whole image rows)."""
         dt = DType.parse(dtype)
         shape = tuple(int(s) for s in shape)
+        key = None
+        if data is not None and role is None and slices is None:
+            # Identical constants (a bias or fill row asked for again) share one image.
+            key = (shape, dt, row_align, np.asarray(data).astype(dt.np).tobytes())
+            hit = self._const_cache.get(key)
+            if hit is not None and not {sl for sl, _ in hit.layout.tiles} & set(avoid):
+                return hit
         rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
         ntiles = -(-shape[-1] // self.config.lanes)
         w = dt.itemsize
@@ -379,7 +417,7 @@ class ProgramBuilder:
         chunk_rows = 0 if rows <= fit else fit // row_align * row_align
         while True:
             if rows > fit and chunk_rows == 0:
-                raise SchedulingError(f"tensor {name}: a row group of {row_align} vectors does not fit one slice")
+                raise SramFull(f"tensor {name}: a row group of {row_align} vectors does not fit one slice")
             try:
                 tiles = self._alloc_chunks(rows, ntiles, w, chunk_rows, slices, avoid, constant=data is not None)
                 break
@@ -387,7 +425,7 @@ class ProgramBuilder:
                 # No hole holds a whole chunk: try chunks half as long (whole row groups).
                 smaller = ((chunk_rows or rows) // 2) // row_align * row_align
                 if smaller == 0 or smaller == (chunk_rows or rows):
-                    raise SchedulingError(f"tensor {name} {shape} {dt.short}: {e}") from None
+                    raise type(e)(f"tensor {name} {shape} {dt.short}: {e}") from None
                 chunk_rows = smaller
         layout = TensorLayout(shape, dt, tuple(tiles), w, chunk_rows)
         if data is not None:
@@ -398,7 +436,10 @@ class ProgramBuilder:
         if role is not None:
             self._bindings.append(Binding(name, role, layout))
         self._symbols[name] = layout.to_json()
-        return SramTensor(name, layout)
+        out = SramTensor(name, layout)
+        if key is not None:
+            self._const_cache[key] = out
+        return out
 
     def _alloc_chunks(self, rows, ntiles, w, chunk_rows, slices, avoid, constant=False) -> list:
         per = chunk_rows or rows
@@ -431,9 +472,33 @@ class ProgramBuilder:
 
     def host_buffer(self, array: np.ndarray) -> int:
         """Place an array in off-chip memory (row-major vectors); returns its byte offset."""
-        off = len(self._host)
+        off = self._host_end
+        self._host += bytes(off - len(self._host))  # past any working buffers placed before
         self._host += np.ascontiguousarray(array).tobytes()
+        self._host_end = len(self._host)
         return off
+
+    def offchip(self, name: str, shape, dtype, *, role: "str | None" = None) -> OffchipTensor:
+        """Working space (or an input / output binding) in off-chip memory, never reused:
+        off-chip memory is large next to one region's activations."""
+        dt = DType.parse(dtype)
+        shape = tuple(int(s) for s in shape) or (1,)
+        layout = TensorLayout(shape, dt, (), dt.itemsize)
+        off = -(-self._host_end // 64) * 64
+        t = OffchipTensor(name, layout, off, self.config.lanes)
+        self._host_end = off + t.nbytes
+        if role is not None:
+            self._bindings.append(Binding(name, role, layout, offchip=off))
+        self._symbols[name] = {**layout.to_json(), "offchip": off}
+        return t
+
+    def bind(self, name: str, t: OffchipTensor, shape=None, role: str = "output"):
+        """Bind an existing off-chip tensor under another name, seen as ``shape`` of the
+        same rows and columns (e.g. an output that is a reshape of another value)."""
+        layout = t.layout if shape is None else replace(t.layout, shape=tuple(int(s) for s in shape))
+        if (layout.rows, layout.cols) != (t.layout.rows, t.layout.cols):
+            raise SchedulingError(f"binding {name}: shape {layout.shape} is not stored like {t.layout.shape}")
+        self._bindings.append(Binding(name, role, layout, offchip=t.offset))
 
     def table(self, entries) -> int:
         t = np.asarray(entries, np.int32)
@@ -469,7 +534,7 @@ class ProgramBuilder:
                 instrs.extend(placer.place(g))
         instrs.sort(key=lambda i: (i.cycle, i.op, i.unit))
         return Program(self.config.hash, instrs, sram_init=list(self._images), host_init=bytes(self._host),
-                       host_bytes=len(self._host), bindings=list(self._bindings), tables=list(self._tables),
+                       host_bytes=self._host_end, bindings=list(self._bindings), tables=list(self._tables),
                        symbols=dict(self._symbols), name=self.name)
 
 
@@ -492,7 +557,10 @@ class _Placer:
         return t
 
     def _timing(self, node: Node, unit: int):
-        return timing(self.cfg, node.probe(unit), mxm_weights=node.weights)
+        tm = node.timings.get(unit)
+        if tm is None:
+            tm = node.timings[unit] = timing(self.cfg, node.probe(unit), mxm_weights=node.weights)
+        return tm
 
     def _position(self, node: Node) -> int:
         return unit_position(self.cfg, _UNIT_OF[node.op.split(".")[0]], node.units[0])

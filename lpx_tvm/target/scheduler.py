@@ -19,6 +19,8 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 
+import numpy as np
+
 
 class IntervalSet:
     """Disjoint half-open busy intervals on one resource."""
@@ -44,17 +46,64 @@ class IntervalSet:
         self._ends.insert(i, b)
 
 
+class _LineStamps:
+    """Per unit of one piece of state (an SRAM line, an accumulator row, a block of
+    off-chip bytes): the latest write end, read end and read issue of any access that
+    touched it. A dependency query is then a max over the unit range it touches — the
+    same answer as scanning every earlier access window that overlaps, in time
+    independent of how many there were."""
+
+    __slots__ = ("unit", "wend", "rend", "rissue")
+
+    def __init__(self, unit: int):
+        self.unit = unit  # how many state indices share one stamp (coarser is only stricter)
+        self.wend = np.full(64, -(1 << 60), np.int64)
+        self.rend = self.wend.copy()
+        self.rissue = self.wend.copy()
+
+    def _span(self, lo: int, hi: int) -> slice:
+        a, b = lo // self.unit, hi // self.unit + 1
+        if b > len(self.wend):
+            grow = max(b, 2 * len(self.wend)) - len(self.wend)
+            pad = np.full(grow, -(1 << 60), np.int64)
+            self.wend, self.rend, self.rissue = (np.concatenate([x, pad]) for x in
+                                                 (self.wend, self.rend, self.rissue))
+        return slice(a, b)
+
+    def bound(self, lo: int, hi: int, kind: str, rel_start: int, rel_issue: int) -> int:
+        sl = self._span(lo, hi)
+        if kind == "r":
+            return int(self.wend[sl].max()) - rel_start  # read once the last write landed
+        # A write lands after earlier writes and reads, and issues after earlier reads issue.
+        return max(int(self.wend[sl].max()) + 1 - rel_start, int(self.rend[sl].max()) + 1 - rel_start,
+                   int(self.rissue[sl].max()) + 1 - rel_issue)
+
+    def record(self, lo: int, hi: int, kind: str, end: int, issue: int):
+        sl = self._span(lo, hi)
+        if kind == "r":
+            np.maximum(self.rend[sl], end, out=self.rend[sl])
+            np.maximum(self.rissue[sl], issue, out=self.rissue[sl])
+        else:
+            np.maximum(self.wend[sl], end, out=self.wend[sl])
+
+
 class Reservations:
     """Busy intervals of ports and stream registers, plus state accesses for dependencies."""
+
+    # Off-chip memory is tracked in blocks of this many bytes (a false dependency between
+    # two buffers sharing a block only delays; it never reorders).
+    HOST_UNIT = 64
 
     def __init__(self):
         self.ports = defaultdict(IntervalSet)
         self.streams = defaultdict(IntervalSet)  # (dir, id) -> busy D-intervals
-        # state key -> {(lo, hi, kind): [latest end, latest issue]}. Dependencies only
-        # need the latest access of each window: repeated accesses of the same lines (an
-        # accumulator block, a weight buffer) collapse into one entry (14k -> 1.6k on
-        # ResNet-50), which lower_bound scans once per effect.
-        self.accesses = defaultdict(dict)
+        self.accesses = {}  # state key -> _LineStamps
+
+    def _stamps(self, key) -> _LineStamps:
+        st = self.accesses.get(key)
+        if st is None:
+            st = self.accesses[key] = _LineStamps(self.HOST_UNIT if key[0] == "host" else 1)
+        return st
 
     def lower_bound(self, effects) -> int:
         """Earliest group start meeting every dependency.
@@ -67,23 +116,11 @@ class Reservations:
         (and is reported as a race)."""
         lb = 0
         for key, lo, hi, kind, rel_start, _, rel_issue in effects:
-            for (plo, phi, pkind), (pend, pissue) in self.accesses.get(key, {}).items():
-                if plo > hi or lo > phi:
-                    continue
-                if kind == "r" and pkind == "w":
-                    lb = max(lb, pend - rel_start)  # read once the last write landed
-                elif kind == "w" and pkind == "w":
-                    lb = max(lb, pend + 1 - rel_start)  # land after the earlier write
-                elif kind == "w":
-                    lb = max(lb, pend + 1 - rel_start, pissue + 1 - rel_issue)
+            st = self.accesses.get(key)
+            if st is not None:
+                lb = max(lb, st.bound(lo, hi, kind, rel_start, rel_issue))
         return lb
 
     def record(self, effects, t: int):
         for key, lo, hi, kind, _, rel_end, rel_issue in effects:
-            window = self.accesses[key]
-            latest = window.get((lo, hi, kind))
-            if latest is None:
-                window[(lo, hi, kind)] = [t + rel_end, t + rel_issue]
-            else:
-                latest[0] = max(latest[0], t + rel_end)
-                latest[1] = max(latest[1], t + rel_issue)
+            self._stamps(key).record(lo, hi, kind, t + rel_end, t + rel_issue)

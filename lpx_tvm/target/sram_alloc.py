@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 
-from ..errors import SchedulingError
+from ..errors import SchedulingError, SramFull
 
 
 class SramAllocator:
@@ -39,7 +39,7 @@ class SramAllocator:
                 self.floor[s] -= lines
                 self.peak = max(self.peak, sum(self.used))
                 return s, self.floor[s]
-        raise SchedulingError(f"SRAM full: no slice has {lines} free lines at its top for constants "
+        raise SramFull(f"SRAM full: no slice has {lines} free lines at its top for constants "
                               f"({sum(self.used)} of {len(self._free) * self.lines} lines in use)")
 
     def alloc(self, lines: int, slice: "int | None" = None, avoid=()) -> tuple:
@@ -57,7 +57,7 @@ class SramAllocator:
                 best, best_key = (s, start), key
         if best is None:
             where = f"slice {slice}" if slice is not None else "any slice"
-            raise SchedulingError(f"SRAM full: {where} has no {lines} free lines in one piece "
+            raise SramFull(f"SRAM full: {where} has no {lines} free lines in one piece "
                                   f"({sum(self.used)} of {len(self._free) * self.lines} lines in use)")
         s, start = best
         holes = self._free[s]
