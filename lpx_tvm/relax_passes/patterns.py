@@ -125,12 +125,20 @@ def _type_problem(ty, settings, activation=True) -> str | None:
     if shape is None:
         return f"dynamic shape {ty.shape}: LPX schedules are static and need static shapes"
     if activation:
-        nbytes = math.prod(shape) * settings.activation_bytes
-        sram = settings.config.sram_bytes
-        if nbytes > sram:
+        # Activations larger than the SRAM stay off chip and run in bands of whole image
+        # rows (rows of a matrix): one row, its channels padded to whole lane tiles, must
+        # leave room for the window around it.
+        cfg = settings.config
+        lanes = cfg.lanes
+        if len(shape) == 4:
+            row = shape[3] * -(-shape[1] // lanes) * lanes
+        else:
+            row = -(-(shape[-1] if shape else 1) // lanes) * lanes
+        nbytes = row * settings.activation_bytes
+        if nbytes * 8 > cfg.sram_bytes:
             return (
-                f"activation {shape} needs {nbytes} bytes at {settings.precision}, more than "
-                f"the whole {settings.config.name} SRAM ({sram} bytes)"
+                f"one row of activation {shape} needs {nbytes} bytes at {settings.precision}, more than "
+                f"1/8 of the {cfg.name} SRAM ({cfg.sram_bytes} bytes), the least a band must leave"
             )
     return None
 

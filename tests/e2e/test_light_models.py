@@ -17,11 +17,9 @@ others overflow it (VGG-19 reaches 3.7e31), so they run in fp32, which also chec
 logits tightly; VGG-19 runs in bf16, because in fp32 its 224x224x64 activations (one
 320-lane vector per pixel, 4 bytes a lane) do not fit the SRAM together.
 
-Not on ``mini``: with 512 KiB of SRAM, convolutions whose input or output alone exceeds
-the SRAM stay on the CPU: at 2 bytes a value 8% of SqueezeNet's MACs and 9% of
-ShuffleNet's (53% of SqueezeNet's in fp32), so 95% on LPX is out of reach there. The
-regions left do not compile either: beside their weights, a convolution's input, output
-and padded copy overflow the SRAM ("SRAM full"), and activations are not spilled yet.
+SqueezeNet and ShuffleNet also run on ``mini``, whose 512 KiB of SRAM holds neither
+model's activations: their regions keep activations in off-chip memory and run each op
+by bands of image rows (docs/compiler.md, "Activations off chip").
 """
 
 import os
@@ -102,17 +100,33 @@ def cpu_mxm_macs(per_op: dict, cpu_ops: dict) -> int:
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_light_model_on_tsp(name):
-    precision, rtol, logits_rtol = MODELS[name]
+    check_light_model(name, "tsp", *MODELS[name])
+
+
+# mini's 512 KiB of SRAM holds neither model's activations (SqueezeNet's first
+# convolution alone outputs 3 MiB in fp32): their regions keep activations off chip and
+# run by bands, and their weights mostly stream.
+@pytest.mark.parametrize("name", ["squeezenet", "shufflenet"])
+def test_light_model_on_mini(name):
+    check_light_model(name, "mini", *MODELS[name])
+
+
+def check_light_model(name, preset, precision, rtol, logits_rtol):
     model = onnx.load(os.path.join(LIGHT, f"light_{name}.onnx"))
     expected = numpy_helper.to_array(onnx.load_tensor(os.path.join(LIGHT, f"light_{name}_output_0.pb")))
     x_name, x = runner_input(model)
     logits = expose_logits(model)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {x_name: x})
 
-    compiled = lpx_tvm.compile_model(model, preset="tsp", precision=precision)
+    compiled = lpx_tvm.compile_model(model, preset=preset, precision=precision)
     got = compiled.run({x_name: x})
     out = model.graph.output[0].name
-    np.testing.assert_allclose(got[out], expected, rtol=rtol, atol=1e-7)
+    # The softmax of logits this large turns one rounding step of the largest into a
+    # different output: fp32 sums in another order (mini's 16-lane tiles) make equal
+    # logits unequal by an ulp. There only the logits are compared.
+    conditioned = logits is None or np.spacing(np.abs(want[1]).max()) < rtol
+    if conditioned or preset == "tsp":
+        np.testing.assert_allclose(got[out], expected, rtol=rtol, atol=1e-7)
     if logits is not None:
         err = np.abs(got[logits] - want[1]).max() / np.abs(want[1]).max()
         assert err < logits_rtol, f"logits: max error {err:.2e} of their largest magnitude"

@@ -133,19 +133,20 @@ def test_report_round_trips_through_json():
 @tvm.script.ir_module
 class _Wide:
     @R.function
-    def main(x: R.Tensor((1, 8, 256, 256), "float32")):
+    def main(x: R.Tensor((1, 8, 2, 8192), "float32")):
         with R.dataflow():
             y = R.nn.relu(x)
             R.output(y)
         return y
 
 
-def test_activation_bigger_than_sram_is_refused():
-    # 1x8x256x256 at fp16 is 1 MiB: more than the mini preset's 8 x 64 KiB SRAM.
+def test_activation_row_bigger_than_a_band_is_refused():
+    # Activations larger than the SRAM run off chip in bands of image rows; one row of
+    # 8192 pixels x 16 lanes at fp16 is 256 KiB: more than 1/8 of mini's 512 KiB SRAM.
     _, report = partition_for_lpx(_Wide, "mini", "fp16")
     assert report.cpu == {"nn.relu": 1}
     (reason,) = report.reasons["nn.relu"]
-    assert "needs 1048576 bytes at fp16" in reason and "mini SRAM (524288 bytes)" in reason
+    assert "needs 262144 bytes at fp16" in reason and "mini SRAM (524288 bytes)" in reason
     _, report = partition_for_lpx(_Wide, "tsp", "fp16")
     assert report.lpx == {"nn.relu": 1}
 

@@ -3,6 +3,7 @@ their scheduled TensorIR tiles, and the weight matrices they install."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -18,6 +19,13 @@ from .storage import Stored, StreamedWeights, _one
 from .support import block_diagonal, grouped_conv_problem
 
 TVM_DTYPE = {DType.FP32: "float32", DType.FP16: "float16", DType.BF16: "bfloat16"}
+
+
+@functools.lru_cache(maxsize=512)
+def _scheduled_steps(work, tiling) -> tuple:
+    """The tile steps of a workload's schedule (a region's bands and repeated layers ask
+    for the same ones)."""
+    return tuple(tile_steps(schedule(work, tiling).mod["main"]))
 
 
 class _Planes:
@@ -78,7 +86,8 @@ class MxmLowering:
             return None
         rows, cols = matrix.shape
         lines = -(-cols // lanes) * rows * self.dtype.itemsize
-        budget = self.weight_budget * self.cfg.mem_slices * self.cfg.lines_per_slice
+        share = self.offchip_weight_budget if self.offchip else self.weight_budget
+        budget = share * self.cfg.mem_slices * self.cfg.lines_per_slice
         if self.b.constant_lines + lines <= budget:
             try:
                 return self.b.tensor(f"{op.out}.weight", matrix.shape, self.dtype, data=matrix, row_align=align)
@@ -130,7 +139,7 @@ class MxmLowering:
         (sh, sw), (dh, dw) = work.stride, work.dilation
         hp, wp, oh, ow = work.Hp, work.Wp, work.OH, work.OW
         t = default_tiling(self.cfg, work)
-        steps = tile_steps(schedule(work, Conv2dTiling(oh=t.oh, ci=lanes, co=lanes, order=t.order)).mod["main"])
+        steps = _scheduled_steps(work, Conv2dTiling(oh=t.oh, ci=lanes, co=lanes, order=t.order))
 
         def window(step):
             n0, (oh0, ohe) = step.writes["mxm"][0][0], step.writes["mxm"][1]
@@ -185,7 +194,7 @@ class MxmLowering:
         lanes = self.cfg.lanes
         work = DenseWorkload(rows, round_up(k, lanes), round_up(nn, lanes), TVM_DTYPE[self.dtype])
         t = default_tiling(self.cfg, work)
-        steps = tile_steps(schedule(work, DenseTiling(m=t.m, k=lanes, n=lanes, order=t.order)).mod["main"])
+        steps = _scheduled_steps(work, DenseTiling(m=t.m, k=lanes, n=lanes, order=t.order))
 
         def window(step):
             (m0, me), (k0, _) = step.reads["A"]

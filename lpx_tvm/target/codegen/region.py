@@ -17,16 +17,18 @@ All groups of the region go to one ProgramBuilder, whose list scheduler times th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..builder import ProgramBuilder
+from ...errors import SramFull
+from ..builder import OffchipTensor, ProgramBuilder
 from ..config import LPXConfig
 from ..isa import DType
 from ..program import Program
 from .graph import Operand, Region, RegionOp, UnsupportedOnLPX, read_region
 from .mxm import MxmLowering, _Planes
+from .offchip import OffchipLowering, Spilled
 from .storage import Stored, StreamedWeights, _chunk_of, _one, _row_align, _runs, _slices, stored_shape
 from .vector import VectorLowering
 
@@ -46,7 +48,7 @@ class CompiledRegion:
     input_transforms: dict = field(default_factory=dict)  # param -> host-side layout (im2col)
 
 
-class RegionCompiler(MxmLowering, VectorLowering):
+class RegionCompiler(MxmLowering, VectorLowering, OffchipLowering):
     # Share of the SRAM that resident weights may take; the rest is working space.
     weight_budget = 0.6
 
@@ -59,6 +61,22 @@ class RegionCompiler(MxmLowering, VectorLowering):
 
     def compile(self, name: str, func) -> CompiledRegion:
         region = read_region(name, func)
+        try:
+            return self._compile(region, offchip=False)
+        except SramFull:
+            pass
+        # The activations do not fit beside each other: keep them off chip, run by bands.
+        for share in self.band_shares:
+            self.band_share = share
+            try:
+                return self._compile(region, offchip=True)
+            except SramFull:
+                if share == self.band_shares[-1]:
+                    raise
+
+    def _compile(self, region: Region, offchip: bool) -> CompiledRegion:
+        name = region.name
+        self.offchip = offchip
         self.b = ProgramBuilder(self.cfg, name)
         self.planes = _Planes(self.cfg)
         self.values = {}
@@ -66,8 +84,11 @@ class RegionCompiler(MxmLowering, VectorLowering):
         self.op_counts = {}
         self._fills = {}
         self._maps = {}
-        self.input_transforms = self._im2col_inputs(region)
+        self.input_transforms = {} if offchip else self._im2col_inputs(region)
         for p in region.params:
+            if offchip:
+                self.values[p.name] = self._spill_param(p.name, p.shape)
+                continue
             tr = self.input_transforms.get(p.name)
             shape = tuple(tr["matrix"]) if tr else stored_shape(p.shape)
             self.values[p.name] = Stored(self.b.input(p.name, shape, self.dtype,
@@ -86,7 +107,7 @@ class RegionCompiler(MxmLowering, VectorLowering):
         for i, op in enumerate(region.ops):
             self._count(op)
             self._scratch = []
-            self._lower(op, op.out in region.outputs)
+            (self._lower_offchip if offchip else self._lower)(op, op.out in region.outputs)
             for t in self._scratch:
                 self.b.free(t)
             dead = [v for v, last in last_use.items() if last == i and v not in keep]
@@ -97,6 +118,15 @@ class RegionCompiler(MxmLowering, VectorLowering):
         taken = set()
         for name_ in region.outputs:
             st = self.values[name_]
+            if isinstance(st, Spilled):
+                # Another name for the same off-chip bytes (an input, a reshape, a repeat).
+                if st.tensor.name not in out_names or st.tensor.name in taken or \
+                        tuple(st.tensor.layout.shape) != stored_shape(st.shape):
+                    self.b.bind(f"{name_}_out", st.tensor, stored_shape(st.shape))
+                    st = Spilled(replace(st.tensor, name=f"{name_}_out"), st.shape)
+                taken.add(st.tensor.name)
+                outputs.append((st.tensor.name, st.shape))
+                continue
             # A reshape alias shares its source's tensor: an output tensor stored in another
             # shape (or already returned for another output) is returned through a copy.
             if st.tensor.name not in out_names or st.tensor.name in taken or \
@@ -141,6 +171,8 @@ class RegionCompiler(MxmLowering, VectorLowering):
     def _release(self, name: str):
         """Free a dead value's tensor unless another live value (a reshape alias) shares it."""
         tensor = self.values.pop(name).tensor
+        if isinstance(tensor, OffchipTensor):
+            return  # off-chip working space is not reused
         if all(v.tensor is not tensor for v in self.values.values()):
             self.b.free(tensor)
 
@@ -159,16 +191,32 @@ class RegionCompiler(MxmLowering, VectorLowering):
                           row_align=_row_align(shape))
         return Stored(t, shape)
 
-    def _copy(self, x: Stored, name: str, is_output: bool = False, avoid=()) -> Stored:
-        y = self._new(name, x.shape, is_output, avoid=list(avoid) + [x], dtype=x.tensor.layout.dtype)
+    def _copy(self, x: Stored, name: str, is_output: bool = False, avoid=(), slices=None) -> Stored:
+        # Reading x and writing the copy use a slice's two ports: they may share slices.
+        if slices is None:
+            y = self._new(name, x.shape, is_output, avoid=avoid, dtype=x.tensor.layout.dtype)
+        else:
+            y = Stored(self.b.tensor(name, stored_shape(x.shape), x.tensor.layout.dtype, slices=slices,
+                                     row_align=_row_align(x.shape), role="output" if is_output else None), x.shape)
         self._rowwise(f"{name}.copy", [x], y, lambda g, vs: vs[0])
         return y
 
     def _apart(self, x: Stored, other: Stored, tag: str) -> Stored:
-        """``x``, or a copy of it on other slices when it shares a slice with ``other``
-        (both are read in one group, and a slice has one read port)."""
-        if not set(_slices([x])) & set(_slices([other])):
+        """``x``, or a copy of it on other slices when a column tile of it shares a slice
+        with the same tile of ``other`` (both are read in one group, and a slice has one
+        read port)."""
+        per_tile = lambda v: [{sl for sl, _ in v.tensor.layout.tiles[j * v.tensor.layout.nchunks:  # noqa: E731
+                                                                     (j + 1) * v.tensor.layout.nchunks]}
+                              for j in range(v.tensor.ntiles)]
+        xs, os_ = per_tile(x), per_tile(other)
+        if not any(a & b for a, b in zip(xs, os_)):
             return x
+        if x.tensor.layout.nchunks == 1 and other.tensor.layout.nchunks == 1 and len(xs) == len(os_):
+            # Tile by tile, the least used slice that tile of ``other`` does not use.
+            used = self.b._sram.used
+            slices = [min((s for s in range(self.cfg.mem_slices) if s not in b), key=lambda s: (used[s], s))
+                      for b in os_]
+            return self._temp(self._copy(x, f"{tag}.apart", slices=slices))
         return self._temp(self._copy(x, f"{tag}.apart", avoid=[other]))
 
     def _rowwise(self, tag: str, inputs: list, y: Stored, body, tiles=None):

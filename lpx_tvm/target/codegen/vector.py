@@ -21,8 +21,9 @@ class VectorLowering:
             return x
         n, c, h, w = x.shape
         hp, wp = h + pt + pb, w + pl + pr
-        xp = Stored(self._temp(self.b.tensor(f"{tag}.padded", (n * hp * wp, c), self.dtype, row_align=wp,
-                                             avoid=_slices([x]))), (n, c, hp, wp))
+        # A slice has a read and a write port: the copy may share slices with ``x``.
+        xp = Stored(self._temp(self.b.tensor(f"{tag}.padded", (n * hp * wp, c), self.dtype, row_align=wp)),
+                    (n, c, hp, wp))
         fill_row = self._fill_vector(fill)
         border = [(0, pt, 0, wp), (pt + h, pb, 0, wp), (pt, h, 0, pl), (pt, h, pl + w, pr)]  # rows, cols
         for i in range(n):
