@@ -116,7 +116,11 @@ class Executor:
             fn(self, *args)
 
     def operand(self, producer: int, off: int, count: int) -> np.ndarray:
-        return self.vals[producer][off:off + count]
+        """Vectors ``off .. off + count - 1`` of what ``producer`` emitted, (count, lanes)."""
+        v = self.vals[producer]
+        if v.ndim == 3:  # rows in groups (a 2-D read pattern): one array from now on
+            v = self.vals[producer] = v.reshape(-1, v.shape[-1])
+        return v[off:off + count]
 
     def free(self, producers: tuple):
         vals = self.vals
@@ -129,22 +133,20 @@ class Executor:
     def mem_read(self, i, spec, count, dtype, copy):
         shape, offset, strides = spec
         v = np.ndarray(shape, dtype, self.flat, offset, strides)
-        if len(shape) == 3:
-            v = v.reshape(count, self.lanes)  # a copy: rows in groups
-        elif copy:
-            v = v.copy()
-        self.vals[i] = v
+        if copy:
+            v = v.reshape(count, self.lanes) if len(shape) == 3 else v.copy()
+        self.vals[i] = v  # else a view: (count, lanes), or (groups, inner, lanes) for a 2-D pattern
 
     def mem_read_lines(self, i, bank, index, count, dtype):
         self.vals[i] = self.sram.load(bank, index, count, dtype)
 
     def mem_write(self, spec, producer, off, count):
-        v = self.vals[producer][off:off + count]
+        v = self.operand(producer, off, count)
         shape, offset, strides = spec
         np.ndarray(shape, v.dtype, self.flat, offset, strides)[...] = v.reshape(shape)
 
     def mem_write_lines(self, bank, index, producer, off, count):
-        self.sram.store(bank, index, self.vals[producer][off:off + count])
+        self.sram.store(bank, index, self.operand(producer, off, count))
 
     def dma_load(self, spec, lo, hi):
         shape, offset, strides = spec
@@ -163,26 +165,32 @@ class Executor:
 
     # ---- MXM -------------------------------------------------------------------
     def mxm_install(self, plane, buf, producer, off, rows, width):
-        self.wbuf[plane, buf] = (self.vals[producer][off:off + rows], width)
+        self.wbuf[plane, buf] = (self.operand(producer, off, rows), width)
 
     def mxm_split(self, plane, buf, block, producer, off, count):
         rows, width = self.wbuf[plane, buf]
-        self.accs.split(block, self.vals[producer][off:off + count], rows, width)
+        v = self.vals[producer]
+        if v.ndim == 3 and off % v.shape[1] == 0 and count % v.shape[1] == 0:
+            # rows in groups: the MXM concatenates them without a copy first
+            x = v[off // v.shape[1]:(off + count) // v.shape[1]]
+        else:
+            x = self.operand(producer, off, count)
+        self.accs.split(block, x, rows, width)
 
     def mxm_settle(self, plane, block, addr, count, xkeep, wkeep):
         self.accs.settle(plane, block, addr, count, xkeep, wkeep)
 
     def mxm_now(self, plane, buf, addr, producer, off, count, wkey, kind, accumulate):
         rows, width = self.wbuf[plane, buf]
-        self.accs.now(plane, addr, self.vals[producer][off:off + count], rows, width, wkey, kind, accumulate)
+        self.accs.now(plane, addr, self.operand(producer, off, count), rows, width, wkey, kind, accumulate)
 
     def mxm_drain(self, i, plane, addr, count, kind):
         self.vals[i] = self.accs.read(plane, addr, count, kind)
 
     # ---- VXM / SXM -----------------------------------------------------------
     def vxm(self, i, op, dt, out_dt, count, a, b, imm, aux0):
-        x = self.vals[a[0]][a[1]:a[1] + count]
-        y = imm if b is None else self.vals[b[0]][b[1]:b[1] + count]
+        x = self.operand(a[0], a[1], count)
+        y = imm if b is None else self.operand(b[0], b[1], count)
         with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the hardware's, not errors
             if op in VXM_BINARY:
                 out = nx.binary(op, x, y, dt)
@@ -197,7 +205,7 @@ class Executor:
         self.vals[i] = out
 
     def sxm(self, i, op, count, a, aux0, aux1):
-        x = self.vals[a[0]][a[1]:a[1] + count]
+        x = self.operand(a[0], a[1], count)
         if op == "sxm.shift":
             out = nx.shift(x, aux0)
         elif op == "sxm.rotate":
@@ -214,9 +222,8 @@ class Executor:
 
     # ---- C2C -------------------------------------------------------------------
     def c2c_send(self, i, producer, off, count):
-        self.vals[i] = self.vals[producer][off:off + count]
+        self.vals[i] = self.operand(producer, off, count)
 
     def c2c_recv(self, i, parts):
-        vals = self.vals
-        self.vals[i] = np.concatenate([vals[s][a:a + k] for s, a, k in parts])
+        self.vals[i] = np.concatenate([self.operand(s, a, k) for s, a, k in parts])
 

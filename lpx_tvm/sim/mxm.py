@@ -64,7 +64,7 @@ class Accumulators:
         b = self.blocks.get(block)
         if b is None:
             b = self.blocks[block] = _Pending(width)
-        b.xs.append(x[:, :len(rows)])
+        b.xs.append(x[..., :len(rows)])
         b.ws.append(rows)
 
     def settle(self, plane: int, block: int, addr: int, n: int, xkeep, wkeep):
@@ -91,7 +91,19 @@ class Accumulators:
                 return self.kept[which].pop(cid)
         if width is not None:
             parts = [p[:, :width] for p in parts]
-        out = parts[0].astype(np.float32) if len(parts) == 1 else np.concatenate(parts, axis=axis, dtype=np.float32)
+        if len(parts) == 1:
+            out = parts[0].astype(np.float32)
+            out = out.reshape(-1, out.shape[-1])
+        elif all(p.ndim == 2 for p in parts):
+            out = np.concatenate(parts, axis=axis, dtype=np.float32)
+        else:  # activations with rows in groups, (groups, inner, K_i): copied in place
+            n = parts[0].shape[0] * parts[0].shape[1] if parts[0].ndim == 3 else len(parts[0])
+            out = np.empty((n, sum(p.shape[-1] for p in parts)), np.float32)
+            k0 = 0
+            for p in parts:
+                dst = out[:, k0:k0 + p.shape[-1]]
+                np.copyto(dst.reshape(p.shape) if p.ndim == 3 else dst, p, casting="unsafe")
+                k0 += p.shape[-1]
         if keep is not None:
             self.kept[which][keep[0]] = out
         return out

@@ -543,8 +543,7 @@ class _Run:
         if spec is None:
             self._do(Executor.mem_read_lines, (i, ins.unit, index, ins.count, ins.dtype.np), makes=i)
             return
-        if len(spec[0]) == 2:  # one strided view: a replay may share it (see finalize)
-            self._reads.append((len(self.steps), i, ins.unit, *_bounds(index)))
+        self._reads.append((len(self.steps), i, ins.unit, *_bounds(index)))  # a replay may share it (finalize)
         self._do(Executor.mem_read, (i, spec, ins.count, ins.dtype.np, True), makes=i)
 
     def _mem_write(self, i, ins, t, _):
