@@ -100,6 +100,7 @@ class Banked:
         self.read_at = _PerBank(banks, lines, NEVER)
         self.read_by = _PerBank(banks, lines, -1)
         self.generation = np.zeros(banks, np.int64)  # bumped by every write to a bank
+        self._ramps = {}  # (count, width, per vector, contiguous) -> cycle offsets of an access's lines
 
     def start_run(self, functional: bool):
         """Begin a run: no access on record. A functional run then loads its initial image."""
@@ -147,12 +148,20 @@ class Banked:
                        f"{self.name} {bank}: lines {lo}..{hi} outside 0..{self.lines - 1}")
 
     def _cycles(self, first: int, count: int, width: int, index, per_vector: bool):
-        k = np.arange(count, dtype=np.int64) if per_vector else np.zeros(count, np.int64)
-        cyc = first + self.base + k
-        return np.repeat(cyc, width) if isinstance(index, slice) else np.broadcast_to(cyc[:, None], (count, width))
+        """The cycle of each line of an access (vector k at ``first + k``, or all at ``first``),
+        shaped like the lines ``index`` picks."""
+        key = (count, width, per_vector, isinstance(index, slice))
+        ramp = self._ramps.get(key)
+        if ramp is None:
+            k = np.arange(count, dtype=np.int64) if per_vector else np.zeros(count, np.int64)
+            ramp = np.repeat(k, width) if key[3] else np.repeat(k[:, None], width, axis=1)
+            if len(self._ramps) > 4096:
+                self._ramps.clear()
+            self._ramps[key] = ramp
+        return ramp + int(first + self.base)
 
     def _check_read(self, bank, index, cycles):
-        written = self.written_at[bank, index]
+        written = self.written_at.row(bank)[index]
         bad = written > cycles
         if bad.any():
             j = np.flatnonzero(bad.ravel())[0]
@@ -164,7 +173,7 @@ class Banked:
 
     def _check_write(self, bank, index, cycles):
         for stamp, by, what in ((self.read_at, self.read_by, "read"), (self.written_at, self.written_by, "written")):
-            prev = stamp[bank, index]
+            prev = stamp.row(bank)[index]
             bad = prev >= cycles
             if bad.any():
                 j = np.flatnonzero(bad.ravel())[0]
@@ -215,9 +224,14 @@ class Banked:
         self._stamp(self.read_at, self.read_by, bank, index, cycles, me)
         return index
 
-    def access_rows(self, bank, rows: np.ndarray, cycles: np.ndarray, me, *, read: bool):
-        """Check and record one access per row, each at its own cycle (accumulator rows)."""
-        cycles = cycles + self.base
+    def access_rows(self, bank, rows: slice, first: int, step: int, me, *, read: bool):
+        """Check and record one access per row, row k at cycle ``first + step * k`` (accumulator rows)."""
+        count = rows.stop - rows.start
+        key = (count, step, "rows")
+        ramp = self._ramps.get(key)
+        if ramp is None:
+            ramp = self._ramps[key] = step * np.arange(count, dtype=np.int64)
+        cycles = ramp + int(first + self.base)
         if read:
             self._check_read(bank, rows, cycles)
             self._stamp(self.read_at, self.read_by, bank, rows, cycles, me)
@@ -281,18 +295,21 @@ class Banked:
         return self.data[bank, lines]
 
     def _stamp(self, stamp, by, bank, index, cycles, me):
-        self.high = max(self.high, int(cycles.flat[-1]))  # cycles grow along an access
+        last = int(cycles.flat[-1])  # cycles grow along an access
+        if last > self.high:
+            self.high = last
+        row = stamp.row(bank)
         if isinstance(index, slice):
             # Keep the latest cycle: a DMA on its own port may touch a line earlier than
             # a longer access issued before it.
-            stamp[bank, index] = np.maximum(stamp[bank, index], cycles)
-            by[bank, index] = me
+            view = row[index]
+            np.maximum(view, cycles, out=view)
+            by.row(bank)[index] = me
         else:
             # Strides smaller than a vector revisit lines: keep the latest cycle of each.
-            flat_idx, flat_cyc = index.ravel(), np.asarray(cycles).ravel()
-            row = stamp[bank]
+            flat_idx, flat_cyc = index.ravel(), cycles.ravel()
             np.maximum.at(row, flat_idx, flat_cyc)
-            by[bank, flat_idx] = me
+            by.row(bank)[flat_idx] = me
 
 
 def _line_at(index, j):

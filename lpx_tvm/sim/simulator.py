@@ -10,11 +10,11 @@ with a :class:`~lpx_tvm.errors.ScheduleHazard` naming the instruction, unit and 
 from __future__ import annotations
 
 import bisect
-from collections import defaultdict, deque
-from dataclasses import dataclass, field
-
+import gc
 import operator
 import weakref
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -82,8 +82,16 @@ class Simulator:
         A Simulator reuses its SRAM and accumulator arrays from run to run; use one
         Simulator per thread.
         """
-        with blas.one_thread():
-            return self._run(program, inputs or {}, timing_only, trace)
+        # The checks make many small objects and no reference cycles: the cyclic garbage
+        # collector would only walk the process's other objects, over and over.
+        collect = gc.isenabled()
+        gc.disable()
+        try:
+            with blas.one_thread():
+                return self._run(program, inputs or {}, timing_only, trace)
+        finally:
+            if collect:
+                gc.enable()
 
     def _run(self, program, inputs, timing_only, trace):
         cfg = self.config
@@ -194,6 +202,9 @@ class _Plan:
             and all(len(a) == len(b) and all(map(operator.is_, a, b)) for a, b in zip(mine[4:], now[4:])) \
             and len(self.tables) == len(p.tables) \
             and all(np.array_equal(a, b) for a, b in zip(self.tables, p.tables))
+
+
+_PORT_NAMES = {}  # ("mxm.compute", 2) -> "mxm2.compute"
 
 
 def _input_lines(program: Program, lanes: int):
@@ -504,7 +515,7 @@ class _Run:
                     index=i, instr=str(ins), unit=queue_name(ins.queue), cycle=ins.cycle)
             self.busy_until[port] = ins.cycle + t.occupancy
             self.busy_by[port] = i
-            pname = port_name(port)
+            pname = _PORT_NAMES.get(port) or _PORT_NAMES.setdefault(port, port_name(port))
             c.port_busy_cycles[pname] += t.occupancy
             tagc.busy_cycles += t.occupancy
             if self.trace is not None:
@@ -694,9 +705,7 @@ class _Run:
 
     def _acc_access(self, plane, ins, rate, first, i, read):
         # Accumulator rows land one every `rate` cycles: stamp each row with its own cycle.
-        rows = slice(ins.addr, ins.addr + ins.count)
-        cycles = first + rate * np.arange(ins.count, dtype=np.int64)
-        self.acc_stamps.access_rows(plane, rows, cycles, i, read=read)
+        self.acc_stamps.access_rows(plane, slice(ins.addr, ins.addr + ins.count), first, rate, i, read=read)
 
     def _mxm_drain(self, i, ins, t, _):
         plane = ins.unit

@@ -10,6 +10,7 @@ again.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -255,7 +256,7 @@ def test_offchip_binding_outside_the_offchip_memory():
 
 def dma_cycles(h, n, dtype):
     nbytes = n * h.lanes * DType.parse(dtype).itemsize
-    return h.cfg.offchip_latency + -(-nbytes * h.cfg.clock_hz // h.cfg.offchip_bytes_per_s)
+    return h.cfg.offchip_latency + math.ceil(nbytes * h.cfg.clock_hz / h.cfg.offchip_bytes_per_s)
 
 
 def image_program():
