@@ -45,25 +45,41 @@ def _largest_divisor(n: int, limit: int) -> int:
     return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
 
 
-def _block_rows(extent: int, limit: int, other_blocks: int, planes: int, row: int = 1) -> int:
+def _block_rows(extent: int, limit: int, other_blocks: int, planes: int, min_rows: int = 1) -> int:
     """Rows per output block: the largest divisor of ``extent`` within ``limit``, but small
     enough that there are at least as many output blocks as MXM planes (when the extent
-    allows), so every plane gets work."""
+    allows), so every plane gets work — yet not below ``min_rows``: every block installs
+    its own weight tiles, and a block whose multiply takes less time than an install
+    would leave its plane waiting on installs (the small images of a network's last
+    stages), so such layers keep fewer, larger blocks."""
     fits = [d for d in range(1, min(extent, limit) + 1) if extent % d == 0]
-    busy = [d for d in fits if (extent // d) * other_blocks >= planes]
-    return max(busy) if busy else max(fits)
+    ok = [d for d in fits if d >= min_rows] or [max(fits)]
+    busy = [d for d in ok if (extent // d) * other_blocks >= planes]
+    return max(busy) if busy else min(ok)
+
+
+def _min_block_pixels(cfg: LPXConfig, dtype: str) -> int:
+    """Pixels (activation vectors) whose multiply takes as long as installing one weight
+    tile (one vector per MXM row)."""
+    cpv = cfg.mxm_cycles_per_vector[_SHORT.get(dtype, dtype)]
+    return -(-cfg.mxm_rows // cpv)
+
+
+_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8", "uint8": "uint8"}
 
 
 def default_tiling(cfg: LPXConfig, w) -> "DenseTiling | Conv2dTiling":
     half = cfg.mxm_acc_rows // 2
     planes = cfg.mxm_planes
+    pixels = _min_block_pixels(cfg, w.dtype)
     if isinstance(w, DenseWorkload):
         n = _largest_divisor(w.N, cfg.mxm_cols)
-        return DenseTiling(m=_block_rows(w.M, half, w.N // n, planes), k=_largest_divisor(w.K, cfg.mxm_rows), n=n)
+        return DenseTiling(m=_block_rows(w.M, half, w.N // n, planes, pixels), k=_largest_divisor(w.K, cfg.mxm_rows),
+                           n=n)
     rows = max(1, half // w.OW)
     channels = w.C if isinstance(w, DepthwiseWorkload) else w.CO
     co = _largest_divisor(channels, cfg.mxm_cols)
-    oh = _block_rows(w.OH, rows, w.N * (channels // co), planes)
+    oh = _block_rows(w.OH, rows, w.N * (channels // co), planes, -(-pixels // w.OW))
     return Conv2dTiling(oh=oh, ci=_largest_divisor(w.C, cfg.mxm_rows), co=co)
 
 
