@@ -66,7 +66,10 @@ class Simulator:
         self._acc_stamps = Banked("accumulator of plane", cfg.mxm_planes, cfg.mxm_acc_rows, 1)
         self._accs = None
         self._plans = {}  # id(program) -> _Plan of a program whose schedule passed every check
-        self._timings = {}  # (id(instr), weights' dtype) -> (instr, its Timing): a pure function of both
+        # Pure functions of an (immutable) instruction and the config, computed once per instruction
+        # object: id(instr) -> instr once it passed the operand checks; (id(instr), weights' dtype)
+        # -> (instr, its Timing).
+        self._timings = {}
 
     def run(self, program: Program, inputs: "dict | None" = None, *, timing_only: bool = False,
             trace: bool = False) -> SimResult:
@@ -344,8 +347,12 @@ class _Run:
         """Check every instruction (with an executor ``self.ex``: and compute)."""
         cfg, prog, ex = self.cfg, self.program, self.ex
         instrs = prog.instrs
+        valid = self.timings  # instructions that passed _validate: a pure function of them and the config
         for i, ins in enumerate(instrs):
-            self._validate(i, ins)
+            if valid.get(id(ins)) is not ins:
+                self._validate(i, ins)
+                if ins.op != "sxm.permute":  # its map is in the program's tables, which may change
+                    valid[id(ins)] = ins
         order = sorted(range(len(instrs)), key=lambda i: (instrs[i].cycle, instrs[i].op != "icu.sync"))
         c = self.counters
         max_done, done_before, current = 0, 0, -1
