@@ -204,6 +204,15 @@ class Executor:
                 out = nx.reduce(op, x, aux0, dt)
         self.vals[i] = out
 
+    def vxm_inplace(self, i, op, a, b, imm):
+        """An fp32 binary op whose first operand, a whole value, is read by nothing after:
+        the result overwrites it (no new array, one pass less over memory)."""
+        x = self.vals[a]
+        y = imm if b is None else self.operand(b[0], b[1], len(x))
+        with np.errstate(all="ignore"):
+            nx.binary_into(op, x, y)
+        self.vals[i] = x
+
     def sxm(self, i, op, count, a, aux0, aux1):
         x = self.operand(a[0], a[1], count)
         if op == "sxm.shift":

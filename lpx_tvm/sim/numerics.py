@@ -108,6 +108,11 @@ def binary(op: str, a: np.ndarray, b, dtype: DType) -> np.ndarray:
     return _int_result(fn(a.astype(np.int64), bb), dtype)
 
 
+def binary_into(op: str, a: np.ndarray, b):
+    """``binary(op, a, b, FP32)`` for fp32 ``a``, written over ``a``."""
+    _BINARY[op](a, b.astype(np.float32, copy=False) if isinstance(b, np.ndarray) else b, out=a)
+
+
 # Written without 1 + erf(..) / 1 + tanh(..), which cancel for negative x and lose
 # every significant bit there: 1 + erf(z) = erfc(-z) and (1 + tanh(y)) / 2 = sigmoid(2y).
 def _gelu(x):

@@ -320,6 +320,9 @@ class _Run:
         self._made = {}  # producer -> step that makes its value
         self._reads = []  # (step, instruction, slice, lowest line, highest line) of mem.reads that may share
         self._writes = []  # (step, slice, lowest line, highest line) of every SRAM write
+        self._fresh = {}  # producer -> vector count, for values made as new arrays (drains, VXM results)
+        self._views = []  # (producer, producer whose value it is a view of)
+        self._vxm = []  # (step, producer, a, b) of fp32 binary VXM steps, which may compute in place
         self._pending = [dict() for _ in range(cfg.mxm_planes)]  # (addr, count) -> block id
         self._blocks = {}  # block id -> _Block
         self._settles = []  # (step, block id)
@@ -429,6 +432,16 @@ class _Run:
                     live[xp] = max(live.get(xp, k), k)
                 if wa is None or wa[1] == Accumulators.PUT:
                     live[wp] = max(live.get(wp, k), k)
+        for i, p in self._views:
+            live[p] = max(live.get(p, -1), live.get(i, -1))
+        # In place: an fp32 binary VXM step whose first operand is a whole new array that
+        # nothing reads after it.
+        for k, i, a, b in self._vxm:
+            p, off = a
+            if self._fresh.get(p) == steps[k][1][4] and off == 0 and last.get(p) == k == live.get(p) \
+                    and (b is None or b[0] != p):
+                _, args = steps[k]
+                steps[k] = (Executor.vxm_inplace, (i, args[1], p, b, args[7]))
         # Views: a read whose lines no write changes while any of its values is read.
         writes = defaultdict(list)
         for k, bank, lo, hi in self._writes:
@@ -740,6 +753,7 @@ class _Run:
         self._acc_access(plane, ins, 1, ins.cycle, i, read=True)
         self._settle(plane, ins.addr, ins.count)
         self._do(Executor.mxm_drain, (i, plane, ins.addr, ins.count, want), makes=i)
+        self._fresh[i] = ins.count
         self._emit(i, ins, t, ins.dtype)
 
     # VXM
@@ -759,8 +773,11 @@ class _Run:
             out_dt = ins.out_dtype
         if op == "vxm.reduce_sum" and dt in (DType.INT8, DType.UINT8):
             raise nx.NumericsError("reduce_sum of int8/uint8 would overflow; convert to int32 first")
-        self._do(Executor.vxm, (i, op, dt, out_dt, ins.count, a, b, imm, ins.aux0),
-                 (a[0],) if b is None else (a[0], b[0]), i)
+        k = self._do(Executor.vxm, (i, op, dt, out_dt, ins.count, a, b, imm, ins.aux0),
+                     (a[0],) if b is None else (a[0], b[0]), i)
+        self._fresh[i] = ins.count
+        if op in VXM_BINARY and dt is DType.FP32:
+            self._vxm.append((k, i, a, b))
         self._emit(i, ins, t, out_dt)
 
     # SXM
@@ -776,6 +793,7 @@ class _Run:
         nbytes = ins.count * self.cfg.lanes * ins.dtype.itemsize
         self.counters.c2c_bytes_sent += nbytes
         self._do(Executor.c2c_send, (i, p, off, ins.count), (p,), i)
+        self._views.append((i, p))
 
     def _c2c_recv(self, i, ins, t, _):
         link, need, parts = self.links[ins.unit], ins.count, []

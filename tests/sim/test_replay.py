@@ -289,3 +289,25 @@ def test_the_initial_image_is_restored_between_runs():
         if k == 1:  # another program in between: it sees zeros, not this image
             y = sim.run(other, {"x": np.zeros((64, 16), np.float32)}).outputs["y"]
             assert np.array_equal(y, np.ones((64, 16), np.float32))
+
+
+def test_vxm_results_read_twice_are_not_overwritten():
+    """A = X + 1 feeds two VXM ops; only the last reader may compute in place over A."""
+    h = Hand()
+    n = 6
+    x = RNG.standard_normal((n, LANES)).astype(np.float32)
+    h.input("X", n, "fp32", 0)
+    h.output("B", n, "fp32", 4)
+    h.output("C", n, "fp32", 5)
+    # slice 0 (pos 2) read at 0 emits at 2 on E0; VXM (pos 6) at 6 emits at 8 on E1
+    h.add("mem.read", 0, unit=0, count=n, addr=0, stride=4, dtype="fp32", dst=E(0))
+    h.add("vxm.add", 6, unit=0, count=n, dtype="fp32", src0=E(0), imm=1.0, dst=E(1))
+    # B = A * 2 and C = A + 3 on two more ALUs, both at 8; they emit at 10 on E2 / E3
+    h.add("vxm.mul", 8, unit=1, count=n, dtype="fp32", src0=E(1), imm=2.0, dst=E(2))
+    h.add("vxm.add", 8, unit=2, count=n, dtype="fp32", src0=E(1), imm=3.0, dst=E(3))
+    h.add("mem.write", 11, unit=4, count=n, addr=0, stride=4, dtype="fp32", src0=E(2))
+    h.add("mem.write", 12, unit=5, count=n, addr=0, stride=4, dtype="fp32", src0=E(3))
+    r = h.run({"X": x})
+    a = x + np.float32(1)
+    assert np.array_equal(r.outputs["B"], a * np.float32(2))
+    assert np.array_equal(r.outputs["C"], a + np.float32(3))
