@@ -211,6 +211,23 @@ class MxmLowering:
         self.macs += rows * k * nn
         self._emit_mxm(op, steps, window, weights, block, nn, is_output)
 
+    def _k_parts(self, keys: list) -> list:
+        """For each tile step, which part of its block's reduction it belongs to. A layer
+        with fewer output blocks than MXM planes splits each block's reduction tiles into
+        parts on different planes (each accumulates its own partial sum; the drains add
+        them), so every plane multiplies."""
+        count = {}
+        for k in keys:
+            count[k] = count.get(k, 0) + 1
+        split = max(1, self.cfg.mxm_planes // len(count)) if count else 1
+        seen, out = {}, []
+        for k in keys:
+            n = count[k]
+            s = min(split, n)
+            out.append(seen.get(k, 0) * s // n)
+            seen[k] = seen.get(k, 0) + 1
+        return out
+
     def _emit_mxm(self, op: RegionOp, steps, window, weights, block, channels: int, is_output: bool):
         """Install / multiply groups per tile, a drain group (with the epilogue) per output block.
 
@@ -228,15 +245,19 @@ class MxmLowering:
         y = self._new(op.out, op.shape, is_output)
         epi = self._epilogue_consts(op, channels)
         tag = op.out
-        last = {block(s): i for i, s in enumerate(steps)}
-        live = {}  # output block -> (plane, first accumulator row)
+        parts = self._k_parts([block(s) for s in steps])
+        last = {(block(s), parts[i]): i for i, s in enumerate(steps)}
+        nparts = {key: part + 1 for key, part in last}
+        live = {}  # (output block, K part) -> (plane, first accumulator row)
+        partial = {}  # output block -> fp32 SRAM sum of the K parts drained so far
         for i, s in enumerate(steps):
             key = block(s)
             col0, first_row, nrows = key
-            first = key not in live
+            part = (key, parts[i])
+            first = part not in live
             if first:
-                live[key] = self.planes.new_block(nrows)
-            plane, acc = live[key]
+                live[part] = self.planes.new_block(nrows)
+            plane, acc = live[part]
             buf = self.planes.buffer(plane)
             j, row0, row1 = weights(s)
             if staging is None:
@@ -249,10 +270,20 @@ class MxmLowering:
             for offset, region in window(s):
                 g = self.b.group(f"{tag}.mul")
                 g.mul(plane, buf, g.read(region), acc=acc + offset, accumulate=not first)
-            if last[key] == i:
-                g = self.b.group(f"{tag}.drain")
-                v = g.drain(plane, acc, nrows, self.acc)
-                v = self._apply_epilogue(g, v, epi, col0 // lanes, nrows)
-                self._write_rows(g, v, y, col0 // lanes, first_row, first_row + nrows)
-                del live[key]
+            if last[part] != i:
+                continue
+            g = self.b.group(f"{tag}.drain")
+            v = g.drain(plane, acc, nrows, self.acc)
+            del live[part]
+            if key in partial:
+                v = g.vxm("vxm.add", v, g.read(partial[key].tile(0)))
+            if parts[i] + 1 < nparts[key]:  # more K parts to come: keep the fp32 sum
+                if key not in partial:
+                    partial[key] = self.b.tensor(f"{tag}.partial", (nrows, lanes), self.acc)
+                g.write(v, partial[key].tile(0))
+                continue
+            if key in partial:
+                self.b.free(partial.pop(key))
+            v = self._apply_epilogue(g, v, epi, col0 // lanes, nrows)
+            self._write_rows(g, v, y, col0 // lanes, first_row, first_row + nrows)
         self.values[op.out] = y
