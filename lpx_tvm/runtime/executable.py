@@ -63,9 +63,12 @@ def im2col(x: np.ndarray, t: dict) -> np.ndarray:
     xp = np.pad(x.transpose(0, 2, 3, 1), ((0, 0), (pt, pb), (pl, pr), (0, 0)))
     n, hp, wp, c = xp.shape
     oh, ow = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
-    taps = [xp[:, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw, :]
-            for i in range(kh) for j in range(kw)]
-    return np.stack(taps, axis=3).reshape(n * oh * ow, kh * kw * c)
+    # Every window as a strided view (n, oh, ow, kh, kw, c) of the padded image; one copy.
+    s = xp.strides
+    windows = np.lib.stride_tricks.as_strided(xp, (n, oh, ow, kh, kw, c),
+                                              (s[0], sh * s[1], sw * s[2], dh * s[1], dw * s[2], s[3]),
+                                              writeable=False)
+    return windows.reshape(n * oh * ow, kh * kw * c)
 
 
 def from_storage(arr: np.ndarray) -> np.ndarray:
