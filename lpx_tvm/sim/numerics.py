@@ -101,8 +101,7 @@ _BINARY = {
 def binary(op: str, a: np.ndarray, b, dtype: DType) -> np.ndarray:
     fn = _BINARY[op]
     if dtype.is_float:
-        bb = b.astype(np.float32, copy=False) if isinstance(b, np.ndarray) else b
-        r = fn(a.astype(np.float32, copy=False), bb)
+        r = fn(a, b, dtype=np.float32)  # the ufunc converts fp16/bf16 operands to fp32 as it goes
         return r if dtype is DType.FP32 else r.astype(dtype.np)
     bb = b.astype(np.int64) if isinstance(b, np.ndarray) else np.int64(b)
     return _int_result(fn(a.astype(np.int64), bb), dtype)
