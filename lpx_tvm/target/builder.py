@@ -395,12 +395,13 @@ class ProgramBuilder:
                 self._sram.free(sl, addr, n * lay.row_stride)
 
     def tensor(self, name: str, shape, dtype, *, role: "str | None" = None, data=None, slices=None,
-               avoid=(), row_align: int = 1) -> SramTensor:
+               avoid=(), row_align: int = 1, spread: int = 1) -> SramTensor:
         """Allocate a tensor in SRAM, one column tile of ``lanes`` columns per allocation.
 
         ``avoid``: slices to keep clear of, e.g. those of a tensor this one is read beside
         in one group (a slice has one read port). A tile larger than a slice is cut into
-        chunks of a multiple of ``row_align`` rows (e.g. whole image rows)."""
+        chunks of a multiple of ``row_align`` rows (e.g. whole image rows); ``spread`` asks
+        for that many chunks even when a slice would hold the tile."""
         dt = DType.parse(dtype)
         shape = tuple(int(s) for s in shape)
         key = None
@@ -415,6 +416,11 @@ class ProgramBuilder:
         w = dt.itemsize
         fit = self.config.lines_per_slice // w  # rows one slice holds
         chunk_rows = 0 if rows <= fit else fit // row_align * row_align
+        if spread > 1 and rows > row_align:
+            # Several chunks (on different slices) let row-wise passes run side by side.
+            even = -(-(-(-rows // spread)) // row_align) * row_align
+            if even < rows:
+                chunk_rows = min(chunk_rows or even, even)
         while True:
             if rows > fit and chunk_rows == 0:
                 raise SramFull(f"tensor {name}: a row group of {row_align} vectors does not fit one slice")

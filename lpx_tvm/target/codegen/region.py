@@ -51,6 +51,9 @@ class CompiledRegion:
 class RegionCompiler(MxmLowering, VectorLowering, OffchipLowering):
     # Share of the SRAM that resident weights may take; the rest is working space.
     weight_budget = 0.6
+    # Image values are cut into this many row chunks (on different slices), so that
+    # row-wise passes (padding, pools, adds) and the planes' reads run side by side.
+    spread = 8
 
     def __init__(self, config: LPXConfig, precision: str = "fp16"):
         if precision not in PRECISION_DTYPE:
@@ -188,7 +191,7 @@ class RegionCompiler(MxmLowering, VectorLowering, OffchipLowering):
     def _new(self, name: str, shape: tuple, is_output: bool = False, avoid=(), dtype=None) -> Stored:
         role = "output" if is_output else None
         t = self.b.tensor(name, stored_shape(shape), dtype or self.dtype, role=role, avoid=_slices(avoid),
-                          row_align=_row_align(shape))
+                          row_align=_row_align(shape), spread=self.spread if len(shape) == 4 else 1)
         return Stored(t, shape)
 
     def _copy(self, x: Stored, name: str, is_output: bool = False, avoid=(), slices=None) -> Stored:
