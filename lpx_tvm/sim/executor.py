@@ -134,7 +134,11 @@ class Executor:
         shape, offset, strides = spec
         v = np.ndarray(shape, dtype, self.flat, offset, strides)
         if copy:
-            v = v.reshape(count, self.lanes) if len(shape) == 3 else v.copy()
+            if len(shape) == 3:
+                r = v.reshape(count, self.lanes)  # a copy, unless the groups line up (e.g. one group)
+                v = r.copy() if np.may_share_memory(r, v) else r
+            else:
+                v = v.copy()
         self.vals[i] = v  # else a view: (count, lanes), or (groups, inner, lanes) for a 2-D pattern
 
     def mem_read_lines(self, i, bank, index, count, dtype):

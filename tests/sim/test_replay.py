@@ -168,10 +168,11 @@ def test_gather_programs_are_always_checked(checks):
     assert checks.made == 2
 
 
-@pytest.mark.parametrize("dtype", ["fp16", "int8"])
-def test_activations_overwritten_before_the_drain(dtype):
+@pytest.mark.parametrize("dtype, window", [("fp16", False), ("int8", False), ("fp16", True)])
+def test_activations_overwritten_before_the_drain(dtype, window):
     """The MXM keeps float activations until the drain; the SRAM lines they were read from
-    are overwritten before it. A replay must still multiply the values read."""
+    are overwritten before it. A replay must still multiply the values read (``window``:
+    read with a 2-D pattern of a single group, the same lines)."""
     h = Hand()
     L = h.lat
     M, K, N = 7, 16, 16
@@ -195,7 +196,8 @@ def test_activations_overwritten_before_the_drain(dtype):
     t_d = max(t_mul + r * (k + 1) + L["mxm_mul"] - 1 - k for k in range(M))
     h.add("mem.read", 0, unit=1, count=K, addr=0, stride=w, dtype=dtype, dst=W(0))
     h.add("mxm.install", t_inst, unit=0, buf=0, count=K, dtype=dtype, aux0=N, src0=W(0))
-    h.add("mem.read", t_x, unit=0, count=M, addr=0, stride=w, dtype=dtype, dst=W(1))
+    pattern = dict(aux0=M, aux1=M * w + 8) if window else {}
+    h.add("mem.read", t_x, unit=0, count=M, addr=0, stride=w, dtype=dtype, dst=W(1), **pattern)
     h.add("mxm.mul", t_mul, unit=0, buf=0, addr=3, count=M, dtype=dtype, src0=W(1))
     # after X's lines are read (t_x .. t_x + M - 1), overwrite them with B's first rows
     t_r = t_x + M
