@@ -121,11 +121,11 @@ def check_light_model(name, preset, precision, rtol, logits_rtol):
     compiled = lpx_tvm.compile_model(model, preset=preset, precision=precision)
     got = compiled.run({x_name: x})
     out = model.graph.output[0].name
-    # The softmax of logits this large turns one rounding step of the largest into a
-    # different output: fp32 sums in another order (mini's 16-lane tiles) make equal
-    # logits unequal by an ulp. There only the logits are compared.
-    conditioned = logits is None or np.spacing(np.abs(want[1]).max()) < rtol
-    if conditioned or preset == "tsp":
+    # The softmax of logits this large (SqueezeNet's reach 1e10) turns one rounding step
+    # of the largest into a different output: fp32 sums in another order (16-lane tiles
+    # on mini, reductions split across planes) make equal logits unequal by an ulp.
+    # There only the logits are compared.
+    if logits is None or np.spacing(np.abs(want[1]).max()) < rtol:
         np.testing.assert_allclose(got[out], expected, rtol=rtol, atol=1e-7)
     if logits is not None:
         err = np.abs(got[logits] - want[1]).max() / np.abs(want[1]).max()
