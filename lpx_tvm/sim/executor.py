@@ -181,8 +181,11 @@ class Executor:
             x = self.operand(producer, off, count)
         self.accs.split(block, x, rows, width)
 
-    def mxm_settle(self, plane, block, addr, count, xkeep, wkeep):
-        self.accs.settle(plane, block, addr, count, xkeep, wkeep)
+    def mxm_settle(self, plane, block, addr, count, xkeep, wkeep, batch):
+        self.accs.settle(plane, block, addr, count, xkeep, wkeep, batch)
+
+    def mxm_settle_early(self, plane, block, addr, count, xdrop, wdrop):
+        self.accs.settle_early(plane, block, addr, count, xdrop, wdrop)
 
     def mxm_now(self, plane, buf, addr, producer, off, count, wkey, kind, accumulate):
         rows, width = self.wbuf[plane, buf]

@@ -44,12 +44,14 @@ class Accumulators:
         self.acc_f = np.zeros((planes, rows, lanes), np.float32)
         self.blocks = {}  # block id -> _Pending
         self.kept = ({}, {})  # concatenated activations, weights: id -> fp32 array
+        self.early = {}  # block id -> its rows, computed with an earlier block's (see settle)
         self._int_weights = {}  # integer weight matrices by where they were read
 
     def start_run(self):
         """Forget pending blocks and kept operands. The rows need no clearing: every row
         is written by a mul before it is read (the simulator checks)."""
         self.blocks.clear()
+        self.early.clear()
         for kept in self.kept:
             kept.clear()
         self._int_weights.clear()
@@ -67,19 +69,45 @@ class Accumulators:
         b.xs.append(x[..., :len(rows)])
         b.ws.append(rows)
 
-    def settle(self, plane: int, block: int, addr: int, n: int, xkeep, wkeep):
-        """Rows addr .. addr + n - 1 of ``plane`` = the block's sum over its splits."""
+    def settle(self, plane: int, block: int, addr: int, n: int, xkeep, wkeep, batch=()):
+        """Rows addr .. addr + n - 1 of ``plane`` = the block's sum over its splits. The
+        blocks of ``batch`` ((id, activations' keep action), ...) have the same weights and
+        all their splits: they are computed in the same matmul, for their own settles."""
         b = self.blocks.pop(block)
         width = b.width
         x = self._concat(0, b.xs, None, 1, xkeep)
         w = self._concat(1, b.ws, width, 0, wkeep)
         target = self.acc_f[plane, addr:addr + n]
+        if batch:
+            xs = [x] + [self._concat(0, self.blocks.pop(bid).xs, None, 1, keep) for bid, keep in batch]
+            rows = np.concatenate(xs)
+            with blas.threads_for(len(rows) * w.shape[0] * width):
+                y = rows @ w
+            target[:, :width] = y[:n]
+            target[:, width:] = 0
+            start = n
+            for (bid, _), xb in zip(batch, xs[1:]):
+                self.early[bid] = y[start:start + len(xb)]
+                start += len(xb)
+            return
         with blas.threads_for(n * w.shape[0] * width):
             if width == target.shape[1]:
                 np.matmul(x, w, out=target)
             else:
                 np.matmul(x, w, out=target[:, :width])
                 target[:, width:] = 0
+
+    def settle_early(self, plane: int, block: int, addr: int, n: int, xdrop, wdrop):
+        """The settle of a block computed with an earlier one (see settle); drops the kept
+        operands whose last use this is."""
+        y = self.early.pop(block)
+        target = self.acc_f[plane, addr:addr + n]
+        target[:, :y.shape[1]] = y
+        target[:, y.shape[1]:] = 0
+        if xdrop is not None:
+            self.kept[0].pop(xdrop)
+        if wdrop is not None:
+            self.kept[1].pop(wdrop)
 
     def _concat(self, which: int, parts: list, width, axis: int, keep) -> np.ndarray:
         """The parts joined along ``axis`` in fp32 (weights: their first ``width`` lanes)."""

@@ -262,6 +262,7 @@ class _Block:
 
     width: int
     splits: list = field(default_factory=list)  # (activation producer, weight producer, xkey, K, wkey)
+    last_split: int = -1  # step of its last split
 
 
 def _concat_keys(block: _Block) -> tuple:
@@ -416,17 +417,28 @@ class _Run:
                 if key is not None:
                     at[which][key].append(k)
         action = {}  # (step, 0 for activations / 1 for weights) -> (id, how)
+        put_at = {}  # (0 or 1, id) -> the step that computes and keeps it
         for which in (0, 1):
             for cid, ks in enumerate(at[which].values()):
                 if len(ks) > 1:
                     action[ks[0], which] = (cid, Accumulators.PUT)
+                    put_at[which, cid] = ks[0]
                     for k in ks[1:-1]:
                         action[k, which] = (cid, Accumulators.GET)
                     action[ks[-1], which] = (cid, Accumulators.POP)
+        early, batches = self._batch_settles(at[1], action, put_at)
         for k, bid in self._settles:
             xa, wa = action.get((k, 0)), action.get((k, 1))
             fn, args = steps[k]
-            steps[k] = (fn, args[:-2] + (xa, wa))
+            if k in early:  # computed at step early[k] with an earlier block that has the same weights
+                pop = Accumulators.POP
+                steps[k] = (Executor.mxm_settle_early, args[:4] + (xa[0] if xa and xa[1] == pop else None,
+                                                                  wa[0] if wa and wa[1] == pop else None))
+                for xp, wp, *_ in self._blocks[bid].splits:
+                    live[xp] = max(live.get(xp, k), early[k])
+                    live[wp] = max(live.get(wp, k), early[k])
+                continue
+            steps[k] = (fn, args[:-3] + (xa, wa, batches.get(bid, ())))
             for xp, wp, *_ in self._blocks[bid].splits:
                 if xa is None or xa[1] == Accumulators.PUT:
                     live[xp] = max(live.get(xp, k), k)
@@ -465,6 +477,31 @@ class _Run:
             if k in drop:
                 out.append((Executor.free, (tuple(drop[k]),)))
         return out
+
+    def _batch_settles(self, by_weights: dict, action: dict, put_at: dict) -> tuple:
+        """Blocks with the same weights whose splits are all in by the time the first of
+        them settles are computed with it, in one matmul of all their rows (a layer's row
+        blocks: small ones make slow matmuls). Returns ({step of a block computed early:
+        the step computing it}, {id of a first block: ((block id, its activations' action), ...)})."""
+        settle_of = dict(self._settles)
+        early, batches = {}, {}
+        for ks in by_weights.values():
+            lead = ks[0]
+            batch = []
+            for k in ks[1:]:
+                bid = settle_of[k]
+                if self._blocks[bid].last_split > lead:
+                    continue
+                xa = action.get((k, 0))
+                if xa is not None and xa[1] != Accumulators.PUT:
+                    if put_at[0, xa[0]] > lead:
+                        continue  # its activations are kept only later
+                    xa = (xa[0], Accumulators.GET)  # the block's own step drops them
+                batch.append((bid, xa))
+                early[k] = lead
+            if batch:
+                batches[settle_of[lead]] = tuple(batch)
+        return early, batches
 
     def _note_write(self, bank: int, index):
         lo, hi = _bounds(index)
@@ -722,7 +759,7 @@ class _Run:
                 self._blocks[bid] = _Block(buf.width)
             if bid is not None:
                 self._blocks[bid].splits.append((xp, buf.producer, xkey, buf.rows, buf.key))
-                self._do(Executor.mxm_split, (plane, b, bid, xp, off, n), (xp,))
+                self._blocks[bid].last_split = self._do(Executor.mxm_split, (plane, b, bid, xp, off, n), (xp,))
                 return
         self._settle(plane, addr, n)
         self._do(Executor.mxm_now, (plane, b, addr, xp, off, n, buf.key, kind, accumulate), (xp, buf.producer))
@@ -733,7 +770,7 @@ class _Run:
         for key in [k for k in pending if k[0] < addr + n and addr < k[0] + k[1]]:
             bid = pending.pop(key)
             self._settles.append((len(self.steps), bid))
-            self._do(Executor.mxm_settle, (plane, bid, key[0], key[1], None, None))
+            self._do(Executor.mxm_settle, (plane, bid, key[0], key[1], None, None, ()))
 
     def _acc_access(self, plane, ins, rate, first, i, read):
         # Accumulator rows land one every `rate` cycles: stamp each row with its own cycle.

@@ -313,3 +313,39 @@ def test_vxm_results_read_twice_are_not_overwritten():
     a = x + np.float32(1)
     assert np.array_equal(r.outputs["B"], a * np.float32(2))
     assert np.array_equal(r.outputs["C"], a + np.float32(3))
+
+
+def test_blocks_with_the_same_weights_settle_together():
+    """Weights installed once, two row blocks multiplied into different accumulator rows,
+    then drained: the second block is computed in the first one's matmul."""
+    h = Hand()
+    L = h.lat
+    M, K, N, r = 7, 16, 13, h.cfg.mxm_cycles_per_vector["fp16"]
+    x = RNG.standard_normal((2 * M, LANES)).astype(np.float16)
+    wts = RNG.standard_normal((K, LANES)).astype(np.float16)
+    h.input("X", 2 * M, "fp16", 0)  # slice 0, position 2
+    h.input("B", K, "fp16", 1)  # slice 1, position 3
+    h.output("Y", 2 * M, "fp32", 2)  # slice 2, position 4
+    t_inst = L["mem_read"] + 3
+    h.add("mem.read", 0, unit=1, count=K, addr=0, stride=2, dtype="fp16", dst=W(0))
+    h.add("mxm.install", t_inst, unit=0, buf=0, count=K, dtype="fp16", aux0=N, src0=W(0))
+    t_mul = [t_inst + K + L["mxm_install"]]
+    t_mul.append(t_mul[0] + r * M)
+    drains = []
+    for blk in range(2):
+        h.add("mem.read", t_mul[blk] - L["mem_read"] - 2, unit=0, count=M, addr=2 * M * blk, stride=2,
+              dtype="fp16", dst=W(1))
+        h.add("mxm.mul", t_mul[blk], unit=0, buf=0, addr=M * blk, count=M, dtype="fp16", src0=W(1))
+        drains.append(t_mul[blk] + r * M + L["mxm_mul"] - M)  # row k lands at t + r(k+1) + mul - 1
+    drains[1] = max(drains[1], drains[0] + M)
+    for blk in range(2):
+        h.add("mxm.drain", drains[blk], unit=0, addr=M * blk, count=M, dtype="fp32", dst=E(2))
+        h.add("mem.write", drains[blk] + L["mxm_drain"] + 4, unit=2, count=M, addr=4 * M * blk, stride=4,
+              dtype="fp32", src0=E(2))
+    sim, prog = Simulator("mini"), h.program()
+    y = sim.run(prog, {"X": x, "B": wts}).outputs["Y"]
+    steps = sim._plans[id(prog)].steps
+    assert sum(fn.__name__ == "mxm_settle_early" for fn, _ in steps) == 1  # the test covers the batch
+    ref = x.astype(np.float64) @ wts[:, :N].astype(np.float64)
+    assert np.allclose(y[:, :N], ref, rtol=1e-5, atol=1e-5)
+    assert np.all(y[:, N:] == 0)
