@@ -208,6 +208,11 @@ class RegionCompiler(MxmLowering, VectorLowering, OffchipLowering):
         """``x``, or a copy of it on other slices when a column tile of it shares a slice
         with the same tile of ``other`` (both are read in one group, and a slice has one
         read port)."""
+        lx, lo = x.tensor.layout, other.tensor.layout
+        if (lx.rows, lx.rows_per_chunk, len(lx.tiles)) == (lo.rows, lo.rows_per_chunk, len(lo.tiles)):
+            # Chunked alike: a group reads chunk q of both, so only equal chunks matter.
+            if all(a[0] != b[0] for a, b in zip(lx.tiles, lo.tiles)):
+                return x
         per_tile = lambda v: [{sl for sl, _ in v.tensor.layout.tiles[j * v.tensor.layout.nchunks:  # noqa: E731
                                                                      (j + 1) * v.tensor.layout.nchunks]}
                               for j in range(v.tensor.ntiles)]
