@@ -112,8 +112,13 @@ class Executor:
         return self.host[b.offchip:b.offchip + nbytes].view(lay.dtype.np).reshape(ntiles, lay.rows, L)
 
     def replay(self, steps):
-        for fn, args in steps:
+        """Run (method, arguments, values to drop after it) steps (see simulator._Run.finalize)."""
+        vals = self.vals
+        for fn, args, drop in steps:
             fn(self, *args)
+            if drop:
+                for p in drop:
+                    del vals[p]
 
     def operand(self, producer: int, off: int, count: int) -> np.ndarray:
         """Vectors ``off .. off + count - 1`` of what ``producer`` emitted, (count, lanes)."""

@@ -471,12 +471,7 @@ class _Run:
         drop = defaultdict(list)
         for p, k in self._made.items():
             drop[last.get(p, k)].append(p)
-        out = []
-        for k, step in enumerate(steps):
-            out.append(step)
-            if k in drop:
-                out.append((Executor.free, (tuple(drop[k]),)))
-        return out
+        return [(fn, args, tuple(drop[k]) if k in drop else None) for k, (fn, args) in enumerate(steps)]
 
     def _batch_settles(self, by_weights: dict, action: dict, put_at: dict) -> tuple:
         """Blocks with the same weights whose splits are all in by the time the first of
