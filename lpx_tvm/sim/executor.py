@@ -3,7 +3,7 @@
 The schedule checker (``simulator._Run``) turns each instruction into a *step*: a
 function of this module's :class:`Executor` and arguments that the checks resolved —
 which SRAM lines an access touches, which earlier instruction produced the values a
-stream operand reads and from which offset, the weights' and activations' reuse keys.
+stream operand reads and from which offset, which MXM blocks to compute when.
 A step does only arithmetic and data movement, on whole tiles, with no timing. A
 functional run replays the steps of the verified program (see docs/design.md, "Verify
 once, replay"); only programs with data-dependent addresses (``mem.gather``) run each

@@ -5,6 +5,11 @@ so the cost grows with instructions, not cycles or elements. Because the machine
 no stalls, arbiters or caches, the schedule either is valid — then this order gives
 exactly the hardware's results and cycle counts — or breaks a rule, and the run stops
 with a :class:`~lpx_tvm.errors.ScheduleHazard` naming the instruction, unit and cycle.
+
+The checks (:class:`_Run`) and the arithmetic (:class:`~lpx_tvm.sim.executor.Executor`)
+are separate: checking a program records the steps its arithmetic takes, and a
+Simulator replays the steps of a program it has verified without checking it again
+(docs/design.md, "Verify once, replay").
 """
 
 from __future__ import annotations
