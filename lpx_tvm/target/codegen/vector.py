@@ -165,28 +165,35 @@ class VectorLowering:
                                                       data=scale_map, avoid=_slices([total]), row_align=ow)),
                              (n, lanes, oh, ow))
         combine = "vxm.max" if is_max else "vxm.add"
+        if scale_t is not None:
+            scale_t = self._apart(scale_t, total, op.out)
+        firsts = [(i, t, (i * hp + (t // kw) * dh) * wp + (t % kw) * dw) for i in range(n) for t in range(kh * kw)]
         for i in range(n):
-            for t in range(kh * kw):
-                r, s_ = divmod(t, kw)
-                first = (i * hp + r * dh) * wp + s_ * dw
-                runs = _runs(oh, lambda o: (_chunk_of(xp.tensor, first + o * sh * wp),
-                                            _chunk_of(total.tensor, (i * oh + o) * ow)))
-                for o0, o1 in runs:
-                    for j in range(x.tensor.ntiles):
+            # Run by run of output rows, all taps then the result: the next layer can start
+            # on the first rows while later ones are pooled.
+            def chunks(o):
+                row = (i * oh + o) * ow
+                key = [_chunk_of(xp.tensor, f + o * sh * wp) for ii, _, f in firsts if ii == i]
+                key += [_chunk_of(total.tensor, row), _chunk_of(y.tensor, row)]
+                return tuple(key + ([_chunk_of(scale_t.tensor, row)] if scale_t is not None else []))
+            for o0, o1 in _runs(oh, chunks):
+                r0, r1 = (i * oh + o0) * ow, (i * oh + o1) * ow
+                for j in range(x.tensor.ntiles):
+                    out = _one(total.tensor.segments(j, r0, r1))
+                    for _, t, first in (f for f in firsts if f[0] == i):
                         g = self.b.group(f"{op.out}.pool")
                         win = _one(xp.tensor.window_segments(j, first + o0 * sh * wp, o1 - o0, ow, sh * wp, sw))
-                        out = _one(total.tensor.segments(j, (i * oh + o0) * ow, (i * oh + o1) * ow))
                         v = g.read(win)
                         if v.dtype != self.acc:
                             v = g.vxm("vxm.cvt", v, to=self.acc)
                         if t:
                             v = g.vxm(combine, v, g.read(out))
                         g.write(v, out)
-        if is_max:
-            self._rowwise(f"{op.out}.pool", [total], y, lambda g, vs: vs[0])
-        else:
-            self._rowwise(f"{op.out}.pool", [total, (self._apart(scale_t, total, op.out), 0)], y,
-                          lambda g, vs: g.vxm("vxm.mul", vs[0], vs[1]))
+                    g = self.b.group(f"{op.out}.pool")
+                    v = g.read(out)
+                    if scale_t is not None:
+                        v = g.vxm("vxm.mul", v, g.read(_one(scale_t.tensor.segments(0, r0, r1))))
+                    self._finish(g, v, _one(y.tensor.segments(j, r0, r1)))
         self.values[op.out] = y
 
     def _concat(self, op: RegionOp, is_output: bool):
