@@ -1,7 +1,10 @@
 """Simulator throughput on a tiled 2048 x 2048 x 2048 fp16 GEMM on the tsp preset.
 
 Measures, side by side in one run (medians of several repeats):
-- the functional simulation (real numbers) and the timing-only simulation (cycles only);
+- the functional simulation (real numbers) and the timing-only simulation (cycles only).
+  The warm-up run checks the program; the measured functional runs replay it without
+  the checks (docs/design.md, "Verify once, replay"), the timing-only runs do every
+  check each time;
 - ``np.matmul`` of the same shapes in fp32 — numpy has no BLAS path for fp16, and the
   simulator itself multiplies fp16 tiles through fp32 BLAS, so fp32 is the honest
   reference for "what a plain numpy matmul of these shapes costs".
