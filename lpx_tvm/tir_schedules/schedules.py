@@ -47,14 +47,15 @@ def _largest_divisor(n: int, limit: int) -> int:
 
 def _block_rows(extent: int, limit: int, other_blocks: int, planes: int, min_rows: int = 1) -> int:
     """Rows per output block: the largest divisor of ``extent`` within ``limit``, but small
-    enough that there are at least as many output blocks as MXM planes (when the extent
-    allows), so every plane gets work — yet not below ``min_rows``: every block installs
+    enough that there are at least two output blocks per MXM plane (when the extent
+    allows), so every plane gets work and a layer's first rows are ready for the next
+    layer early — yet not below ``min_rows``: every block installs
     its own weight tiles, and a block whose multiply takes less time than an install
     would leave its plane waiting on installs (the small images of a network's last
     stages), so such layers keep fewer, larger blocks."""
     fits = [d for d in range(1, min(extent, limit) + 1) if extent % d == 0]
     ok = [d for d in fits if d >= min_rows] or [max(fits)]
-    busy = [d for d in ok if (extent // d) * other_blocks >= planes]
+    busy = [d for d in ok if (extent // d) * other_blocks >= 2 * planes]
     return max(busy) if busy else min(ok)
 
 

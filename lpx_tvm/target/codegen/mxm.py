@@ -245,6 +245,9 @@ class MxmLowering:
         y = self._new(op.out, op.shape, is_output)
         epi = self._epilogue_consts(op, channels)
         tag = op.out
+        # Each layer's first block on plane 0: row block k of consecutive layers share a
+        # plane, so a plane that finished its rows early goes on with the same rows.
+        self.planes.next = 0
         parts = self._k_parts([block(s) for s in steps])
         last = {(block(s), parts[i]): i for i, s in enumerate(steps)}
         nparts = {key: part + 1 for key, part in last}
