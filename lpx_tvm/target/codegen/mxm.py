@@ -79,7 +79,8 @@ class MxmLowering:
             else:
                 # Row (tap * c + ci): whole taps per chunk (or lane tiles) so no K tile straddles slices.
                 matrix = w.transpose(2, 3, 1, 0).reshape(-1, co)
-                align = lanes if cg % lanes == 0 or kh * kw == 1 else cg
+                im2col = args[0].name in self.input_transforms  # one matmul: whole lane tiles
+                align = lanes if cg % lanes == 0 or kh * kw == 1 or im2col else cg
         elif kind == "matmul" and len(args) > 1 and args[1].is_const and len(args[1].shape) == 2:
             matrix = np.asarray(args[1].const, np.float32)
         if matrix is None:
@@ -90,7 +91,10 @@ class MxmLowering:
         budget = share * self.cfg.mem_slices * self.cfg.lines_per_slice
         if self.b.constant_lines + lines <= budget:
             try:
-                return self.b.tensor(f"{op.out}.weight", matrix.shape, self.dtype, data=matrix, row_align=align)
+                # Reduction tiles spread over slices: planes installing different parts of one
+                # weight matrix at once read through different slices' ports.
+                return self.b.tensor(f"{op.out}.weight", matrix.shape, self.dtype, data=matrix, row_align=align,
+                                     spread=self.weight_spread)
             except SchedulingError:
                 pass
         return StreamedWeights.place(self.b, matrix, self.dtype, lanes)

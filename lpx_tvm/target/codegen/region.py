@@ -54,6 +54,7 @@ class RegionCompiler(MxmLowering, VectorLowering, OffchipLowering):
     # Image values are cut into this many row chunks (on different slices), so that
     # row-wise passes (padding, pools, adds) and the planes' reads run side by side.
     spread = 8
+    weight_spread = 8
 
     def __init__(self, config: LPXConfig, precision: str = "fp16"):
         if precision not in PRECISION_DTYPE:
