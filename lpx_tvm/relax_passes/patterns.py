@@ -296,6 +296,25 @@ def _pool2d_rule(a, settings):
     return None
 
 
+def _softmax_rule(a, settings):
+    op = a["root"]
+    found = _tensors_problem(op, [a["input"]], settings)
+    if found:
+        return found
+    shape = _expr_shape(a["input"])
+    rank = len(shape)
+    if int(op.attrs.axis) % max(rank, 1) != rank - 1:
+        return op, f"softmax over axis {int(op.attrs.axis)} of a {rank}-D tensor: LPX reduces the last axis"
+    if rank == 4:
+        return op, "softmax of a 4-D tensor: LPX stores its last axis (W) across vectors, not lanes"
+    cfg = settings.config
+    tiles = -(-int(shape[-1]) // cfg.lanes) if shape else 1
+    if 2 * tiles + 2 > cfg.mem_slices:
+        return op, (f"softmax rows of {shape[-1]} elements ({tiles} lane tiles) need more SRAM slices "
+                    f"than {cfg.name} has ({cfg.mem_slices}) to read their pieces side by side")
+    return None
+
+
 def _global_avg_pool2d_rule(a, settings):
     mean = a["root"]
     found = _tensors_problem(mean, [a["input"]], settings)
@@ -436,6 +455,7 @@ def pattern_table() -> list:
     table.append(("global_avg_pool2d", *_unary_pattern("relax.mean"), [_global_avg_pool2d_rule]))
     table.append(("reshape", *_reshape_pattern(), [_reshape_rule]))
     table.append(("concat", *_unary_pattern("relax.concat"), [_concat_rule]))
+    table.append(("softmax", *_unary_pattern("relax.nn.softmax"), [_softmax_rule]))
 
     families = (
         ("conv2d", _conv2d_pattern, _conv2d_rule, _bias_rule(_conv_bias_shapes)),

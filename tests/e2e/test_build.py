@@ -86,7 +86,8 @@ def test_tsp_preset(cnn):
 
 def test_unsupported_op_falls_back_to_cpu():
     w = _const("w", (6, 4))
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Softmax", ["m"], ["y"], axis=-1)]
+    # Softmax runs on LPX over the last axis only: over the rows it stays on the CPU.
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Softmax", ["m"], ["y"], axis=0)]
     graph = helper.make_graph(nodes, "mm_softmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])], initializer=[w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -153,8 +154,9 @@ def test_shared_regions_count_macs_per_call():
     """Two structurally equal LPX regions (split by a CPU op) share one compiled definition;
     the report still counts the MACs of both calls."""
     w = numpy_helper.from_array(np.full((4, 4), 0.5, np.float32), "w")
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["m1"]), helper.make_node("Softmax", ["m1"], ["s"], axis=-1),
-             helper.make_node("MatMul", ["s", "w"], ["m2"]), helper.make_node("Softmax", ["m2"], ["y"], axis=-1)]
+    # Softmax over the rows (axis 0) stays on the CPU and splits the graph.
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m1"]), helper.make_node("Softmax", ["m1"], ["s"], axis=0),
+             helper.make_node("MatMul", ["s", "w"], ["m2"]), helper.make_node("Softmax", ["m2"], ["y"], axis=0)]
     graph = helper.make_graph(nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 4])], initializer=[w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

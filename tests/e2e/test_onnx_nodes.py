@@ -1,8 +1,8 @@
 """ONNX backend node tests through lpx_tvm: fp32 on the ``mini`` preset.
 
 Every node test case of Conv, Gemm, MatMul, Relu, Add, Mul, Sub, MaxPool, AveragePool,
-GlobalAveragePool, Flatten, Concat, BatchNormalization (inference), Sigmoid, Tanh and
-Clip is compiled and run, and each output is compared with the case's expected output.
+GlobalAveragePool, Flatten, Concat, BatchNormalization (inference), Sigmoid, Tanh,
+Clip and Softmax is compiled and run, and each output is compared with the case's expected output.
 The offload report must then match docs/ops.md exactly: the Relax ops the ONNX node
 becomes run on LPX, unless the table "Node test cases that run on the CPU" lists them
 with the reason the report gives. Cases the docs list as not importable by TVM are
@@ -56,6 +56,7 @@ PREFIXES = {
     "Sigmoid": ("sigmoid",),
     "Tanh": ("tanh",),
     "Clip": ("clip",),
+    "Softmax": ("softmax",),
 }
 
 # The Relax ops an ONNX node becomes after canonicalization (BatchNormalization
@@ -77,6 +78,7 @@ MAIN_OPS = {
     "Sigmoid": ("sigmoid",),
     "Tanh": ("tanh",),
     "Clip": ("clip",),
+    "Softmax": ("nn.softmax",),
 }
 # Cases whose node becomes other ops: Clip with no bounds is the identity (no op at
 # all), Clip(min=0) with no max is a ReLU, Clip with only a max is a minimum, min > max

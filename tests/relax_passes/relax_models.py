@@ -120,7 +120,8 @@ def depthwise_net(seed=1):
 
 
 def rejects_net():
-    """A conv with a runtime weight, an int32 Add and a Softmax: none can run on LPX."""
+    """A conv with a runtime weight, an int32 Add and a Softmax over channels: none can run
+    on LPX."""
     inits = [
         _init("k", np.arange(6, dtype=np.int32).reshape(1, 6)),
     ]

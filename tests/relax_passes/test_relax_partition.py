@@ -31,7 +31,7 @@ COMPOSITES = {
     f"lpx.{op}"
     for op in (
         "add", "subtract", "multiply", "relu", "sigmoid", "tanh", "clip",
-        "max_pool2d", "avg_pool2d", "global_avg_pool2d", "reshape", "concat",
+        "max_pool2d", "avg_pool2d", "global_avg_pool2d", "reshape", "concat", "softmax",
     )
 }
 
@@ -74,26 +74,27 @@ def test_convnet_regions_and_report():
                 "lpx.global_avg_pool2d": 1,
                 "lpx.reshape": 1,
                 "lpx.dense_bias": 1,
+                "lpx.softmax": 1,
             }
         )
     ]
     assert report.lpx == {
         "add": 3, "clip": 1, "matmul": 1, "mean": 1,
-        "nn.conv2d": 2, "nn.max_pool2d": 1, "reshape": 1,
+        "nn.conv2d": 2, "nn.max_pool2d": 1, "reshape": 1, "nn.softmax": 1,
     }
-    assert report.cpu == {"nn.softmax": 1}
-    assert report.reasons == {"nn.softmax": ["no LPX pattern for nn.softmax"]}
+    assert report.cpu == {}
+    assert report.reasons == {}
     assert report.regions == 1
     assert (report.config, report.precision) == ("tsp", "fp16")
-    assert report.offload_fraction == pytest.approx(10 / 11)
-    # Only the softmax is left in main, beside the call of the LPX region.
+    assert report.offload_fraction == pytest.approx(1.0)
+    # Nothing is left in main but the call of the LPX region.
     ops_in_main = [
         b.value.op.name
         for block in mod["main"].body.blocks
         for b in block.bindings
         if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
     ]
-    assert ops_in_main == ["relax.nn.softmax"]
+    assert ops_in_main == []
 
 
 def test_depthwise_conv_and_dense_chain_offloaded():
@@ -118,7 +119,9 @@ def test_runtime_weight_conv_int_add_and_softmax_stay_on_cpu_with_reasons():
     assert report.reasons["add"] == [
         "dtype int32 is not supported on LPX (float32, float16 or bfloat16)"
     ]
-    assert report.reasons["nn.softmax"] == ["no LPX pattern for nn.softmax"]
+    assert report.reasons["nn.softmax"] == [
+        "softmax over axis 1 of a 4-D tensor: LPX reduces the last axis"
+    ]
     assert [op.op for op in report.cpu_ops] == ["nn.conv2d", "nn.softmax", "add"]
     assert _lpx_composites(mod) == [Counter({"lpx.relu": 1})]
 

@@ -252,7 +252,7 @@ class RegionCompiler(MxmLowering, VectorLowering, OffchipLowering):
         lower = {"nn.conv2d": self._conv2d, "matmul": self._dense, "add": self._binary, "subtract": self._binary,
                  "multiply": self._binary, "nn.relu": self._unary, "sigmoid": self._unary, "tanh": self._unary,
                  "clip": self._unary, "nn.max_pool2d": self._pool, "nn.avg_pool2d": self._pool,
-                 "concat": self._concat, "mean": self._global_avg_pool}.get(kind)
+                 "concat": self._concat, "mean": self._global_avg_pool, "nn.softmax": self._softmax}.get(kind)
         if kind == "reshape":
             return self._reshape(op)
         if lower is None:

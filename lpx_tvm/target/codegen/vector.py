@@ -196,6 +196,51 @@ class VectorLowering:
                     self._finish(g, v, _one(y.tensor.segments(j, r0, r1)))
         self.values[op.out] = y
 
+    def _softmax(self, op: RegionOp, is_output: bool):
+        """Softmax over the last axis, numerically stable, in fp32 on the VXM: per run of
+        rows, the row maximum over every lane tile (``reduce_max`` fills its vector with
+        it), then exp(x - max) kept in fp32 with its running row sum, then the scaling by
+        the sum's reciprocal."""
+        x = self._value(op.main.args[0])
+        if x.nhwc:
+            raise UnsupportedOnLPX("softmax of a 4-D value (its last axis is stored across vectors)")
+        lay = x.tensor.layout
+        rows, cols, lanes, f32 = lay.rows, lay.cols, self.cfg.lanes, self.acc
+        mx = self._temp(self._new(f"{op.out}.max", (rows, lanes), avoid=[x], dtype=f32))
+        ex = self._temp(self._new(f"{op.out}.exp", (rows, cols), avoid=[x, mx], dtype=f32))
+        sm = self._temp(self._new(f"{op.out}.sum", (rows, lanes), avoid=[x, mx, ex], dtype=f32))
+        y = self._new(op.out, op.shape, is_output, avoid=[ex, sm])
+        tag = op.out
+        tensors = [x.tensor, mx.tensor, ex.tensor, sm.tensor, y.tensor]
+        seg = lambda v, j, r0, r1: _one(v.tensor.segments(j, r0, r1))  # noqa: E731
+        for r0, r1 in _runs(rows, lambda r: tuple(_chunk_of(t, r) for t in tensors)):
+            for j in range(x.tensor.ntiles):
+                width = min(cols - j * lanes, lanes)
+                g = self.b.group(f"{tag}.max")
+                v = g.read(seg(x, j, r0, r1))
+                v = g.vxm("vxm.reduce_max", v if v.dtype == f32 else g.vxm("vxm.cvt", v, to=f32), width=width)
+                if j:
+                    v = g.vxm("vxm.max", v, g.read(seg(mx, 0, r0, r1)))
+                g.write(v, seg(mx, 0, r0, r1))
+            for j in range(x.tensor.ntiles):
+                width = min(cols - j * lanes, lanes)
+                g = self.b.group(f"{tag}.exp")
+                v = g.read(seg(x, j, r0, r1))
+                v = v if v.dtype == f32 else g.vxm("vxm.cvt", v, to=f32)
+                e = g.vxm("vxm.exp", g.vxm("vxm.sub", v, g.read(seg(mx, 0, r0, r1))))
+                g.write(e, seg(ex, j, r0, r1))
+                total = g.vxm("vxm.reduce_sum", e, width=width)
+                if j:
+                    total = g.vxm("vxm.add", total, g.read(seg(sm, 0, r0, r1)))
+                g.write(total, seg(sm, 0, r0, r1))
+            g = self.b.group(f"{tag}.sum")
+            g.write(g.vxm("vxm.recip", g.read(seg(sm, 0, r0, r1))), seg(sm, 0, r0, r1))
+            for j in range(x.tensor.ntiles):
+                g = self.b.group(f"{tag}.scale")
+                v = g.vxm("vxm.mul", g.read(seg(ex, j, r0, r1)), g.read(seg(sm, 0, r0, r1)))
+                self._finish(g, v, seg(y, j, r0, r1))
+        self.values[op.out] = y
+
     def _concat(self, op: RegionOp, is_output: bool):
         """Concatenate along channels: move each input's lanes into place with one SXM
         permute (the other lanes become zero) and add the disjoint pieces of each output tile."""
