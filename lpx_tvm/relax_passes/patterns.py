@@ -305,14 +305,35 @@ def _softmax_rule(a, settings):
     rank = len(shape)
     if int(op.attrs.axis) % max(rank, 1) != rank - 1:
         return op, f"softmax over axis {int(op.attrs.axis)} of a {rank}-D tensor: LPX reduces the last axis"
+    return _last_axis_rows_problem(op, shape, settings, "softmax")
+
+
+def _last_axis_rows_problem(op, shape, settings, what):
+    """Why a per-row reduction over the last axis cannot run on LPX, or None."""
+    rank = len(shape)
     if rank == 4:
-        return op, "softmax of a 4-D tensor: LPX stores its last axis (W) across vectors, not lanes"
+        return op, f"{what} of a 4-D tensor: LPX stores its last axis (W) across vectors, not lanes"
     cfg = settings.config
     tiles = -(-int(shape[-1]) // cfg.lanes) if shape else 1
     if 2 * tiles + 2 > cfg.mem_slices:
-        return op, (f"softmax rows of {shape[-1]} elements ({tiles} lane tiles) need more SRAM slices "
+        return op, (f"{what} rows of {shape[-1]} elements ({tiles} lane tiles) need more SRAM slices "
                     f"than {cfg.name} has ({cfg.mem_slices}) to read their pieces side by side")
     return None
+
+
+def _layer_norm_rule(a, settings):
+    op = a["root"]
+    data, gamma, beta = op.args
+    found = _tensors_problem(op, [data], settings)
+    if found:
+        return found
+    if not (_is_const(gamma) and _is_const(beta)):
+        return op, "layer_norm with a runtime gamma or beta"
+    shape = _expr_shape(data)
+    rank = len(shape)
+    if [int(ax) % max(rank, 1) for ax in op.attrs.axes] != [rank - 1]:
+        return op, f"layer_norm over axes {[int(x) for x in op.attrs.axes]}: LPX normalizes the last axis"
+    return _last_axis_rows_problem(op, shape, settings, "layer_norm")
 
 
 def _global_avg_pool2d_rule(a, settings):
@@ -448,6 +469,9 @@ def pattern_table() -> list:
         ("sigmoid", "relax.sigmoid"),
         ("tanh", "relax.tanh"),
         ("clip", "relax.clip"),
+        ("erf", "relax.erf"),
+        ("gelu", "relax.nn.gelu"),
+        ("gelu_tanh", "relax.nn.gelu_tanh"),
     ):
         table.append((op, *_unary_pattern(relax_op), [_unary_rule]))
     for op in ("max_pool2d", "avg_pool2d"):
@@ -456,6 +480,7 @@ def pattern_table() -> list:
     table.append(("reshape", *_reshape_pattern(), [_reshape_rule]))
     table.append(("concat", *_unary_pattern("relax.concat"), [_concat_rule]))
     table.append(("softmax", *_unary_pattern("relax.nn.softmax"), [_softmax_rule]))
+    table.append(("layer_norm", *_unary_pattern("relax.nn.layer_norm"), [_layer_norm_rule]))
 
     families = (
         ("conv2d", _conv2d_pattern, _conv2d_rule, _bias_rule(_conv_bias_shapes)),

@@ -9,6 +9,11 @@ from .storage import Stored, _chunk_of, _one, _row_align, _runs, _slices, stored
 from .support import reshape_keeps_storage
 
 
+# Relax unary ops that are one VXM transcendental each.
+UNARY_VXM = {"sigmoid": "vxm.sigmoid", "tanh": "vxm.tanh", "erf": "vxm.erf", "nn.gelu": "vxm.gelu",
+             "nn.gelu_tanh": "vxm.gelu_tanh"}
+
+
 class VectorLowering:
     """Methods of :class:`~lpx_tvm.target.codegen.region.RegionCompiler` for VXM/SXM ops."""
 
@@ -122,8 +127,8 @@ class VectorLowering:
                         v = g.vxm("vxm.max", v, imm=lo)
                     if np.isfinite(hi):
                         v = g.vxm("vxm.min", v, imm=hi)
-                elif s.op in ("sigmoid", "tanh"):
-                    v = g.vxm(f"vxm.{s.op}", v)
+                elif s.op in UNARY_VXM:
+                    v = g.vxm(UNARY_VXM[s.op], v)
                 else:
                     raise UnsupportedOnLPX(f"{s.op} after {op.main.op}")
             return v
@@ -239,6 +244,71 @@ class VectorLowering:
                 g = self.b.group(f"{tag}.scale")
                 v = g.vxm("vxm.mul", g.read(seg(ex, j, r0, r1)), g.read(seg(sm, 0, r0, r1)))
                 self._finish(g, v, seg(y, j, r0, r1))
+        self.values[op.out] = y
+
+    def _layer_norm(self, op: RegionOp, is_output: bool):
+        """LayerNorm over the last axis in fp32 on the VXM, per run of rows: the mean (lane
+        sums of every tile), the centered values kept in fp32 with their running sum of
+        squares, then 1 / sqrt(var + eps) and the per-column gamma and beta."""
+        x = self._value(op.main.args[0])
+        a = op.main.attrs
+        if x.nhwc or [int(v) % len(x.shape) for v in a.get("axes", [-1])] != [len(x.shape) - 1]:
+            raise UnsupportedOnLPX("layer_norm over axes other than the last of a value that is not 4-D")
+        lay = x.tensor.layout
+        rows, cols, lanes, f32 = lay.rows, lay.cols, self.cfg.lanes, self.acc
+        eps = float(a.get("epsilon", 1e-5))
+        mean = self._temp(self._new(f"{op.out}.mean", (rows, lanes), avoid=[x], dtype=f32))
+        cen = self._temp(self._new(f"{op.out}.centered", (rows, cols), avoid=[x, mean], dtype=f32))
+        var = self._temp(self._new(f"{op.out}.var", (rows, lanes), avoid=[x, mean, cen], dtype=f32))
+        # gamma and beta, each read beside the centered values (none when 1 and 0)
+        affine = []
+        for arg, use, neutral, vop in ((op.main.args[1], a.get("scale", True), 1.0, "vxm.mul"),
+                                       (op.main.args[2], a.get("center", True), 0.0, "vxm.add")):
+            v = np.broadcast_to(np.asarray(arg.const, np.float32).reshape(-1), (cols,)) if use else None
+            if v is not None and np.any(v != neutral):
+                t = self._temp(self.b.constant(f"{op.out}.{'gamma' if neutral else 'beta'}", v.reshape(1, cols),
+                                               f32, avoid=_slices([cen])))
+                affine.append((vop, t))
+        y = self._new(op.out, op.shape, is_output, avoid=[cen, var])
+        tag = op.out
+        tensors = [x.tensor, mean.tensor, cen.tensor, var.tensor, y.tensor]
+        seg = lambda v, j, r0, r1: _one(v.tensor.segments(j, r0, r1))  # noqa: E731
+        for r0, r1 in _runs(rows, lambda r: tuple(_chunk_of(t, r) for t in tensors)):
+            n = r1 - r0
+            for j in range(x.tensor.ntiles):
+                width = min(cols - j * lanes, lanes)
+                g = self.b.group(f"{tag}.mean")
+                v = g.read(seg(x, j, r0, r1))
+                v = g.vxm("vxm.reduce_sum", v if v.dtype == f32 else g.vxm("vxm.cvt", v, to=f32), width=width)
+                if j:
+                    v = g.vxm("vxm.add", v, g.read(seg(mean, 0, r0, r1)))
+                if j == x.tensor.ntiles - 1:
+                    v = g.vxm("vxm.mul", v, imm=1.0 / cols)
+                g.write(v, seg(mean, 0, r0, r1))
+            for j in range(x.tensor.ntiles):
+                width = min(cols - j * lanes, lanes)
+                g = self.b.group(f"{tag}.var")
+                v = g.read(seg(x, j, r0, r1))
+                v = v if v.dtype == f32 else g.vxm("vxm.cvt", v, to=f32)
+                d = g.vxm("vxm.sub", v, g.read(seg(mean, 0, r0, r1)))
+                g.write(d, seg(cen, j, r0, r1))
+                sq = g.vxm("vxm.reduce_sum", g.vxm("vxm.mul", d, d), width=width)
+                if j:
+                    sq = g.vxm("vxm.add", sq, g.read(seg(var, 0, r0, r1)))
+                g.write(sq, seg(var, 0, r0, r1))
+            g = self.b.group(f"{tag}.var")
+            v = g.vxm("vxm.add", g.vxm("vxm.mul", g.read(seg(var, 0, r0, r1)), imm=1.0 / cols), imm=eps)
+            g.write(g.vxm("vxm.rsqrt", v), seg(var, 0, r0, r1))
+            for j in range(x.tensor.ntiles):
+                # One read beside the centered values per group: each pass writes them back.
+                steps = [("vxm.mul", seg(var, 0, r0, r1))] + [(vop, t.tile(j).repeat(n)) for vop, t in affine]
+                for k, (vop, other) in enumerate(steps):
+                    g = self.b.group(f"{tag}.affine")
+                    v = g.vxm(vop, g.read(seg(cen, j, r0, r1)), g.read(other))
+                    if k == len(steps) - 1:
+                        self._finish(g, v, seg(y, j, r0, r1))
+                    else:
+                        g.write(v, seg(cen, j, r0, r1))
         self.values[op.out] = y
 
     def _concat(self, op: RegionOp, is_output: bool):
