@@ -192,10 +192,14 @@ def _dense_rule(a, settings):
     if found:
         return found
     if not _is_const(weight):
-        return matmul, (
-            "weight is not a constant: the MXM installs dense weights from SRAM, "
-            "fixed at compile time (activation x activation matmul is not supported)"
-        )
+        # Activation x activation: B is installed from SRAM like a weight matrix.
+        lhs, rhs = _expr_shape(data), _expr_shape(weight)
+        if len(lhs) != len(rhs) or len(lhs) not in (2, 3) or lhs[:-2] != rhs[:-2]:
+            return matmul, (
+                f"runtime matmul operands {lhs} x {rhs}: LPX multiplies 2-D matrices, or 3-D "
+                "batches of equal size (4-D values are stored NHWC; broadcasts move data between lanes)"
+            )
+        return None
     if len(_expr_shape(weight)) != 2:
         rank = len(_expr_shape(weight))
         return matmul, f"weight of rank {rank}: LPX dense takes a 2-D (K, N) weight"

@@ -6,6 +6,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import tvm.testing
+from tvm.script import relax as R
 from onnx import TensorProto, helper, numpy_helper
 
 import lpx_tvm
@@ -185,3 +186,28 @@ def test_region_returns_a_value_and_its_reshape():
     for name, want in zip(["y", "c"], _ort(model, {"x": x})):
         tvm.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5)
     assert m.report["offload"]["cpu"] == {}
+
+
+@tvm.script.ir_module
+class _ActivationMatmuls:
+    @R.function
+    def main(a: R.Tensor((3, 37, 50), "float32"), b: R.Tensor((3, 50, 70), "float32"),
+             c: R.Tensor((20, 50), "float32"), d: R.Tensor((50, 9), "float32")):
+        with R.dataflow():
+            y = R.matmul(a, b)
+            z = R.nn.relu(R.matmul(c, d))
+            R.output(y, z)
+        return (y, z)
+
+
+@pytest.mark.parametrize("preset, precision, tol", [("mini", "fp32", 1e-5), ("tsp", "fp16", 2e-2)])
+def test_activation_times_activation_matmul(preset, precision, tol):
+    """A runtime B is installed from its SRAM tensor like a weight matrix, batch by batch."""
+    exe = lpx_tvm.build(_ActivationMatmuls, preset=preset, precision=precision)
+    assert exe.offload.lpx == {"matmul": 2, "nn.relu": 1} and exe.offload.cpu == {}
+    a, b, c, d = (RNG.standard_normal(s).astype(np.float32) for s in [(3, 37, 50), (3, 50, 70), (20, 50), (50, 9)])
+    y, z = exe.run([a, b, c, d])
+    scale = np.abs(a @ b).max()
+    assert np.abs(y - a @ b).max() <= tol * scale
+    assert np.abs(z - np.maximum(c @ d, 0)).max() <= tol * scale
+    assert exe.stats.useful_macs == 3 * 37 * 50 * 70 + 20 * 50 * 9

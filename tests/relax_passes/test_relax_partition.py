@@ -167,7 +167,7 @@ class _Refusals:
         x: R.Tensor((1, 4, 6, 6), "float32"),
         w: R.Tensor((4, 4, 3, 3), "float32"),
         a: R.Tensor((2, 4), "float32"),
-        b: R.Tensor((4, 3), "float32"),
+        b: R.Tensor((2, 4, 3), "float32"),
         xh: R.Tensor((1, 6, 6, 4), "float32"),
     ):
         with R.dataflow():
@@ -175,7 +175,7 @@ class _Refusals:
             pool = R.nn.max_pool2d(x, (2, 2), ceil_mode=True)
             avg = R.nn.avg_pool2d(x, (2, 2), dilation=(2, 2))
             mean = R.mean(x, axis=[1], keepdims=True)
-            mm = R.matmul(a, b)  # activation x activation
+            mm = R.matmul(a, b)  # activation x activation, broadcast over a batch
             nhwc = R.nn.conv2d(
                 xh, R.const(1.0, "float32") * R.ones((3, 3, 4, 4), "float32"),
                 data_layout="NHWC", kernel_layout="HWIO",
@@ -193,7 +193,7 @@ def test_each_check_says_why():
     assert reasons["pool"].startswith("ceil_mode=True")
     assert reasons["avg"].startswith("dilation (2, 2)")
     assert reasons["mean"].startswith("mean over axes [1] of a rank-4 tensor")
-    assert reasons["mm"].startswith("weight is not a constant")
+    assert reasons["mm"].startswith("runtime matmul operands (2, 4) x (2, 4, 3)")
     assert reasons["nhwc"].startswith("layouts data=NHWC weight=HWIO")
     assert reasons["clip"] == "clip min 3.0 is above max 1.0"
     assert report.lpx == {}

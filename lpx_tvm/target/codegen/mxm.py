@@ -15,7 +15,7 @@ from ...tir_schedules.schedules import Conv2dTiling
 from ..config import LPXConfig
 from ..isa import DType
 from .graph import RegionOp, UnsupportedOnLPX
-from .storage import Stored, StreamedWeights, _one
+from .storage import Stored, StreamedWeights, _one, stored_shape
 from .support import block_diagonal, grouped_conv_problem
 
 TVM_DTYPE = {DType.FP32: "float32", DType.FP16: "float16", DType.BF16: "bfloat16"}
@@ -187,33 +187,62 @@ class MxmLowering:
 
     def _dense(self, op: RegionOp, is_output: bool):
         x = self._value(op.main.args[0])
-        wconst = op.main.args[1]
-        if not wconst.is_const or len(wconst.shape) != 2:
-            raise UnsupportedOnLPX("matmul with a non-constant or non-2-D weight")
-        k, nn = wconst.shape
-        self._matmul(op, x, math.prod(x.shape[:-1]), k, nn, is_output)
+        b = op.main.args[1]
+        if b.is_const:
+            if len(b.shape) != 2:
+                raise UnsupportedOnLPX("matmul with a constant weight that is not 2-D")
+            k, nn = b.shape
+            return self._matmul(op, x, math.prod(x.shape[:-1]), k, nn, is_output)
+        # Activation x activation: B is installed from its SRAM tensor like a weight
+        # matrix (rows = K, lane tiles = N), batch by batch.
+        w = self._value(b)
+        if len(w.shape) != len(x.shape) or len(x.shape) not in (2, 3) or tuple(w.shape[:-2]) != tuple(x.shape[:-2]):
+            raise UnsupportedOnLPX(f"matmul of {x.shape} by a runtime {w.shape}")
+        batches = x.shape[0] if len(x.shape) == 3 else 1
+        k, nn = w.shape[-2:]
+        self._matmul(op, x, x.shape[-2], k, nn, is_output, W=self._whole_k_tiles(w, k, op.out).tensor,
+                     batches=batches)
 
-    def _matmul(self, op: RegionOp, x: Stored, rows: int, k: int, nn: int, is_output: bool):
-        """(rows, k) activations times the op's (k, nn) weight matrix, through DenseWorkload tiles."""
+    def _whole_k_tiles(self, w: Stored, k: int, tag: str) -> Stored:
+        """``w``, or a copy of it whose SRAM chunks hold whole batches (a reduction tile
+        is installed from one chunk)."""
+        lay = w.tensor.layout
+        if lay.nchunks == 1 or lay.rows_per_chunk % k == 0:
+            return w
+        t = self._temp(self.b.tensor(f"{tag}.rhs", stored_shape(w.shape), lay.dtype, row_align=k))
+        y = Stored(t, w.shape)
+        self._rowwise(f"{tag}.rhs", [w], y, lambda g, vs: vs[0])
+        return y
+
+    def _matmul(self, op: RegionOp, x: Stored, rows: int, k: int, nn: int, is_output: bool, W=None,
+                batches: int = 1):
+        """(rows, k) activations times a (k, nn) matrix — the op's weights, or ``W`` — through
+        DenseWorkload tiles; with ``batches``, batch i multiplies rows i * rows .. of ``x``
+        by rows i * k .. of ``W``."""
         lanes = self.cfg.lanes
         work = DenseWorkload(rows, round_up(k, lanes), round_up(nn, lanes), TVM_DTYPE[self.dtype])
         t = default_tiling(self.cfg, work)
-        steps = _scheduled_steps(work, DenseTiling(m=t.m, k=lanes, n=lanes, order=t.order))
+        tile_steps = _scheduled_steps(work, DenseTiling(m=t.m, k=lanes, n=lanes, order=t.order))
+        steps = [(i, s) for i in range(batches) for s in tile_steps]
 
         def window(step):
+            i, step = step
             (m0, me), (k0, _) = step.reads["A"]
-            return [(first - m0, r) for first, r in x.tensor.segments(k0 // lanes, m0, m0 + me)]
+            first_row = i * rows + m0
+            return [(first - first_row, r) for first, r in x.tensor.segments(k0 // lanes, first_row, first_row + me)]
 
         def weights(step):
+            i, step = step
             (k0, _), (n0, _) = step.reads["B"]
-            return n0 // lanes, k0, min(k, k0 + lanes)
+            return n0 // lanes, i * k + k0, i * k + min(k, k0 + lanes)
 
         def block(step):
+            i, step = step
             (m0, me), (n0, _) = step.writes["mxm"]
-            return n0, m0, me
+            return n0, i * rows + m0, me
 
-        self.macs += rows * k * nn
-        self._emit_mxm(op, steps, window, weights, block, nn, is_output)
+        self.macs += batches * rows * k * nn
+        self._emit_mxm(op, steps, window, weights, block, nn, is_output, W=W)
 
     def _k_parts(self, keys: list) -> list:
         """For each tile step, which part of its block's reduction it belongs to. A layer
@@ -232,7 +261,7 @@ class MxmLowering:
             seen[k] = seen.get(k, 0) + 1
         return out
 
-    def _emit_mxm(self, op: RegionOp, steps, window, weights, block, channels: int, is_output: bool):
+    def _emit_mxm(self, op: RegionOp, steps, window, weights, block, channels: int, is_output: bool, W=None):
         """Install / multiply groups per tile, a drain group (with the epilogue) per output block.
 
         ``window(step)`` -> [(row offset in the block, Region)]; ``weights(step)`` -> (column
@@ -241,7 +270,7 @@ class MxmLowering:
         time, into two staging buffers that alternate so the next load overlaps this install.
         """
         lanes = self.cfg.lanes
-        W = self._weights[op.out]
+        W = self._weights[op.out] if W is None else W
         staging = None
         if isinstance(W, StreamedWeights):
             staging = [self._temp(self.b.tensor(f"{op.out}.staging{i}", (lanes, lanes), self.dtype))
