@@ -325,6 +325,22 @@ def _last_axis_rows_problem(op, shape, settings, what):
     return None
 
 
+def _permute_dims_rule(a, settings):
+    op = a["root"]
+    found = _tensors_problem(op, [a["input"]], settings)
+    if found:
+        return found
+    rank = len(_expr_shape(a["input"]))
+    axes = [int(x) for x in op.attrs.axes] if op.attrs.axes is not None else list(range(rank))[::-1]
+    if rank not in (2, 3) or axes != list(range(rank - 2)) + [rank - 1, rank - 2]:
+        return op, (f"permute_dims {axes} of a {rank}-D tensor: LPX transposes the last two axes "
+                    "of a 2-D or 3-D tensor")
+    nbytes = math.prod(_expr_shape(a["input"])) * settings.activation_bytes
+    if 4 * nbytes > settings.config.sram_bytes:
+        return op, "a transpose larger than a quarter of the SRAM (it does not run by bands)"
+    return None
+
+
 def _layer_norm_rule(a, settings):
     op = a["root"]
     data, gamma, beta = op.args
@@ -485,6 +501,7 @@ def pattern_table() -> list:
     table.append(("concat", *_unary_pattern("relax.concat"), [_concat_rule]))
     table.append(("softmax", *_unary_pattern("relax.nn.softmax"), [_softmax_rule]))
     table.append(("layer_norm", *_unary_pattern("relax.nn.layer_norm"), [_layer_norm_rule]))
+    table.append(("permute_dims", *_unary_pattern("relax.permute_dims"), [_permute_dims_rule]))
 
     families = (
         ("conv2d", _conv2d_pattern, _conv2d_rule, _bias_rule(_conv_bias_shapes)),

@@ -2,7 +2,7 @@
 
 Every node test case of Conv, Gemm, MatMul, Relu, Add, Mul, Sub, MaxPool, AveragePool,
 GlobalAveragePool, Flatten, Concat, BatchNormalization (inference), Sigmoid, Tanh,
-Clip, Softmax, LayerNormalization (output Y), Gelu and Erf is compiled and run, and each output is compared with the case's expected output.
+Clip, Softmax, LayerNormalization (output Y), Gelu, Erf and Transpose is compiled and run, and each output is compared with the case's expected output.
 The offload report must then match docs/ops.md exactly: the Relax ops the ONNX node
 becomes run on LPX, unless the table "Node test cases that run on the CPU" lists them
 with the reason the report gives. Cases the docs list as not importable by TVM are
@@ -60,6 +60,7 @@ PREFIXES = {
     "LayerNormalization": ("layer_normalization",),
     "Gelu": ("gelu",),
     "Erf": ("erf",),
+    "Transpose": ("transpose",),
 }
 
 # The Relax ops an ONNX node becomes after canonicalization (BatchNormalization
@@ -85,6 +86,7 @@ MAIN_OPS = {
     "LayerNormalization": ("nn.layer_norm",),
     "Gelu": ("nn.gelu",),
     "Erf": ("erf",),
+    "Transpose": ("permute_dims",),
 }
 # Cases whose node becomes other ops: Clip with no bounds is the identity (no op at
 # all), Clip(min=0) with no max is a ReLU, Clip with only a max is a minimum, min > max

@@ -32,7 +32,7 @@ COMPOSITES = {
     for op in (
         "add", "subtract", "multiply", "relu", "sigmoid", "tanh", "clip",
         "max_pool2d", "avg_pool2d", "global_avg_pool2d", "reshape", "concat", "softmax",
-        "layer_norm", "erf", "gelu", "gelu_tanh",
+        "layer_norm", "erf", "gelu", "gelu_tanh", "permute_dims",
     )
 }
 

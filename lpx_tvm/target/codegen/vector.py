@@ -311,6 +311,35 @@ class VectorLowering:
                         g.write(v, seg(cen, j, r0, r1))
         self.values[op.out] = y
 
+    def _transpose(self, op: RegionOp, is_output: bool):
+        """Swap the last two axes of a 2-D or 3-D value: per batch, blocks of up to ``lanes``
+        rows by one column tile go through an SXM transpose (one vector out per column)
+        into the matching rows of the result's column tile."""
+        x = self._value(op.main.args[0])
+        if x.nhwc or len(x.shape) not in (2, 3):
+            raise UnsupportedOnLPX(f"permute_dims of a {len(x.shape)}-D value")
+        lanes = self.cfg.lanes
+        m, n = x.shape[-2:]
+        batches = x.shape[0] if len(x.shape) == 3 else 1
+        lay = x.tensor.layout
+        if lay.nchunks > 1 and lay.rows_per_chunk % m:
+            # Blocks of rows are read whole: chunks must hold whole batches.
+            t = self._temp(self.b.tensor(f"{op.out}.rows", stored_shape(x.shape), lay.dtype, row_align=m))
+            y0 = Stored(t, x.shape)
+            self._rowwise(f"{op.out}.rows", [x], y0, lambda g, vs: vs[0])
+            x = y0
+        y = self._new(op.out, op.shape, is_output)
+        for i in range(batches):
+            for r0 in range(0, m, lanes):
+                r1 = min(m, r0 + lanes)
+                for cb in range(x.tensor.ntiles):
+                    c0, c1 = cb * lanes, min(n, (cb + 1) * lanes)
+                    g = self.b.group(f"{op.out}.transpose")
+                    v = g.sxm("sxm.transpose", g.read(_one(x.tensor.segments(cb, i * m + r0, i * m + r1))),
+                              out=c1 - c0)
+                    self._write_rows(g, v, y, r0 // lanes, i * n + c0, i * n + c1)
+        self.values[op.out] = y
+
     def _concat(self, op: RegionOp, is_output: bool):
         """Concatenate along channels: move each input's lanes into place with one SXM
         permute (the other lanes become zero) and add the disjoint pieces of each output tile."""
