@@ -18,7 +18,9 @@ The pass order, top to bottom:
    follows no conv) become one multiply and one add.
 7. ``lpx.NormalizeClip``: ReLU6 / Clip spelled as max and min become one ``relax.clip``
    (or ``relax.nn.relu``).
-8. ``CanonicalizeBindings`` and dead code elimination: the aliases and the unused
+8. ``lpx.MaskingAdd``: ``where(constant mask, x, -inf)`` (an attention mask) becomes
+   ``x + constant``.
+9. ``CanonicalizeBindings`` and dead code elimination: the aliases and the unused
    bindings and PrimFuncs the rewrites leave.
 
 Everything else is left as it was.
@@ -32,6 +34,7 @@ from tvm import relax
 from .collapse_affine import CollapseAffine
 from .eval_constants import EvalConstants, has_constant_calls
 from .fold_scale_shift import FoldScaleShift
+from .masking_add import MaskingAdd
 from .normalize_clip import NormalizeClip
 from .remove_dropout import RemoveDropout
 from .unstack_reduce import UnstackReduce
@@ -41,6 +44,7 @@ __all__ = [
     "CollapseAffine",
     "EvalConstants",
     "FoldScaleShift",
+    "MaskingAdd",
     "NormalizeClip",
     "RemoveDropout",
     "UnstackReduce",
@@ -76,6 +80,7 @@ def canonicalize(mod: tvm.IRModule) -> tvm.IRModule:
             FoldScaleShift(),
             CollapseAffine(),
             NormalizeClip(),
+            MaskingAdd(),
             relax.transform.CanonicalizeBindings(),
             _remove_unused,
         ],

@@ -235,3 +235,27 @@ def test_attention_block_runs_on_lpx(preset):
     s = q @ k.transpose(0, 2, 1)
     e = np.exp(s - s.max(-1, keepdims=True))
     tvm.testing.assert_allclose(o, (e / e.sum(-1, keepdims=True)) @ v, rtol=1e-5, atol=1e-5)
+
+
+def _masked_softmax(fill: float) -> onnx.ModelProto:
+    s = 12
+    inits = [numpy_helper.from_array(np.tril(np.ones((s, s), bool)), "m"),
+             numpy_helper.from_array(np.array(fill, np.float32), "fill")]
+    nodes = [helper.make_node("Where", ["m", "x", "fill"], ["w"]), helper.make_node("Softmax", ["w"], ["y"], axis=-1)]
+    graph = helper.make_graph(nodes, "masked_softmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, s, s])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, s, s])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_constant_attention_mask_becomes_an_add_on_lpx():
+    """where(causal mask, scores, -inf) runs as scores + constant; a finite fill stays a
+    select (on the CPU), since adding it would not give the fill exactly."""
+    x = RNG.standard_normal((2, 12, 12)).astype(np.float32)
+    model = _masked_softmax(-np.inf)
+    m = lpx_tvm.compile_model(model, preset="mini", precision="fp32")
+    assert m.report["offload"]["cpu"] == {} and m.report["offload"]["lpx"] == {"add": 1, "nn.softmax": 1}
+    tvm.testing.assert_allclose(m.run({"x": x})["y"], _ort(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    finite = _masked_softmax(-1e9)
+    m = lpx_tvm.compile_model(finite, preset="mini", precision="fp32")
+    assert m.report["offload"]["cpu"] == {"where": 1}
+    tvm.testing.assert_allclose(m.run({"x": x})["y"], _ort(finite, {"x": x})[0], rtol=1e-5, atol=1e-6)
