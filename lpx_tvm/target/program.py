@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ProgramError
-from .isa import ISA_VERSION, DType, Instr
+from .isa import ISA_VERSION, DType
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 
-from ..errors import SchedulingError, SramFull
+from ..errors import SramFull
 
 
 class SramAllocator:

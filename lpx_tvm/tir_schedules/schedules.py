@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from tvm import s_tir
 
 from ..target.config import LPXConfig
-from .workloads import MXM_BLOCK, Conv2dWorkload, DenseWorkload, DepthwiseWorkload
+from .workloads import MXM_BLOCK, DenseWorkload, DepthwiseWorkload
 
 MXM_TILE = "lpx.mxm_tile"  # value of the block annotation ``lpx_intrin``
 INTRIN_KEY = "lpx_intrin"
