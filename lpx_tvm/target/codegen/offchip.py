@@ -152,6 +152,15 @@ class OffchipLowering:
                     yield band_op, loads, ((i * oh + h0) * ow, 0)
             return
         rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+        rows_of = lambda a: math.prod(a.shape[:-1]) if len(a.shape) > 1 else 1  # noqa: E731
+        if op.main.op == "permute_dims" or (op.main.op == "matmul" and not op.main.args[1].is_const):
+            # Rows of the result do not map to rows of every input: one band holds it all.
+            cost = (sum(rows_of(a) * tiles(a.shape[-1]) for a in tensors) + 1.5 * rows * tiles(shape[-1])) * size
+            if cost > budget:
+                raise UnsupportedOnLPX(f"{op.main.op} {op.out}: its operands and result do not fit the SRAM "
+                                       "together (it does not run by bands)")
+            yield op, {a.name: _Load(0, rows_of(a), 0, tuple(a.shape)) for a in tensors}, (0, 0)
+            return
 
         def flat_cost(r):
             return (sum(r * tiles(a.shape[-1]) for a in tensors) + 1.5 * r * tiles(shape[-1])) * size
