@@ -15,7 +15,7 @@ from ...tir_schedules.schedules import Conv2dTiling
 from ..config import LPXConfig
 from ..isa import DType
 from .graph import RegionOp, UnsupportedOnLPX
-from .storage import Stored, StreamedWeights, _one, stored_shape
+from .storage import Stored, StreamedWeights, _one
 from .support import block_diagonal, grouped_conv_problem
 
 TVM_DTYPE = {DType.FP32: "float32", DType.FP16: "float16", DType.BF16: "bfloat16"}
@@ -36,6 +36,10 @@ class _Planes:
         self.next = 0
         self.installs = [0] * cfg.mxm_planes
         self.blocks = [0] * cfg.mxm_planes
+
+    def start_layer(self):
+        """The next block goes to plane 0: row block k of consecutive layers share a plane."""
+        self.next = 0
 
     def new_block(self, rows: int) -> tuple:
         p = self.next
@@ -200,19 +204,8 @@ class MxmLowering:
             raise UnsupportedOnLPX(f"matmul of {x.shape} by a runtime {w.shape}")
         batches = x.shape[0] if len(x.shape) == 3 else 1
         k, nn = w.shape[-2:]
-        self._matmul(op, x, x.shape[-2], k, nn, is_output, W=self._whole_k_tiles(w, k, op.out).tensor,
+        self._matmul(op, x, x.shape[-2], k, nn, is_output, W=self._whole_groups(w, k, f"{op.out}.rhs").tensor,
                      batches=batches)
-
-    def _whole_k_tiles(self, w: Stored, k: int, tag: str) -> Stored:
-        """``w``, or a copy of it whose SRAM chunks hold whole batches (a reduction tile
-        is installed from one chunk)."""
-        lay = w.tensor.layout
-        if lay.nchunks == 1 or lay.rows_per_chunk % k == 0:
-            return w
-        t = self._temp(self.b.tensor(f"{tag}.rhs", stored_shape(w.shape), lay.dtype, row_align=k))
-        y = Stored(t, w.shape)
-        self._rowwise(f"{tag}.rhs", [w], y, lambda g, vs: vs[0])
-        return y
 
     def _matmul(self, op: RegionOp, x: Stored, rows: int, k: int, nn: int, is_output: bool, W=None,
                 batches: int = 1):
@@ -280,7 +273,7 @@ class MxmLowering:
         tag = op.out
         # Each layer's first block on plane 0: row block k of consecutive layers share a
         # plane, so a plane that finished its rows early goes on with the same rows.
-        self.planes.next = 0
+        self.planes.start_layer()
         parts = self._k_parts([block(s) for s in steps])
         last = {(block(s), parts[i]): i for i, s in enumerate(steps)}
         nparts = {key: part + 1 for key, part in last}

@@ -205,6 +205,16 @@ class RegionCompiler(MxmLowering, VectorLowering, OffchipLowering):
         self._rowwise(f"{name}.copy", [x], y, lambda g, vs: vs[0])
         return y
 
+    def _whole_groups(self, x: Stored, rows: int, tag: str) -> Stored:
+        """``x``, or a copy of it whose SRAM chunks hold whole groups of ``rows`` rows (a
+        batch of a matmul operand or of a transpose, read a block at a time)."""
+        lay = x.tensor.layout
+        if lay.nchunks == 1 or lay.rows_per_chunk % rows == 0:
+            return x
+        y = Stored(self._temp(self.b.tensor(tag, stored_shape(x.shape), lay.dtype, row_align=rows)), x.shape)
+        self._rowwise(tag, [x], y, lambda g, vs: vs[0])
+        return y
+
     def _apart(self, x: Stored, other: Stored, tag: str) -> Stored:
         """``x``, or a copy of it on other slices when a column tile of it shares a slice
         with the same tile of ``other`` (both are read in one group, and a slice has one

@@ -172,20 +172,21 @@ class VectorLowering:
         combine = "vxm.max" if is_max else "vxm.add"
         if scale_t is not None:
             scale_t = self._apart(scale_t, total, op.out)
-        firsts = [(i, t, (i * hp + (t // kw) * dh) * wp + (t % kw) * dw) for i in range(n) for t in range(kh * kw)]
         for i in range(n):
+            firsts = [(t, (i * hp + (t // kw) * dh) * wp + (t % kw) * dw) for t in range(kh * kw)]
+
             # Run by run of output rows, all taps then the result: the next layer can start
             # on the first rows while later ones are pooled.
             def chunks(o):
                 row = (i * oh + o) * ow
-                key = [_chunk_of(xp.tensor, f + o * sh * wp) for ii, _, f in firsts if ii == i]
+                key = [_chunk_of(xp.tensor, f + o * sh * wp) for _, f in firsts]
                 key += [_chunk_of(total.tensor, row), _chunk_of(y.tensor, row)]
                 return tuple(key + ([_chunk_of(scale_t.tensor, row)] if scale_t is not None else []))
             for o0, o1 in _runs(oh, chunks):
                 r0, r1 = (i * oh + o0) * ow, (i * oh + o1) * ow
                 for j in range(x.tensor.ntiles):
                     out = _one(total.tensor.segments(j, r0, r1))
-                    for _, t, first in (f for f in firsts if f[0] == i):
+                    for t, first in firsts:
                         g = self.b.group(f"{op.out}.pool")
                         win = _one(xp.tensor.window_segments(j, first + o0 * sh * wp, o1 - o0, ow, sh * wp, sw))
                         v = g.read(win)
@@ -200,6 +201,27 @@ class VectorLowering:
                         v = g.vxm("vxm.mul", v, g.read(_one(scale_t.tensor.segments(0, r0, r1))))
                     self._finish(g, v, _one(y.tensor.segments(j, r0, r1)))
         self.values[op.out] = y
+
+    def _reduce_tiles(self, tag: str, x: Stored, acc: Stored, r0: int, r1: int, reduce: str, combine: str,
+                      each=None, scale=None):
+        """Reduce rows r0 .. r1 of ``x`` across all its lanes into ``acc`` (fp32, one tile;
+        the reduction fills each vector), one group per lane tile: the tile in fp32,
+        transformed by ``each(group, tile, value)`` when given, reduced over its valid
+        lanes, combined with the tiles before it, and multiplied by ``scale`` at the last."""
+        lanes, f32, ntiles = self.cfg.lanes, self.acc, x.tensor.ntiles
+        dst = _one(acc.tensor.segments(0, r0, r1))
+        for j in range(ntiles):
+            g = self.b.group(tag)
+            v = g.read(_one(x.tensor.segments(j, r0, r1)))
+            v = v if v.dtype == f32 else g.vxm("vxm.cvt", v, to=f32)
+            if each is not None:
+                v = each(g, j, v)
+            v = g.vxm(reduce, v, width=min(x.tensor.layout.cols - j * lanes, lanes))
+            if j:
+                v = g.vxm(combine, v, g.read(dst))
+            if scale is not None and j == ntiles - 1:
+                v = g.vxm("vxm.mul", v, imm=scale)
+            g.write(v, dst)
 
     def _softmax(self, op: RegionOp, is_output: bool):
         """Softmax over the last axis, numerically stable, in fp32 on the VXM: per run of
@@ -219,25 +241,13 @@ class VectorLowering:
         tensors = [x.tensor, mx.tensor, ex.tensor, sm.tensor, y.tensor]
         seg = lambda v, j, r0, r1: _one(v.tensor.segments(j, r0, r1))  # noqa: E731
         for r0, r1 in _runs(rows, lambda r: tuple(_chunk_of(t, r) for t in tensors)):
-            for j in range(x.tensor.ntiles):
-                width = min(cols - j * lanes, lanes)
-                g = self.b.group(f"{tag}.max")
-                v = g.read(seg(x, j, r0, r1))
-                v = g.vxm("vxm.reduce_max", v if v.dtype == f32 else g.vxm("vxm.cvt", v, to=f32), width=width)
-                if j:
-                    v = g.vxm("vxm.max", v, g.read(seg(mx, 0, r0, r1)))
-                g.write(v, seg(mx, 0, r0, r1))
-            for j in range(x.tensor.ntiles):
-                width = min(cols - j * lanes, lanes)
-                g = self.b.group(f"{tag}.exp")
-                v = g.read(seg(x, j, r0, r1))
-                v = v if v.dtype == f32 else g.vxm("vxm.cvt", v, to=f32)
+            self._reduce_tiles(f"{tag}.max", x, mx, r0, r1, "vxm.reduce_max", "vxm.max")
+
+            def exp(g, j, v):  # exp(x - max), kept for the scaling
                 e = g.vxm("vxm.exp", g.vxm("vxm.sub", v, g.read(seg(mx, 0, r0, r1))))
                 g.write(e, seg(ex, j, r0, r1))
-                total = g.vxm("vxm.reduce_sum", e, width=width)
-                if j:
-                    total = g.vxm("vxm.add", total, g.read(seg(sm, 0, r0, r1)))
-                g.write(total, seg(sm, 0, r0, r1))
+                return e
+            self._reduce_tiles(f"{tag}.exp", x, sm, r0, r1, "vxm.reduce_sum", "vxm.add", each=exp)
             g = self.b.group(f"{tag}.sum")
             g.write(g.vxm("vxm.recip", g.read(seg(sm, 0, r0, r1))), seg(sm, 0, r0, r1))
             for j in range(x.tensor.ntiles):
@@ -275,29 +285,16 @@ class VectorLowering:
         seg = lambda v, j, r0, r1: _one(v.tensor.segments(j, r0, r1))  # noqa: E731
         for r0, r1 in _runs(rows, lambda r: tuple(_chunk_of(t, r) for t in tensors)):
             n = r1 - r0
-            for j in range(x.tensor.ntiles):
-                width = min(cols - j * lanes, lanes)
-                g = self.b.group(f"{tag}.mean")
-                v = g.read(seg(x, j, r0, r1))
-                v = g.vxm("vxm.reduce_sum", v if v.dtype == f32 else g.vxm("vxm.cvt", v, to=f32), width=width)
-                if j:
-                    v = g.vxm("vxm.add", v, g.read(seg(mean, 0, r0, r1)))
-                if j == x.tensor.ntiles - 1:
-                    v = g.vxm("vxm.mul", v, imm=1.0 / cols)
-                g.write(v, seg(mean, 0, r0, r1))
-            for j in range(x.tensor.ntiles):
-                width = min(cols - j * lanes, lanes)
-                g = self.b.group(f"{tag}.var")
-                v = g.read(seg(x, j, r0, r1))
-                v = v if v.dtype == f32 else g.vxm("vxm.cvt", v, to=f32)
+            self._reduce_tiles(f"{tag}.mean", x, mean, r0, r1, "vxm.reduce_sum", "vxm.add", scale=1.0 / cols)
+
+            def squares(g, j, v):  # x - mean, kept; its square, summed
                 d = g.vxm("vxm.sub", v, g.read(seg(mean, 0, r0, r1)))
                 g.write(d, seg(cen, j, r0, r1))
-                sq = g.vxm("vxm.reduce_sum", g.vxm("vxm.mul", d, d), width=width)
-                if j:
-                    sq = g.vxm("vxm.add", sq, g.read(seg(var, 0, r0, r1)))
-                g.write(sq, seg(var, 0, r0, r1))
+                return g.vxm("vxm.mul", d, d)
+            self._reduce_tiles(f"{tag}.var", x, var, r0, r1, "vxm.reduce_sum", "vxm.add", each=squares,
+                               scale=1.0 / cols)
             g = self.b.group(f"{tag}.var")
-            v = g.vxm("vxm.add", g.vxm("vxm.mul", g.read(seg(var, 0, r0, r1)), imm=1.0 / cols), imm=eps)
+            v = g.vxm("vxm.add", g.read(seg(var, 0, r0, r1)), imm=eps)
             g.write(g.vxm("vxm.rsqrt", v), seg(var, 0, r0, r1))
             for j in range(x.tensor.ntiles):
                 # One read beside the centered values per group: each pass writes them back.
@@ -321,13 +318,7 @@ class VectorLowering:
         lanes = self.cfg.lanes
         m, n = x.shape[-2:]
         batches = x.shape[0] if len(x.shape) == 3 else 1
-        lay = x.tensor.layout
-        if lay.nchunks > 1 and lay.rows_per_chunk % m:
-            # Blocks of rows are read whole: chunks must hold whole batches.
-            t = self._temp(self.b.tensor(f"{op.out}.rows", stored_shape(x.shape), lay.dtype, row_align=m))
-            y0 = Stored(t, x.shape)
-            self._rowwise(f"{op.out}.rows", [x], y0, lambda g, vs: vs[0])
-            x = y0
+        x = self._whole_groups(x, m, f"{op.out}.rows")  # blocks of rows are read whole
         y = self._new(op.out, op.shape, is_output)
         for i in range(batches):
             for r0 in range(0, m, lanes):
