@@ -15,6 +15,7 @@ groups at exact cycles with :mod:`lpx_tvm.target.scheduler` and allocates stream
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
@@ -407,7 +408,9 @@ class ProgramBuilder:
         key = None
         if data is not None and role is None and slices is None:
             # Identical constants (a bias or fill row asked for again) share one image.
-            key = (shape, dt, row_align, np.asarray(data).astype(dt.np).tobytes())
+            # (keyed by a digest: the cache must not hold a second copy of every weight)
+            raw = np.ascontiguousarray(data, dt.np).reshape(-1).view(np.uint8)
+            key = (shape, dt, row_align, hashlib.sha256(raw).digest())
             hit = self._const_cache.get(key)
             if hit is not None and not {sl for sl, _ in hit.layout.tiles} & set(avoid):
                 return hit
