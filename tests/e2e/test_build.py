@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import lpx_tvm
 from lpx_tvm.model import InputError
+from relax_modules import Attention
 
 RNG = np.random.default_rng(0)
 
@@ -213,22 +214,10 @@ def test_activation_times_activation_matmul(preset, precision, tol):
     assert exe.stats.useful_macs == 3 * 37 * 50 * 70 + 20 * 50 * 9
 
 
-@tvm.script.ir_module
-class _Attention:
-    @R.function
-    def main(q: R.Tensor((2, 40, 24), "float32"), k: R.Tensor((2, 40, 24), "float32"),
-             v: R.Tensor((2, 40, 24), "float32")):
-        with R.dataflow():
-            scores = R.matmul(q, R.permute_dims(k, [0, 2, 1]))
-            o = R.matmul(R.nn.softmax(scores, axis=-1), v)
-            R.output(o)
-        return o
-
-
 @pytest.mark.parametrize("preset", ["mini", "tsp"])
 def test_attention_block_runs_on_lpx(preset):
     """softmax(Q K^T) V: the SXM transposes K, both matmuls install activations."""
-    exe = lpx_tvm.build(_Attention, preset=preset, precision="fp32")
+    exe = lpx_tvm.build(Attention, preset=preset, precision="fp32")
     assert exe.offload.cpu == {} and exe.offload.lpx == {"matmul": 2, "nn.softmax": 1, "permute_dims": 1}
     q, k, v = (RNG.standard_normal((2, 40, 24)).astype(np.float32) for _ in range(3))
     (o,) = exe.run([q, k, v])

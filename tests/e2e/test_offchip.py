@@ -7,8 +7,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import tvm
-from tvm.script import relax as R
+from relax_modules import Attention
 
 import lpx_tvm
 from lpx_tvm.target.codegen import RegionCompiler
@@ -85,26 +84,13 @@ def test_same_model_fits_tsp_without_spilling(model, expected):
     assert compiled.report["offchip_bytes"] == 0
 
 
-
-@tvm.script.ir_module
-class _Attention:
-    @R.function
-    def main(q: R.Tensor((2, 40, 24), "float32"), k: R.Tensor((2, 40, 24), "float32"),
-             v: R.Tensor((2, 40, 24), "float32")):
-        with R.dataflow():
-            scores = R.matmul(q, R.permute_dims(k, [0, 2, 1]))
-            o = R.matmul(R.nn.softmax(scores, axis=-1), v)
-            R.output(o)
-        return o
-
-
 def test_attention_block_off_chip(monkeypatch):
     """Compiled as if its activations overflowed the SRAM: the transpose and the
     activation x activation matmuls run as one band each (their result rows do not map
     to their inputs' rows), the softmax by row bands."""
     compile_region = RegionCompiler._compile
     monkeypatch.setattr(RegionCompiler, "_compile", lambda self, region, offchip: compile_region(self, region, True))
-    exe = lpx_tvm.build(_Attention, preset="mini", precision="fp32")
+    exe = lpx_tvm.build(Attention, preset="mini", precision="fp32")
     q, k, v = (RNG.standard_normal((2, 40, 24)).astype(np.float32) for _ in range(3))
     (o,) = exe.run([q, k, v])
     s = q @ k.transpose(0, 2, 1)
