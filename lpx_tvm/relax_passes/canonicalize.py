@@ -20,7 +20,10 @@ The pass order, top to bottom:
    (or ``relax.nn.relu``).
 8. ``lpx.MaskingAdd``: ``where(constant mask, x, -inf)`` (an attention mask) becomes
    ``x + constant``.
-9. ``CanonicalizeBindings`` and dead code elimination: the aliases and the unused
+9. ``lpx.Decompose``: split becomes strided slices, ``power(x, 2 or 3)`` multiplies.
+10. ``lpx.HeadsTo3D``: unit-batch multi-head attention runs on (heads, seq, dim) 3-D
+   values instead of 4-D ones (which LPX stores as images).
+11. ``CanonicalizeBindings`` and dead code elimination: the aliases and the unused
    bindings and PrimFuncs the rewrites leave.
 
 Everything else is left as it was.
@@ -32,8 +35,10 @@ import tvm
 from tvm import relax
 
 from .collapse_affine import CollapseAffine
+from .decompose import Decompose
 from .eval_constants import EvalConstants, has_constant_calls
 from .fold_scale_shift import FoldScaleShift
+from .heads_3d import HeadsTo3D
 from .masking_add import MaskingAdd
 from .normalize_clip import NormalizeClip
 from .remove_dropout import RemoveDropout
@@ -42,8 +47,10 @@ from .unstack_reduce import UnstackReduce
 __all__ = [
     "canonicalize",
     "CollapseAffine",
+    "Decompose",
     "EvalConstants",
     "FoldScaleShift",
+    "HeadsTo3D",
     "MaskingAdd",
     "NormalizeClip",
     "RemoveDropout",
@@ -81,6 +88,8 @@ def canonicalize(mod: tvm.IRModule) -> tvm.IRModule:
             CollapseAffine(),
             NormalizeClip(),
             MaskingAdd(),
+            Decompose(),
+            HeadsTo3D(),
             relax.transform.CanonicalizeBindings(),
             _remove_unused,
         ],

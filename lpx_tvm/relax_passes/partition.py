@@ -265,4 +265,9 @@ def _call_bindings(body, functions=False):
 def _no_pattern(op, call):
     if op == "call_tir" and isinstance(call.args[0], relax.GlobalVar):
         return f"no LPX pattern for call_tir ({call.args[0].name_hint})"
+    if op == "take":
+        # An embedding lookup: data movement only, by indices the CPU computes anyway
+        # (int64 token ids, wrapped for negative values).
+        return ("no LPX pattern for take: an embedding lookup moves one table row per token and does no "
+                "arithmetic; its int64 indices come from the CPU, so it does not pay to send them to LPX")
     return f"no LPX pattern for {op}"

@@ -29,6 +29,11 @@ composites                              keys
                                         ``axis``, ``keepdims``)
 ``lpx.reshape``                         ``input``, ``shape``, ``root``
 ``lpx.concat``                          ``input`` (the tuple), ``root`` (``axis``)
+``lpx.slice``                           ``input``, ``root`` (the ``strided_slice``)
+``lpx.split_heads``                     ``input`` (s, h*d), ``reshape`` (to (s, h, d)),
+                                        ``root`` (``permute_dims`` [1, 0, 2])
+``lpx.merge_heads``                     ``input`` (h, s, d), ``permute`` ([1, 0, 2]),
+                                        ``root`` (the reshape to (s, h*d))
 =====================================  =================================================
 """
 
@@ -401,6 +406,66 @@ def _concat_rule(a, settings):
     return None
 
 
+def _heads_problem(op, rows_shape, s, h, d):
+    """Why a head split / merge of ``s`` rows of ``h`` heads of ``d`` cannot run on LPX, or None."""
+    rows = math.prod(rows_shape[:-1]) if len(rows_shape) > 1 else 1
+    if rows != s or rows_shape[-1] != h * d:
+        return op, f"values {rows_shape} are not {s} rows of {h} heads x {d}: only a batch of one splits into heads"
+    return None
+
+
+def _split_heads_rule(a, settings):
+    reshape, permute, data = a["reshape"], a["root"], a["input"]
+    found = _tensors_problem(permute, [data], settings)
+    if found:
+        return found
+    if len(_expr_shape(reshape)) != 3 or [int(x) for x in permute.attrs.axes] != [1, 0, 2]:
+        return permute, "a head split is reshape (s, h, d) then permute_dims [1, 0, 2]"
+    s, h, d = _expr_shape(reshape)
+    return _heads_problem(permute, _expr_shape(data), s, h, d)
+
+
+def _merge_heads_rule(a, settings):
+    reshape, permute, data = a["root"], a["permute"], a["input"]
+    found = _tensors_problem(reshape, [data], settings)
+    if found:
+        return found
+    if len(_expr_shape(data)) != 3 or [int(x) for x in permute.attrs.axes] != [1, 0, 2]:
+        return reshape, "a head merge is permute_dims [1, 0, 2] of (h, s, d) then a reshape"
+    h, s, d = _expr_shape(data)
+    return _heads_problem(reshape, _expr_shape(reshape), s, h, d)
+
+
+def _int_tuple(expr) -> list | None:
+    """The ints of a tuple of compile-time integers (strided_slice's axes, begin, end, strides)."""
+    fields = expr.fields if isinstance(expr, relax.Tuple) else expr.values if isinstance(expr, relax.ShapeExpr) \
+        else None
+    if fields is None:
+        return None
+    values = list(fields)
+    if not all(isinstance(v, tvm.tirx.IntImm) for v in values):
+        return None
+    return [int(v.value) for v in values]
+
+
+def _slice_rule(a, settings):
+    op = a["root"]
+    found = _tensors_problem(op, [a["input"]], settings)
+    if found:
+        return found
+    shape = _expr_shape(a["input"])
+    rank = len(shape)
+    ints = [_int_tuple(t) for t in op.args[1:]]
+    if any(t is None for t in ints):
+        return op, "strided_slice with runtime bounds"
+    axes = [x % rank for x in ints[0]]
+    strides = ints[3] if len(ints) > 3 else [1] * len(axes)
+    if rank == 4 or axes != [rank - 1] or strides != [1]:
+        return op, (f"strided_slice over axes {axes} with strides {strides} of a {rank}-D value: LPX slices "
+                    "the last axis of a value of rank <= 3 with stride 1")
+    return None
+
+
 # ---- patterns -----------------------------------------------------------------------
 
 
@@ -467,6 +532,20 @@ def _reshape_pattern():
     return root, {"input": data, "shape": shape, "root": root}
 
 
+def _split_heads_pattern():
+    data, shape = wildcard(), wildcard()
+    reshape = is_op("relax.reshape")(data, shape)
+    root = is_op("relax.permute_dims")(reshape)
+    return root, {"input": data, "reshape": reshape, "root": root}
+
+
+def _merge_heads_pattern():
+    data, shape = wildcard(), wildcard()
+    permute = is_op("relax.permute_dims")(data)
+    root = is_op("relax.reshape")(permute, shape)
+    return root, {"input": data, "permute": permute, "root": root}
+
+
 def _conv_bias_shapes(c):
     return [(1, c, 1, 1), (c, 1, 1)]
 
@@ -502,6 +581,9 @@ def pattern_table() -> list:
     table.append(("softmax", *_unary_pattern("relax.nn.softmax"), [_softmax_rule]))
     table.append(("layer_norm", *_unary_pattern("relax.nn.layer_norm"), [_layer_norm_rule]))
     table.append(("permute_dims", *_unary_pattern("relax.permute_dims"), [_permute_dims_rule]))
+    table.append(("slice", *_unary_pattern("relax.strided_slice"), [_slice_rule]))
+    table.append(("split_heads", *_split_heads_pattern(), [_split_heads_rule]))
+    table.append(("merge_heads", *_merge_heads_pattern(), [_merge_heads_rule]))
 
     families = (
         ("conv2d", _conv2d_pattern, _conv2d_rule, _bias_rule(_conv_bias_shapes)),

@@ -76,6 +76,8 @@ def _operand(expr, env) -> Operand:
         if expr not in env:
             raise UnsupportedOnLPX(f"value {expr.name} is used before it is defined in the region")
         return env[expr]
+    if isinstance(expr, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):  # a slice's axes and bounds
+        return Operand(const=np.array(expr.value), shape=(), dtype=str(np.array(expr.value).dtype))
     if isinstance(expr, relax.PrimValue):  # clip bounds and other scalar arguments
         value = _value(expr.value)
         return Operand(const=np.array(value), shape=(), dtype=str(np.array(value).dtype))

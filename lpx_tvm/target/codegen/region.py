@@ -265,6 +265,10 @@ class RegionCompiler(MxmLowering, VectorLowering, OffchipLowering):
                  "nn.layer_norm": self._layer_norm, "permute_dims": self._transpose,
                  "clip": self._unary, "nn.max_pool2d": self._pool, "nn.avg_pool2d": self._pool,
                  "concat": self._concat, "mean": self._global_avg_pool, "nn.softmax": self._softmax}.get(kind)
+        by_composite = {"lpx.split_heads": self._split_heads, "lpx.merge_heads": self._merge_heads,
+                        "lpx.slice": self._slice}.get(op.composite)
+        if by_composite is not None:
+            return by_composite(op, is_output)
         if kind == "reshape":
             return self._reshape(op)
         if lower is None:

@@ -366,6 +366,63 @@ class VectorLowering:
             offset += cx
         self.values[op.out] = y
 
+    def _move_lanes(self, tag: str, x: Stored, y: Stored, moves):
+        """``y[yr:yr+n, yc:yc+w] = x[xr:xr+n, xc:xc+w]`` for each (xr, yr, n, xc, yc, w) of
+        ``moves``, which together cover every element of ``y``: per piece within one column
+        tile of each, an SXM permute moves the lanes into place (the other lanes become
+        zero) and pieces landing on rows already written are added to them."""
+        lanes = self.cfg.lanes
+        ycols = y.tensor.layout.cols
+        written = np.zeros((y.tensor.ntiles, y.tensor.layout.rows), bool)
+        for xr, yr, n, xc, yc, w in moves:
+            done = 0
+            while done < w:
+                xt, xb = divmod(xc + done, lanes)
+                yt, yb = divmod(yc + done, lanes)
+                length = min(w - done, lanes - xb, lanes - yb)
+                seen = written[yt]
+                key = lambda r: (_chunk_of(x.tensor, xr + r), _chunk_of(y.tensor, yr + r), bool(seen[yr + r]))  # noqa: E731
+                for r0, r1 in _runs(n, key):
+                    g = self.b.group(tag)
+                    v = g.read(_one(x.tensor.segments(xt, xr + r0, xr + r1)))
+                    if (xb, yb, length) != (0, 0, lanes):
+                        v = g.sxm("sxm.permute", v, map=self._lane_map(xb, yb, length))
+                    out = _one(y.tensor.segments(yt, yr + r0, yr + r1))
+                    if seen[yr + r0]:
+                        v = g.vxm("vxm.add", v, g.read(out))
+                    g.write(v, out)
+                seen[yr:yr + n] = True
+                done += length
+        if not written.all() or ycols > len(written) * lanes:
+            raise UnsupportedOnLPX(f"{tag}: the lane moves leave part of the result unwritten")
+
+    def _split_heads(self, op: RegionOp, is_output: bool):
+        """(s, h*d) -> (h, s, d): head i is lanes i*d .. of every row, moved to rows i*s .."""
+        x = self._value(op.main.args[0])
+        h, s, d = op.shape
+        y = self._new(op.out, op.shape, is_output, avoid=[x])
+        self._move_lanes(f"{op.out}.split_heads", x, y, [(0, i * s, s, i * d, 0, d) for i in range(h)])
+        self.values[op.out] = y
+
+    def _merge_heads(self, op: RegionOp, is_output: bool):
+        """(h, s, d) -> (s, h*d): the inverse of :meth:`_split_heads`."""
+        x = self._value(op.main.args[0])
+        h, s, d = x.shape
+        y = self._new(op.out, op.shape, is_output, avoid=[x])
+        self._move_lanes(f"{op.out}.merge_heads", x, y, [(i * s, 0, s, 0, i * d, d) for i in range(h)])
+        self.values[op.out] = y
+
+    def _slice(self, op: RegionOp, is_output: bool):
+        """Elements begin .. end - 1 of the last axis (stride 1), moved to lane 0 on."""
+        x = self._value(op.main.args[0])
+        _, begin, end = (int(np.asarray(a.const).reshape(-1)[0]) for a in op.main.args[1:4])
+        width = x.shape[-1]
+        begin, end = (b + width if b < 0 else b for b in (begin, end))
+        end = min(end, width)
+        y = self._new(op.out, op.shape, is_output, avoid=[x])
+        self._move_lanes(f"{op.out}.slice", x, y, [(0, 0, x.tensor.layout.rows, begin, 0, end - begin)])
+        self.values[op.out] = y
+
     def _lane_map(self, src: int, dst: int, length: int) -> int:
         """A permutation table moving lanes src..src+length-1 to dst.., zero elsewhere."""
         key = (src, dst, length)

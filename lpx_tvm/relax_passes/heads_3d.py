@@ -1,0 +1,229 @@
+"""lpx.HeadsTo3D: multi-head attention on (heads, seq, dim) 3-D values.
+
+Exporters write attention with 4-D values: the projections (1, s, h*d) are reshaped to
+(1, s, h, d) and permuted to (1, h, s, d); the scores are 4-D batched matmuls, and the
+heads merge back with the inverse permute and reshape. LPX stores a 4-D value as an
+NCHW image (axis 1 in lanes), which is the wrong layout for these: their last axis
+belongs in lanes. With a batch of one, each such value is a 3-D value (h, s, d), and
+3-D values are stored with the last axis in lanes. This pass rewrites the chain:
+
+- ``permute_dims(reshape(x, (1, s, h, d)), [0, 2, 1, 3])`` (the head split) becomes
+  ``permute_dims(reshape(x, (s, h, d)), [1, 0, 2])``, which the ``lpx.split_heads``
+  pattern takes as one lane move;
+- every op on such values (matmul, softmax over the last axis, elementwise ops with
+  constants, permutes, reshapes, unary activations) is emitted on the 3-D values;
+- ops that work along the last axis of any 4-D value (a matmul of two 4-D values
+  with the same leading dims, softmax and layer norm over the last axis, a swap of
+  the last two axes) run on the value with its two leading axes merged, (a*b, m, n),
+  reshaped from the 4-D value where it is not already 3-D;
+- the head merge ``reshape(permute_dims(v, [0, 2, 1, 3]), (1, s, h*d))`` becomes
+  ``reshape(permute_dims(v3, [1, 0, 2]), (1, s, h*d))`` (``lpx.merge_heads``);
+- ``where(isnan(p), 0, p)`` after a softmax (the guard torch exports for fully masked
+  rows) is dropped when no row can be fully masked: the softmax input adds no
+  constant, or constants with a finite entry in every row. Finite scores then give
+  every row a finite maximum, and the softmax no NaN.
+
+A 4-D value that something else still reads is kept as ``reshape(v3, (1, h, s, d))``;
+dead code elimination removes the ones nothing reads. Constants in elementwise ops
+lose their leading 1, and are broadcast to the full shape unless they are a scalar or
+one value per last-axis element (the forms LPX adds without moving lanes). Only values
+that derive from a head split, or feed one of the last-axis ops, change: 4-D images
+otherwise never do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import relax
+
+from ._binding_rewrite import bindings, is_const, op_is, static_shape
+
+__all__ = ["HeadsTo3D"]
+
+_ELEMENTWISE = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide")
+_UNARY = ("relax.nn.relu", "relax.sigmoid", "relax.tanh", "relax.erf", "relax.nn.gelu", "relax.nn.gelu_tanh",
+          "relax.exp")
+
+
+def _merged(shape4) -> tuple:
+    """The 3-D shape of a 4-D value: its two leading axes as one batch axis."""
+    a, b, m, n = shape4
+    return (a * b, m, n)
+
+
+def _axes(call, rank):
+    return [int(a) for a in call.attrs.axes] if call.attrs.axes is not None else list(range(rank))[::-1]
+
+
+def _head_split_entries(func) -> set:
+    """Vars bound to ``permute_dims(reshape(x, (1, s, h, d)), [0, 2, 1, 3])`` with x of rank <= 3."""
+    values = dict(bindings(func))
+    found = set()
+    for var, value in values.items():
+        if not op_is(value, "relax.permute_dims") or static_shape(value) is None or len(static_shape(value)) != 4:
+            continue
+        src = value.args[0]
+        inner = values.get(src)
+        if _axes(value, 4) != [0, 2, 1, 3] or not op_is(inner, "relax.reshape"):
+            continue
+        x_shape, r_shape = static_shape(inner.args[0]), static_shape(inner)
+        if x_shape is not None and len(x_shape) <= 3 and r_shape is not None and r_shape[0] == 1:
+            found.add(var)
+    return found
+
+
+def _masks_leave_rows(value, values) -> bool:
+    """Whether the additive constants in front of a softmax leave every row at least one
+    finite entry (so finite scores give a finite row maximum)."""
+    while op_is(value, "relax.add"):
+        a, b = value.args
+        const, other = (a, b) if is_const(a) else (b, a) if is_const(b) else (None, None)
+        if const is None:
+            return False  # a runtime mask may fill a whole row
+        c = const.value.numpy()
+        if c.ndim and not np.isfinite(c).any(axis=-1).all():
+            return False
+        value = values.get(other)
+    return True
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    def __init__(self, mod, func):
+        super().__init__(mod)
+        self.values = dict(bindings(func))
+        self.entries = _head_split_entries(func)
+        self.three = {}  # old 4-D var -> new 3-D expression (a var of the new function)
+        self.derived = set()  # old vars of rank <= 3 computed from a head split
+
+    # ---- helpers ------------------------------------------------------------
+    def _emit(self, expr):
+        return self.builder_.emit(expr)
+
+    def _new(self, expr):
+        return self.visit_expr(expr)
+
+    def _operand3(self, expr, shape4):
+        """A 3-D operand for an elementwise op on 3-D values: a converted value, a value
+        derived from one, or a constant (broadcast unless a scalar or a last-axis vector)."""
+        shape3 = _merged(shape4)
+        if isinstance(expr, relax.Var) and expr in self.three:
+            return self.three[expr]
+        if isinstance(expr, relax.Var) and expr in self.derived and static_shape(expr) == shape3:
+            return self._new(expr)
+        if is_const(expr):
+            c = expr.value.numpy()
+            if c.size == 1:
+                return relax.const(c.reshape(()))
+            if c.shape[-1] == shape4[-1] and c.size == shape4[-1]:
+                return relax.const(c.reshape(-1))
+            return relax.const(np.ascontiguousarray(np.broadcast_to(c, shape4)).reshape(shape3))
+        return None
+
+    def _to3(self, expr):
+        """A 4-D operand of an op over its last axes as its 3-D value (a reshape where it
+        has none yet)."""
+        if expr in self.three:
+            return self.three[expr]
+        shape = static_shape(expr)
+        return self._emit(relax.op.reshape(self._new(expr), _merged(shape)))
+
+    def _convert(self, var, value):
+        """The 3-D expression for a 4-D value, or None to keep it as it is."""
+        shape = static_shape(value) if isinstance(value, relax.Call) else None
+        if shape is None or len(shape) != 4:
+            return None
+        shape3 = _merged(shape)
+        if var in self.entries:
+            inner = self.values[value.args[0]]
+            x = self._new(inner.args[0])
+            s, h, d = static_shape(inner)[1:]
+            return relax.op.permute_dims(self._emit(relax.op.reshape(x, (s, h, d))), [1, 0, 2])
+        args = value.args
+        if op_is(value, "relax.reshape"):
+            src = args[0]
+            if src in self.three:
+                return relax.op.reshape(self.three[src], shape3)
+            if src in self.derived and static_shape(src) == shape3:
+                return self._new(src)
+            return None
+        if op_is(value, "relax.permute_dims"):
+            axes = _axes(value, 4)
+            if axes == [0, 1, 3, 2] and static_shape(args[0]) is not None:
+                return relax.op.permute_dims(self._to3(args[0]), [0, 2, 1])  # the last two: any 4-D value
+            if args[0] in self.three and axes[0] == 0 and (shape[0] == 1 or axes[1] == 1):
+                return relax.op.permute_dims(self.three[args[0]], [a - 1 for a in axes[1:]])
+            return None
+        if op_is(value, "relax.matmul"):
+            a, b = (static_shape(x) for x in args)
+            if a is None or b is None or len(a) != 4 or len(b) != 4 or a[:2] != b[:2] or is_const(args[1]):
+                return None
+            return relax.op.matmul(self._to3(args[0]), self._to3(args[1]), out_dtype=value.attrs.out_dtype)
+        if op_is(value, "relax.nn.softmax") and int(value.attrs.axis) % 4 == 3:
+            return relax.op.nn.softmax(self._to3(args[0]), axis=-1)
+        if op_is(value, "relax.nn.layer_norm") and [int(a) % 4 for a in value.attrs.axes] == [3] \
+                and is_const(args[1]) and is_const(args[2]):
+            return relax.op.nn.layer_norm(self._to3(args[0]), args[1], args[2], axes=[-1],
+                                          epsilon=float(value.attrs.epsilon), center=bool(value.attrs.center),
+                                          scale=bool(value.attrs.scale))
+        if op_is(value, *_ELEMENTWISE):
+            if not any(isinstance(x, relax.Var) and x in self.three for x in args):
+                return None
+            ops = [self._operand3(x, shape) for x in args]
+            if any(o is None for o in ops):
+                return None
+            return relax.Call(value.op, ops, value.attrs)
+        if op_is(value, *_UNARY) and args[0] in self.three:
+            return relax.Call(value.op, [self.three[args[0]]], value.attrs)
+        if op_is(value, "relax.where"):
+            guarded = self._nan_guard(value)
+            if guarded is not None:
+                return guarded
+        return None
+
+    def _nan_guard(self, value):
+        """``where(isnan(p), 0, p)`` of a converted softmax p whose rows cannot all be masked: p."""
+        cond, zero, p = value.args
+        test = self.values.get(cond)
+        if not (op_is(test, "relax.isnan") and test.args[0].same_as(p) and p in self.three):
+            return None
+        if not is_const(zero) or zero.value.numpy().size != 1 or float(zero.value.numpy().reshape(())) != 0.0:
+            return None
+        soft = self.values.get(p)
+        if not op_is(soft, "relax.nn.softmax") or not _masks_leave_rows(self.values.get(soft.args[0]), self.values):
+            return None
+        return self.three[p]
+
+    # ---- the walk ------------------------------------------------------------
+    def visit_var_binding_(self, binding):
+        var, value = binding.var, binding.value
+        converted = self._convert(var, value)
+        if converted is not None:
+            new3 = converted if isinstance(converted, relax.Var) else self._emit(converted)
+            self.three[var] = new3
+            # The 4-D value itself, for readers that stay 4-D (removed when there are none).
+            shape = static_shape(value)
+            four = self.builder_.emit(relax.op.reshape(new3, shape), name_hint=var.name)
+            self.set_var_remap(var, four)
+            return
+        if isinstance(value, relax.Call) and any(isinstance(a, relax.Var) and (a in self.three or a in self.derived)
+                                                 for a in value.args):
+            self.derived.add(var)
+            if op_is(value, "relax.reshape") and value.args[0] in self.three:
+                # (1, h, s, d) -> 3-D: read the 3-D value directly.
+                src = self.three[value.args[0]]
+                new = src if static_shape(src) == static_shape(value) else \
+                    self.builder_.emit(relax.op.reshape(src, static_shape(value)), name_hint=var.name)
+                self.set_var_remap(var, new)
+                return
+        super().visit_var_binding_(binding)
+
+
+@relax.transform.function_pass(opt_level=0, name="lpx.HeadsTo3D")
+class HeadsTo3D:
+    """Rewrite unit-batch multi-head attention from 4-D to 3-D values (see module doc)."""
+
+    def transform_function(self, func, mod, ctx):
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            return func
+        return _Rewriter(mod, func).visit_expr(func)
