@@ -1,10 +1,11 @@
-"""End to end: ResNet-50 (the light_resnet50 model bundled with onnx) compiled for tsp.
+"""End to end: ResNet-50 (the light_resnet50 model bundled with onnx) or BERT-base compiled for tsp.
 
 Measured side by side in one run:
 - compile_s: lpx_tvm.compile_model (import, passes, partition, TensorIR, codegen, CPU build);
 - tvm_llvm_build_s: plain tvm.compile(..., target="llvm") of the same imported model;
 - sim_wall_s: one inference on the functional simulator; ort_wall_s: onnxruntime (median of 5);
-- cycles, images_per_s (simulated, batch 1, at the preset's clock), mxm_utilization.
+- cycles, images_per_s (simulated, batch 1, at the preset's clock) or, for BERT-base
+  (``--model bert_base``: seq 128, fp16), tokens_per_s, and mxm_utilization.
 
 The last line printed is JSON. Targets (default schedules): sim_over_ort <= 5,
 compile_s <= 3 x tvm_llvm_build_s, mxm_utilization >= 0.15.
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import statistics
+import tempfile
 import time
 
 import numpy as np
@@ -31,14 +33,55 @@ def bundled(name: str) -> str:
     return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light", f"{name}.onnx")
 
 
+def bert_base(folder: str, seq: int = 128) -> str:
+    """BERT-base (12 layers, hidden 768, 12 heads) from its transformers config with random
+    weights, exported to ONNX (dynamo) in ``folder``: the path. Needs torch and transformers."""
+    import torch
+    import transformers
+
+    cfg = transformers.BertConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                  intermediate_size=3072, vocab_size=30522, max_position_embeddings=512)
+    torch.manual_seed(0)
+    encoder = transformers.BertModel(cfg, add_pooling_layer=False).eval()
+
+    class LastHiddenState(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, input_ids):
+            return self.encoder(input_ids=input_ids).last_hidden_state
+
+    path = os.path.join(folder, "bert_base.onnx")
+    ids = torch.randint(0, cfg.vocab_size, (1, seq))
+    torch.onnx.export(LastHiddenState().eval(), (ids,), path, dynamo=True, input_names=["input_ids"],
+                      output_names=["last_hidden_state"], verbose=False)
+    return path
+
+
+def model_input(name, shape, dtype):
+    """A deterministic input: token ids for an int64 input, else standard normal values."""
+    rng = np.random.default_rng(0)
+    if np.dtype(dtype).kind == "i":
+        return rng.integers(0, 1000, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="light_resnet50")
+    ap.add_argument("--model", default="light_resnet50",
+                    help="a bundled light model, an .onnx path, or bert_base (seq 128; needs torch, transformers)")
     ap.add_argument("--preset", default="tsp")
-    ap.add_argument("--precision", default="bf16",
-                    help="bf16: the light model's constant weights overflow fp16's range")
+    ap.add_argument("--precision", default=None,
+                    help="default bf16 for the light models (their constant weights overflow fp16's range), "
+                         "fp16 for bert_base")
     args = ap.parse_args(argv)
-    path = bundled(args.model) if not os.path.exists(args.model) else args.model
+    tokens = args.model == "bert_base"
+    args.precision = args.precision or ("fp16" if tokens else "bf16")
+    if tokens:
+        path = bert_base(tempfile.mkdtemp(prefix="lpx_bench_"))
+    else:
+        path = bundled(args.model) if not os.path.exists(args.model) else args.model
 
     t = time.perf_counter()
     model = lpx_tvm.compile_model(path, preset=args.preset, precision=args.precision)
@@ -49,7 +92,7 @@ def main(argv=None):
     llvm_build_s = time.perf_counter() - t
 
     name, shape, dtype = model.inputs[0]
-    x = np.random.default_rng(0).standard_normal(shape).astype(dtype)
+    x = model_input(name, shape, dtype)
     t = time.perf_counter()
     got = model.run({name: x})
     sim_s = time.perf_counter() - t
@@ -70,12 +113,14 @@ def main(argv=None):
         "compile_s": round(compile_s, 2), "tvm_llvm_build_s": round(llvm_build_s, 2),
         "compile_over_llvm_build": round(compile_s / llvm_build_s, 2),
         "sim_wall_s": round(sim_s, 3), "ort_wall_s": round(ort_s, 4), "sim_over_ort": round(sim_s / ort_s, 1),
-        "cycles": rep["cycles"], "latency_s": rep["latency_s"], "images_per_s": round(1.0 / rep["latency_s"], 1),
+        "cycles": rep["cycles"], "latency_s": rep["latency_s"],
         "mxm_utilization": round(rep["mxm_utilization"], 4), "rel_l2_vs_ort": err,
         "lpx_regions": len(model.executable.regions), "offload_cpu": rep["offload"].get("cpu", {}),
     }
+    rate, unit = (shape[-1] / rep["latency_s"], "tokens_per_s") if tokens else (1.0 / rep["latency_s"], "images_per_s")
+    out[unit] = round(rate, 1)
     print(f"{args.model} on {args.preset} ({args.precision}): {rep['cycles']:,} cycles, "
-          f"{out['images_per_s']:,} images/s simulated, MXM utilization {rep['mxm_utilization']:.1%}")
+          f"{out[unit]:,} {unit.replace('_per_s', '/s')} simulated, MXM utilization {rep['mxm_utilization']:.1%}")
     print(json.dumps(out))
 
 
