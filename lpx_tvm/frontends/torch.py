@@ -1,0 +1,240 @@
+"""PyTorch models in: ``torch.export`` -> Relax -> :func:`lpx_tvm.build`.
+
+``from_torch(module, example_inputs)`` exports the module with the example inputs'
+static shapes, imports the exported program with TVM's
+``tvm.relax.frontend.torch.from_exported_program`` (parameters and buffers bound as
+constants, so the LPX patterns see constant weights) and compiles it like an ONNX
+model. PyTorch is an optional dependency: it is imported when one of these functions
+is called, never when :mod:`lpx_tvm` is imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import LPXError
+from ..relax_passes.errors import ModelError
+
+__all__ = ["ImportedTorch", "from_torch", "import_torch"]
+
+
+@dataclass
+class ImportedTorch:
+    """A Relax module imported from a PyTorch module, and its interface.
+
+    Attributes
+    ----------
+    mod : tvm.IRModule
+        ``main`` takes the tensor inputs in ``inputs`` order; weights are constants.
+    inputs : list of (str, tuple of int, str)
+        Input name (the ``forward`` argument's name in the exported program), static
+        shape and numpy dtype name.
+    outputs : list of str
+        ``output_0``, ``output_1``, ...: the module's tensor outputs, flattened in
+        ``torch.utils._pytree`` order (a tuple, a dict's values, a ``ModelOutput``'s
+        fields).
+    exported_program : torch.export.ExportedProgram
+        The program the module was imported from.
+    """
+
+    mod: object
+    inputs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+    exported_program: object = None
+
+
+def require_torch():
+    """Import torch, or raise a :class:`ModelError` saying how to install it."""
+    try:
+        import torch
+    except ImportError:
+        raise ModelError(
+            "PyTorch is not installed; install the extra with: pip install 'lpx-tvm[torch]'"
+        ) from None
+    return torch
+
+
+def import_torch(module, example_inputs) -> ImportedTorch:
+    """Export a PyTorch module and import it into Relax.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The model, in the mode it should run in (call ``.eval()`` for inference).
+    example_inputs : torch.Tensor, numpy.ndarray, or a tuple/list of them
+        The positional inputs of ``forward``. Their shapes and dtypes are the compiled
+        model's: LPX schedules are static.
+
+    Raises
+    ------
+    ModelError
+        torch is missing, ``module`` is not an ``nn.Module``, an input is not a tensor,
+        ``torch.export`` cannot export the module, or TVM cannot import an op.
+    """
+    torch = require_torch()
+    name = type(module).__name__
+    if not isinstance(module, torch.nn.Module):
+        raise ModelError(f"from_torch expects a torch.nn.Module, got {name}")
+    args = _example_tuple(torch, example_inputs, name)
+    try:
+        with torch.no_grad():
+            exported = torch.export.export(module, args)
+    except Exception as e:  # torch.export raises many unrelated types
+        raise ModelError(
+            f"torch.export could not export {name}: {type(e).__name__}: {first_line(e)}"
+        ) from e
+    mod = exported_to_relax(exported, name)
+    inputs = _user_inputs(exported, args, name)
+    outputs = [f"output_{i}" for i in range(len(_user_output_specs(exported)))]
+    return ImportedTorch(mod=mod, inputs=inputs, outputs=outputs, exported_program=exported)
+
+
+def from_torch(module, example_inputs, preset="tsp", precision="fp16"):
+    """Compile a PyTorch module for LPX.
+
+    Returns a :class:`lpx_tvm.model.CompiledModel`: ``run(inputs)`` takes
+    ``{name: array}`` or a list of arrays in input order and returns
+    ``{"output_0": array, ...}``; ``report`` is the last run's report.
+    """
+    from ..build import build
+    from ..model import CompiledModel
+
+    check_options(preset, precision)
+    imported = import_torch(module, example_inputs)
+    exe = build(imported.mod, preset=preset, precision=precision)
+    return CompiledModel(exe, imported, exe.config.name, precision)
+
+
+def check_options(preset, precision):
+    """Fail before exporting when the preset or precision is invalid."""
+    from ..build import PRECISIONS
+    from ..target.config import load_config
+
+    if precision not in PRECISIONS:
+        raise LPXError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    load_config(preset)
+
+
+def exported_to_relax(exported, name: str):
+    """An ``ExportedProgram`` to a Relax module whose weights are constants."""
+    from tvm.relax.frontend.torch import from_exported_program
+
+    try:
+        return from_exported_program(
+            exported,
+            keep_params_as_input=False,
+            unwrap_unit_return_tuple=True,
+            custom_convert_map=CONVERT_MAP,
+        )
+    except AssertionError as e:
+        text = first_line(e)
+        if text.startswith("Unsupported function types"):
+            ops = text.split("types", 1)[1].strip(" []").replace("'", "")
+            raise ModelError(f"{name}: PyTorch op(s) not supported by TVM's PyTorch importer: {ops}") from None
+        raise ModelError(f"{name}: TVM's PyTorch importer failed: AssertionError: {text}") from None
+    except Exception as e:  # the converters raise many unrelated types
+        raise ModelError(
+            f"{name}: TVM's PyTorch importer failed: {type(e).__name__}: {first_line(e)}"
+        ) from None
+
+
+def _cumsum(node, importer):
+    """``aten.cumsum`` with torch's result dtype.
+
+    torch sums a bool or narrow int tensor into int64; TVM's converter keeps the input
+    dtype when no dtype is given, and a bool cumsum does not compile on the CPU.
+    (transformers' causal masks take a cumsum of a bool tensor.)
+    """
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    val = node.meta.get("val")
+    dtype = node.kwargs.get("dtype") or (val.dtype if val is not None else None)
+    dtype = importer._convert_data_type(str(dtype)) if dtype is not None else None
+    return importer.block_builder.emit(relax.op.cumsum(x, dim, dtype))
+
+
+def _cat(node, importer):
+    """``aten.cat`` with torch's rule for legacy empty tensors: a 1-D tensor of size 0
+    is skipped whatever the other tensors' rank (a key/value cache starts as one)."""
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    axis = args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    tensors = list(args[0])
+    kept = [t for t in tensors if _static_shape(t) != (0,)]
+    if kept and len(kept) < len(tensors):
+        if len(kept) == 1:
+            return kept[0]
+        tensors = kept
+    return importer.block_builder.emit(relax.op.concat(tensors, axis=axis))
+
+
+def _static_shape(expr):
+    from tvm import relax
+
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    try:
+        return tuple(int(v) for v in ty.shape.values)
+    except TypeError:
+        return None
+
+
+# Converters for aten ops whose TVM conversion differs from torch's semantics.
+CONVERT_MAP = {"cumsum.default": _cumsum, "cat.default": _cat, "concat.default": _cat}
+
+
+def _example_tuple(torch, example_inputs, name):
+    if isinstance(example_inputs, (torch.Tensor, np.ndarray)):
+        example_inputs = (example_inputs,)
+    if not isinstance(example_inputs, (tuple, list)):
+        raise ModelError(
+            f"{name}: example_inputs must be a tensor or a tuple of tensors, "
+            f"got {type(example_inputs).__name__}"
+        )
+    args = []
+    for i, a in enumerate(example_inputs):
+        if isinstance(a, np.ndarray):
+            a = torch.from_numpy(np.ascontiguousarray(a))
+        if not isinstance(a, torch.Tensor):
+            raise ModelError(
+                f"{name}: example input {i} is a {type(a).__name__}; LPX models take tensors "
+                "(bind other arguments in a wrapper module)"
+            )
+        args.append(a)
+    return tuple(args)
+
+
+def _user_inputs(exported, args, name):
+    import torch
+
+    names = []
+    for spec in exported.graph_signature.input_specs:
+        if spec.kind == torch.export.graph_signature.InputKind.USER_INPUT:
+            names.append(spec.arg.name)
+    if len(names) != len(args):
+        raise ModelError(f"{name}: the exported program takes {len(names)} inputs, {len(args)} were given")
+    return [(n, tuple(int(d) for d in a.shape), numpy_dtype(a.dtype)) for n, a in zip(names, args)]
+
+
+def _user_output_specs(exported):
+    import torch
+
+    kinds = (torch.export.graph_signature.OutputKind.USER_OUTPUT,
+             torch.export.graph_signature.OutputKind.LOSS_OUTPUT)
+    return [spec for spec in exported.graph_signature.output_specs if spec.kind in kinds]
+
+
+def numpy_dtype(torch_dtype) -> str:
+    """``torch.float32`` -> ``"float32"`` (numpy's name; bfloat16 through ml_dtypes)."""
+    return str(torch_dtype).rsplit(".", 1)[-1]
+
+
+def first_line(exc) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
