@@ -169,12 +169,11 @@ class LPXGraph:
             ) from e
         mod = exported_to_relax(exported, "captured graph")
         inputs = [(f"input_{k}", tuple(int(d) for d in t.shape), numpy_dtype(t.dtype)) for k, t in enumerate(tensors)]
-        leaves = _output_leaves(torch, exported)
-        outputs = [f"output_{k}" for k, (kind, _) in enumerate(leaves) if kind == "tensor"]
+        outputs = [f"output_{k}" for k in range(sum(kind == "tensor" for kind, _ in wrapper.leaves))]
         imported = ImportedTorch(mod=mod, inputs=inputs, outputs=outputs, exported_program=exported)
         exe = build(mod, preset=self.preset, precision=self.precision)
         model = CompiledModel(exe, imported, exe.config.name, self.precision)
-        return _Compiled(model, leaves, exported.call_spec.out_spec)
+        return _Compiled(model, wrapper.leaves, wrapper.out_spec)
 
 
 @dataclass
@@ -215,7 +214,12 @@ def _make_bound_graph_class(torch):
             for i in range(self.n):
                 if full[i] is None:
                     full[i] = getattr(self, f"weight_{i}")
-            return self.graph_module(*full)
+            # Shapes are static here, so a non-tensor output (a size the graph hands to
+            # eager code, e.g. for a print) is a constant of this signature: keep it
+            # aside and return the tensors only.
+            leaves, self.out_spec = torch.utils._pytree.tree_flatten(self.graph_module(*full))
+            self.leaves = [("tensor", None) if isinstance(x, torch.Tensor) else ("value", x) for x in leaves]
+            return tuple(x for x in leaves if isinstance(x, torch.Tensor))
 
     return BoundGraph
 
@@ -252,23 +256,6 @@ def _all_real(torch, example_inputs) -> bool:
 
 def _concrete(v):
     return int(v) if not isinstance(v, (float, bool)) else v
-
-
-def _output_leaves(torch, exported):
-    """Per flattened user output: ("tensor", None) or ("value", the constant)."""
-    kinds = (torch.export.graph_signature.OutputKind.USER_OUTPUT,
-             torch.export.graph_signature.OutputKind.LOSS_OUTPUT)
-    leaves = []
-    for spec in exported.graph_signature.output_specs:
-        if spec.kind not in kinds:
-            continue
-        if isinstance(spec.arg, torch.export.graph_signature.TensorArgument):
-            leaves.append(("tensor", None))
-        elif isinstance(spec.arg, torch.export.graph_signature.ConstantArgument):
-            leaves.append(("value", spec.arg.value))
-        else:
-            raise ModelError(f"captured graph: output {spec.arg} is neither a tensor nor a constant")
-    return leaves
 
 
 #: The backend registered as ``"lpx"`` (``tsp``, ``fp16`` unless ``options`` say otherwise).

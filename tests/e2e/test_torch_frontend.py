@@ -86,6 +86,20 @@ class Spectrum(torch.nn.Module):
         return torch.fft.rfft(x).abs()
 
 
+class PrintsShape(torch.nn.Module):
+    """A print breaks the graph; the graph before it also hands a size to eager code."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.fc2 = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        print("hidden", tuple(h.shape))
+        return self.fc2(torch.relu(h))
+
+
 class LastHiddenState(torch.nn.Module):
     def __init__(self, model):
         super().__init__()
@@ -367,6 +381,18 @@ def test_compile_explicit_graph_break(backend):
     tvm.testing.assert_allclose(out.numpy(), want_out.numpy(), rtol=1e-4, atol=1e-4)
     tvm.testing.assert_allclose(hidden.numpy(), want_hidden.numpy(), rtol=1e-4, atol=1e-4)
     assert len(backend.graphs) == 2 and backend.compilations == 2
+
+
+def test_compile_print_with_symbolic_shapes(backend, capsys):
+    torch.manual_seed(6)
+    model = PrintsShape().eval()
+    fast = torch.compile(model, backend=backend, dynamic=True)  # graphs with symbolic sizes
+    for n in (4, 4, 6):
+        x = torch.randn(n, 16)
+        tvm.testing.assert_allclose(fast(x).numpy(), _eager(model, x).numpy(), rtol=1e-4, atol=1e-4)
+        assert capsys.readouterr().out.count(f"hidden ({n}, 32)") == 2  # compiled and eager
+    assert len(backend.graphs) == 2
+    assert backend.compilations == 4  # two graphs, compiled for n=4 and for n=6
 
 
 def test_compile_bert_matches_eager():
