@@ -3,6 +3,9 @@
 - ``split(x, ...)`` whose pieces are read only through ``TupleGetItem`` becomes one
   ``strided_slice`` per piece (a fused QKV projection split into Q, K and V): each
   piece is a lane move on LPX, and a slice nothing reads is dropped.
+- consecutive ``permute_dims`` whose inner results nothing else reads compose into
+  one (dropped when the composition is the identity): torch writes attention's head
+  merge as three permutes, two of which cancel.
 - ``power(x, c)`` with a constant c of 2 or 3 (the cube in the tanh form of GELU)
   becomes ``x * x`` or ``x * x * x``, elementwise multiplies (two roundings instead of
   one; within the float tolerance of the rest of the graph).
@@ -49,6 +52,29 @@ def _power(x, k, builder):
     return relax.op.multiply(builder.emit(relax.op.multiply(x, x)), x)
 
 
+def _permutes(values, uses, drop, rebuild):
+    """Chains of permute_dims whose inner results nothing else reads become one permute
+    (torch's attention writes the head merge as three), or none when they compose to
+    the identity."""
+    chain = {}  # var -> (source, axes) of the composed permute it is bound to
+    for var, value in values.items():
+        if not op_is(value, "relax.permute_dims") or static_shape(value) is None:
+            continue
+        rank = len(static_shape(value))
+        axes = [int(a) for a in value.attrs.axes] if value.attrs.axes is not None else list(range(rank))[::-1]
+        src = value.args[0]
+        if src in chain and uses.get(src, 0) == 1:
+            inner_src, inner_axes = chain[src]
+            src, axes = inner_src, [inner_axes[a] for a in axes]
+            drop.add(value.args[0])
+            rebuild.pop(value.args[0], None)
+        chain[var] = (src, axes)
+        if src is not value.args[0] or axes == list(range(rank)):
+            identity = axes == list(range(rank))
+            rebuild[var] = lambda visit, builder, x=src, a=axes, same=identity: \
+                visit(x) if same else relax.op.permute_dims(visit(x), a)
+
+
 def _plan(func):
     drop, rebuild = set(), {}
     values = dict(bindings(func))
@@ -76,12 +102,13 @@ def _plan(func):
                 and static_shape(value.args[0]) == static_shape(value):
             rebuild[var] = lambda visit, builder, x=value.args[0], k=_integer_power(value): \
                 _power(visit(x), k, builder)
+    _permutes(values, uses, drop, rebuild)
     return drop, rebuild
 
 
 @relax.transform.function_pass(opt_level=0, name="lpx.Decompose")
 class Decompose:
-    """Rewrite split into strided slices and small integer powers into multiplies."""
+    """Rewrite split into strided slices, permute chains into one, small integer powers into multiplies."""
 
     def transform_function(self, func, mod, ctx):
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):

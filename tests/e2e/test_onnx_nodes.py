@@ -88,13 +88,14 @@ MAIN_OPS = {
     "Erf": ("erf",),
     "Transpose": ("permute_dims",),
 }
-# Cases whose node becomes other ops: Clip with no bounds is the identity (no op at
-# all), Clip(min=0) with no max is a ReLU, Clip with only a max is a minimum, min > max
+# Cases whose node becomes other ops: Clip with no bounds and Transpose (0, 1, 2) are the
+# identity (no op at all), Clip(min=0) with no max is a ReLU, Clip with only a max is a minimum, min > max
 # stays a maximum and a minimum, and int8 bounds become TIR functions. 1-D and 3-D
 # pooling are handled in _main_ops.
 MAIN_OPS_OF_CASE = {
     "test_gelu_tanh_1": ("nn.gelu_tanh",),
     "test_gelu_tanh_2": ("nn.gelu_tanh",),
+    "test_transpose_all_permutations_0": (),  # the identity permutation: no op
     "test_clip_default_inbounds": (),
     "test_clip_default_int8_inbounds": (),
     "test_clip_default_min-const": ("nn.relu",),
