@@ -89,6 +89,7 @@ def canonicalize(mod: tvm.IRModule) -> tvm.IRModule:
             NormalizeClip(),
             MaskingAdd(),
             Decompose(),
+            relax.transform.CanonicalizeBindings(),  # HeadsTo3D follows values, not aliases
             HeadsTo3D(),
             relax.transform.CanonicalizeBindings(),
             _remove_unused,

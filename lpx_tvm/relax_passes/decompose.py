@@ -6,6 +6,13 @@
 - consecutive ``permute_dims`` whose inner results nothing else reads compose into
   one (dropped when the composition is the identity): torch writes attention's head
   merge as three permutes, two of which cancel.
+- ``broadcast_to`` a value's own shape is dropped, and a reshape of a reshape is one
+  reshape (torch writes both around every operand of a batched matmul).
+- the guards exporters put after an attention softmax for fully masked rows,
+  ``where(isnan(p), 0, p)`` and torch's ``where(not(any(z != -inf)), 0, p)``, are
+  dropped when no row can be fully masked: the softmax input adds no mask, or
+  constant masks with a finite entry in every row (a causal mask). Finite scores then
+  give every row a finite maximum. A runtime mask keeps the guard.
 - ``power(x, c)`` with a constant c of 2 or 3 (the cube in the tanh form of GELU)
   becomes ``x * x`` or ``x * x * x``, elementwise multiplies (two roundings instead of
   one; within the float tolerance of the rest of the graph).
@@ -75,6 +82,92 @@ def _permutes(values, uses, drop, rebuild):
                 visit(x) if same else relax.op.permute_dims(visit(x), a)
 
 
+def _layout_noise(values, uses, drop, rebuild):
+    """``broadcast_to`` a value's own shape is the value; a reshape of a reshape whose
+    inner result nothing else reads is one reshape (or none, back to the source's shape).
+    torch's batched matmuls leave both around every operand."""
+    def identity(v):
+        return op_is(v, "relax.broadcast_to") and static_shape(v) is not None \
+            and static_shape(v.args[0]) == static_shape(v)
+
+    for var, value in values.items():
+        if identity(value):
+            rebuild[var] = lambda visit, builder, x=value.args[0]: visit(x)
+        elif op_is(value, "relax.reshape") and static_shape(value) is not None:
+            hops, inner = [], value.args[0]
+            while identity(values.get(inner)) and uses.get(inner, 0) == 1:
+                hops.append(inner)
+                inner = values[inner].args[0]
+            if not op_is(values.get(inner), "relax.reshape") or uses.get(inner, 0) != 1 or inner in rebuild:
+                continue
+            src, shape = values[inner].args[0], static_shape(value)
+            drop.update(hops + [inner])
+            for h in hops:
+                rebuild.pop(h, None)
+            rebuild[var] = lambda visit, builder, x=src, same=static_shape(src) == shape, t=shape: \
+                visit(x) if same else relax.op.reshape(visit(x), t)
+
+
+def _through_reshapes(var, values):
+    while isinstance(var, relax.Var) and op_is(values.get(var), "relax.reshape"):
+        var = values[var].args[0]
+    return var
+
+
+def _masks_leave_rows(z, values) -> bool:
+    """Whether the additive constants of a softmax input ``z`` leave every row at least one
+    finite entry (so finite scores give every row a finite maximum)."""
+    value = values.get(_through_reshapes(z, values))
+    while op_is(value, "relax.add"):
+        a, b = value.args
+        const, other = (a, b) if is_const(a) else (b, a) if is_const(b) else (None, None)
+        if const is None:
+            return False  # a runtime mask may fill a whole row
+        c = const.value.numpy()
+        if c.ndim and not np.isfinite(c).any(axis=-1).all():
+            return False
+        value = values.get(_through_reshapes(other, values))
+    return True
+
+
+def _guarded_rows(cond, values):
+    """The softmax input a row guard tests, or None: ``isnan(p)`` of the softmax output p,
+    or torch's ``not(max(astype(not(equal(z, -inf))), axis=-1))``."""
+    value = values.get(cond)
+    if op_is(value, "relax.isnan"):
+        soft = values.get(_through_reshapes(value.args[0], values))
+        return soft.args[0] if op_is(soft, "relax.nn.softmax") else None
+    while op_is(value, "relax.logical_not", "relax.astype", "relax.max"):
+        if op_is(value, "relax.max") and [int(a) for a in value.attrs.axis] not in ([-1], [len(static_shape(value)) - 1]):
+            return None
+        value = values.get(value.args[0])
+    if op_is(value, "relax.equal") and is_const(value.args[1]):
+        c = value.args[1].value.numpy()
+        if c.size == 1 and np.isneginf(c.reshape(())):
+            return value.args[0]
+    return None
+
+
+def _softmax_guards(values, rebuild):
+    """``where(guard, 0, p)`` that zeroes the rows of a softmax p whose inputs are all -inf
+    (or whose output is NaN) is p when no row can be fully masked."""
+    for var, value in values.items():
+        if not op_is(value, "relax.where") or var in rebuild:
+            continue
+        cond, zero, p = value.args
+        if not is_const(zero) or np.any(zero.value.numpy() != 0) or static_shape(p) != static_shape(value):
+            continue
+        soft = values.get(_through_reshapes(p, values))
+        z = _guarded_rows(cond, values)
+        if z is None or not op_is(soft, "relax.nn.softmax"):
+            continue
+        if _through_reshapes(z, values) is not _through_reshapes(soft.args[0], values) \
+                and not _through_reshapes(z, values).same_as(_through_reshapes(soft.args[0], values)):
+            continue
+        if _masks_leave_rows(soft.args[0], values):
+            rebuild[var] = lambda visit, builder, x=p: visit(x)
+
+
 def _plan(func):
     drop, rebuild = set(), {}
     values = dict(bindings(func))
@@ -103,6 +196,8 @@ def _plan(func):
             rebuild[var] = lambda visit, builder, x=value.args[0], k=_integer_power(value): \
                 _power(visit(x), k, builder)
     _permutes(values, uses, drop, rebuild)
+    _layout_noise(values, uses, drop, rebuild)
+    _softmax_guards(values, rebuild)
     return drop, rebuild
 
 

@@ -8,7 +8,9 @@ become ``broadcast_to``, Unsqueeze ``expand_dims``, Gemm's ``transB`` a
 its statistics. On the ONNX light models that was most of the compile time.
 
 This pass evaluates the ops whose numpy counterpart is bit-exact (data movement, and
-IEEE add / subtract / multiply / divide / sqrt, which are correctly rounded in both)
+IEEE add / subtract / multiply / divide / sqrt, which are correctly rounded in both;
+integer add / subtract / multiply, which wrap in both; comparisons, logic, selects and
+integer casts; ``arange``, which starts torch's attention masks)
 and leaves everything else to ``FoldConstant``, which still runs after it. A result is
 kept only when its shape and dtype are exactly the call's type.
 """
@@ -44,9 +46,41 @@ def _ints(values):
     return tuple(int(v) for v in values)
 
 
+# Exact in any dtype: comparisons and logic (to bool), selects.
+_COMPARE = {
+    "relax.equal": np.equal,
+    "relax.not_equal": np.not_equal,
+    "relax.less": np.less,
+    "relax.less_equal": np.less_equal,
+    "relax.greater": np.greater,
+    "relax.greater_equal": np.greater_equal,
+    "relax.logical_and": np.logical_and,
+    "relax.logical_or": np.logical_or,
+}
+_INT = frozenset(["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"])
+
+
+def _scalar(arg):
+    """The number of a scalar argument (arange's start, end, step), or None."""
+    if isinstance(arg, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
+        return arg.value
+    return None
+
+
 def _evaluate(call, args, out_shape):
     """The value of ``call`` on numpy ``args``, or None when this pass does not handle it."""
     name = call.op.name
+    if name in _COMPARE:
+        return _COMPARE[name](args[0], args[1])
+    if name == "relax.logical_not":
+        return np.logical_not(args[0])
+    if name == "relax.where":
+        return np.where(args[0], args[1], args[2])
+    if name == "relax.astype" and (str(call.attrs.dtype) in _INT | {"bool"}) and args[0].dtype.kind in "biu":
+        return args[0].astype(str(call.attrs.dtype))  # integer conversions wrap, as in TVM
+    if name in _BINARY and name != "relax.divide" and all(a.dtype.name in _INT for a in args) \
+            and args[0].dtype == args[1].dtype:
+        return _BINARY[name](args[0], args[1])  # two's complement wrap, as in TVM
     if name == "relax.broadcast_to":
         return np.broadcast_to(args[0], out_shape)
     if name == "relax.reshape":
@@ -103,6 +137,15 @@ def _plan(func):
         out_shape = static_shape(value)
         dtype = str(getattr(value.ty, "dtype", ""))
         if out_shape is None or dtype not in _PLAIN:
+            continue
+        if value.op.name == "relax.arange":
+            bounds = [_scalar(a) for a in value.args]
+            if any(b is None for b in bounds):
+                continue
+            result = np.arange(*bounds, dtype=dtype)
+            if result.shape == out_shape:
+                folded[var] = _const(result, dtype)
+                known[var] = _array(folded[var])
             continue
         # The target shape of reshape / broadcast_to is a ShapeExpr: out_shape has it.
         args = [_operand(a, known) for a in value.args if not isinstance(a, relax.ShapeExpr)]

@@ -9,7 +9,8 @@ belongs in lanes. With a batch of one, each such value is a 3-D value (h, s, d),
 
 - ``permute_dims(reshape(x, (1, s, h, d)), [0, 2, 1, 3])`` (the head split) becomes
   ``permute_dims(reshape(x, (s, h, d)), [1, 0, 2])``, which the ``lpx.split_heads``
-  pattern takes as one lane move;
+  pattern takes as one lane move; with the axes [0, 2, 3, 1] (the split of K,
+  transposed) a transpose of the last two axes follows;
 - every op on such values (matmul, softmax over the last axis, elementwise ops with
   constants, permutes, reshapes, unary activations) is emitted on the 3-D values;
 - ops that work along the last axis of any 4-D value (a matmul of two 4-D values
@@ -18,10 +19,7 @@ belongs in lanes. With a batch of one, each such value is a 3-D value (h, s, d),
   reshaped from the 4-D value where it is not already 3-D;
 - the head merge ``reshape(permute_dims(v, [0, 2, 1, 3]), (1, s, h*d))`` becomes
   ``reshape(permute_dims(v3, [1, 0, 2]), (1, s, h*d))`` (``lpx.merge_heads``);
-- ``where(isnan(p), 0, p)`` after a softmax (the guard torch exports for fully masked
-  rows) is dropped when no row can be fully masked: the softmax input adds no
-  constant, or constants with a finite entry in every row. Finite scores then give
-  every row a finite maximum, and the softmax no NaN.
+- a 3-D value reshaped to 4-D (an importer's own batched form) is its own 3-D form.
 
 A 4-D value that something else still reads is kept as ``reshape(v3, (1, h, s, d))``;
 dead code elimination removes the ones nothing reads. Constants in elementwise ops
@@ -56,7 +54,8 @@ def _axes(call, rank):
 
 
 def _head_split_entries(func) -> set:
-    """Vars bound to ``permute_dims(reshape(x, (1, s, h, d)), [0, 2, 1, 3])`` with x of rank <= 3."""
+    """Vars bound to ``permute_dims(reshape(x, (1, s, h, d)), [0, 2, 1, 3] or [0, 2, 3, 1])``
+    with x of rank <= 3."""
     values = dict(bindings(func))
     found = set()
     for var, value in values.items():
@@ -64,27 +63,12 @@ def _head_split_entries(func) -> set:
             continue
         src = value.args[0]
         inner = values.get(src)
-        if _axes(value, 4) != [0, 2, 1, 3] or not op_is(inner, "relax.reshape"):
+        if _axes(value, 4) not in ([0, 2, 1, 3], [0, 2, 3, 1]) or not op_is(inner, "relax.reshape"):
             continue
         x_shape, r_shape = static_shape(inner.args[0]), static_shape(inner)
         if x_shape is not None and len(x_shape) <= 3 and r_shape is not None and r_shape[0] == 1:
             found.add(var)
     return found
-
-
-def _masks_leave_rows(value, values) -> bool:
-    """Whether the additive constants in front of a softmax leave every row at least one
-    finite entry (so finite scores give a finite row maximum)."""
-    while op_is(value, "relax.add"):
-        a, b = value.args
-        const, other = (a, b) if is_const(a) else (b, a) if is_const(b) else (None, None)
-        if const is None:
-            return False  # a runtime mask may fill a whole row
-        c = const.value.numpy()
-        if c.ndim and not np.isfinite(c).any(axis=-1).all():
-            return False
-        value = values.get(other)
-    return True
 
 
 @relax.expr_functor.mutator
@@ -138,14 +122,17 @@ class _Rewriter(relax.PyExprMutator):
             inner = self.values[value.args[0]]
             x = self._new(inner.args[0])
             s, h, d = static_shape(inner)[1:]
-            return relax.op.permute_dims(self._emit(relax.op.reshape(x, (s, h, d))), [1, 0, 2])
+            heads = relax.op.permute_dims(self._emit(relax.op.reshape(x, (s, h, d))), [1, 0, 2])
+            if _axes(value, 4) == [0, 2, 3, 1]:
+                return relax.op.permute_dims(self._emit(heads), [0, 2, 1])
+            return heads
         args = value.args
         if op_is(value, "relax.reshape"):
             src = args[0]
             if src in self.three:
                 return relax.op.reshape(self.three[src], shape3)
-            if src in self.derived and static_shape(src) == shape3:
-                return self._new(src)
+            if static_shape(src) == shape3 and str(src.ty.dtype).startswith(("float", "bfloat")):
+                return self._new(src)  # already the 3-D form
             return None
         if op_is(value, "relax.permute_dims"):
             axes = _axes(value, 4)
@@ -175,24 +162,7 @@ class _Rewriter(relax.PyExprMutator):
             return relax.Call(value.op, ops, value.attrs)
         if op_is(value, *_UNARY) and args[0] in self.three:
             return relax.Call(value.op, [self.three[args[0]]], value.attrs)
-        if op_is(value, "relax.where"):
-            guarded = self._nan_guard(value)
-            if guarded is not None:
-                return guarded
         return None
-
-    def _nan_guard(self, value):
-        """``where(isnan(p), 0, p)`` of a converted softmax p whose rows cannot all be masked: p."""
-        cond, zero, p = value.args
-        test = self.values.get(cond)
-        if not (op_is(test, "relax.isnan") and test.args[0].same_as(p) and p in self.three):
-            return None
-        if not is_const(zero) or zero.value.numpy().size != 1 or float(zero.value.numpy().reshape(())) != 0.0:
-            return None
-        soft = self.values.get(p)
-        if not op_is(soft, "relax.nn.softmax") or not _masks_leave_rows(self.values.get(soft.args[0]), self.values):
-            return None
-        return self.three[p]
 
     # ---- the walk ------------------------------------------------------------
     def visit_var_binding_(self, binding):
