@@ -13,6 +13,10 @@
   dropped when no row can be fully masked: the softmax input adds no mask, or
   constant masks with a finite entry in every row (a causal mask). Finite scores then
   give every row a finite maximum. A runtime mask keeps the guard.
+- a softmax over the second-to-last axis becomes one over the last axis between two
+  swaps of the last two axes (transposes on LPX).
+- RMSNorm written out, ``x * rsqrt(mean(x * x, -1, keepdims) + eps)`` (then ``* w``
+  with a constant per-column w), becomes one ``nn.rms_norm``.
 - ``power(x, c)`` with a constant c of 2 or 3 (the cube in the tanh form of GELU)
   becomes ``x * x`` or ``x * x * x``, elementwise multiplies (two roundings instead of
   one; within the float tolerance of the rest of the graph).
@@ -168,6 +172,70 @@ def _softmax_guards(values, rebuild):
             rebuild[var] = lambda visit, builder, x=p: visit(x)
 
 
+def _softmax_axes(values, rebuild):
+    """A softmax over the second-to-last axis runs between two swaps of the last two axes
+    (LPX reduces along the last axis, the one in lanes)."""
+    for var, value in values.items():
+        shape = static_shape(value) if op_is(value, "relax.nn.softmax") else None
+        if shape is None or len(shape) < 2 or int(value.attrs.axis) % len(shape) != len(shape) - 2:
+            continue
+        swap = list(range(len(shape) - 2)) + [len(shape) - 1, len(shape) - 2]
+        rebuild[var] = lambda visit, builder, x=value.args[0], swap=swap: relax.op.permute_dims(
+            builder.emit(relax.op.nn.softmax(builder.emit(relax.op.permute_dims(visit(x), swap)), axis=-1)), swap)
+
+
+def _squares_of(value, values):
+    """x when ``value`` is ``x * x`` or ``power(x, 2)``, else None."""
+    if op_is(value, "relax.multiply") and value.args[0].same_as(value.args[1]):
+        return value.args[0]
+    if op_is(value, "relax.power") and _integer_power(value) == 2:
+        return value.args[0]
+    return None
+
+
+def _rms_scale_of(r, values):
+    """(x, eps) when ``r`` is ``rsqrt(mean(x * x, last axis, keepdims) + eps)``, else None."""
+    value = values.get(r)
+    if not op_is(value, "relax.rsqrt"):
+        return None
+    add = values.get(value.args[0])
+    if not op_is(add, "relax.add") or not is_const(add.args[1]) or add.args[1].value.numpy().size != 1:
+        return None
+    mean = values.get(add.args[0])
+    shape = static_shape(mean) if op_is(mean, "relax.mean") else None
+    if shape is None or not mean.attrs.keepdims or [int(a) % len(shape) for a in mean.attrs.axis] != [len(shape) - 1]:
+        return None
+    x = _squares_of(values.get(mean.args[0]), values)
+    return None if x is None else (x, float(add.args[1].value.numpy().reshape(())))
+
+
+def _rms_norms(values, uses, drop, rebuild):
+    """RMSNorm written out (``x * rsqrt(mean(x^2, -1, keepdims) + eps)``, then ``* w`` with a
+    constant w of one value per column) becomes ``nn.rms_norm``, which LPX runs like a
+    layer norm without the centering."""
+    for var, value in values.items():
+        if not op_is(value, "relax.multiply") or not is_float(value.ty.dtype):
+            continue
+        for x, r in (value.args, value.args[::-1]):
+            found = _rms_scale_of(r, values)
+            if found is None or not found[0].same_as(x) or static_shape(x) != static_shape(value):
+                continue
+            cols = static_shape(value)[-1]
+            weight, target = np.ones(cols, str(value.ty.dtype)), var
+            users = [(v, u) for v, u in values.items() if op_is(u, "relax.multiply") and
+                     any(a.same_as(var) for a in u.args)]
+            if uses.get(var, 0) == 1 and len(users) == 1:
+                outer_var, outer = users[0]
+                w = outer.args[1] if outer.args[0].same_as(var) else outer.args[0]
+                if is_const(w) and w.value.numpy().size == cols and w.value.numpy().shape[-1] == cols \
+                        and static_shape(outer) == static_shape(value):
+                    weight, target = w.value.numpy().reshape(cols), outer_var
+                    drop.add(var)
+            rebuild[target] = lambda visit, builder, x=x, w=weight, eps=found[1]: relax.op.nn.rms_norm(
+                visit(x), relax.const(w), axes=[-1], epsilon=eps)
+            break
+
+
 def _plan(func):
     drop, rebuild = set(), {}
     values = dict(bindings(func))
@@ -198,6 +266,8 @@ def _plan(func):
     _permutes(values, uses, drop, rebuild)
     _layout_noise(values, uses, drop, rebuild)
     _softmax_guards(values, rebuild)
+    _softmax_axes(values, rebuild)
+    _rms_norms(values, uses, drop, rebuild)
     return drop, rebuild
 
 

@@ -361,6 +361,21 @@ def _layer_norm_rule(a, settings):
     return _last_axis_rows_problem(op, shape, settings, "layer_norm")
 
 
+def _rms_norm_rule(a, settings):
+    op = a["root"]
+    data, weight = op.args
+    found = _tensors_problem(op, [data], settings)
+    if found:
+        return found
+    if not _is_const(weight):
+        return op, "rms_norm with a runtime weight"
+    shape = _expr_shape(data)
+    rank = len(shape)
+    if [int(ax) % max(rank, 1) for ax in op.attrs.axes] != [rank - 1]:
+        return op, f"rms_norm over axes {[int(x) for x in op.attrs.axes]}: LPX normalizes the last axis"
+    return _last_axis_rows_problem(op, shape, settings, "rms_norm")
+
+
 def _global_avg_pool2d_rule(a, settings):
     mean = a["root"]
     found = _tensors_problem(mean, [a["input"]], settings)
@@ -571,6 +586,7 @@ def pattern_table() -> list:
         ("erf", "relax.erf"),
         ("gelu", "relax.nn.gelu"),
         ("gelu_tanh", "relax.nn.gelu_tanh"),
+        ("silu", "relax.nn.silu"),
     ):
         table.append((op, *_unary_pattern(relax_op), [_unary_rule]))
     for op in ("max_pool2d", "avg_pool2d"):
@@ -580,6 +596,7 @@ def pattern_table() -> list:
     table.append(("concat", *_unary_pattern("relax.concat"), [_concat_rule]))
     table.append(("softmax", *_unary_pattern("relax.nn.softmax"), [_softmax_rule]))
     table.append(("layer_norm", *_unary_pattern("relax.nn.layer_norm"), [_layer_norm_rule]))
+    table.append(("rms_norm", *_unary_pattern("relax.nn.rms_norm"), [_rms_norm_rule]))
     table.append(("permute_dims", *_unary_pattern("relax.permute_dims"), [_permute_dims_rule]))
     table.append(("slice", *_unary_pattern("relax.strided_slice"), [_slice_rule]))
     table.append(("split_heads", *_split_heads_pattern(), [_split_heads_rule]))

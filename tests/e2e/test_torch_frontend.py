@@ -461,3 +461,42 @@ def test_import_without_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "PyTorch is not installed" in result.stdout and "lpx-tvm[torch]" in result.stdout
+
+
+# RMSNorm, written out (LLaMA / T5 style) and as torch.nn.RMSNorm ---------------------------
+
+class WrittenRMSNorm(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(n) + 0.5)
+        self.eps = 1e-6
+
+    def forward(self, h):
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+class NormAfterLinear(torch.nn.Module):
+    def __init__(self, norm, n=64):
+        super().__init__()
+        self.linear = torch.nn.Linear(n, n)
+        self.norm = norm
+
+    def forward(self, x):
+        return self.norm(self.linear(x))
+
+
+@pytest.mark.parametrize("norm", ["written", "torch.nn.RMSNorm"])
+def test_rms_norm_runs_on_lpx(norm):
+    torch.manual_seed(0)
+    if norm == "written":
+        layer = WrittenRMSNorm(64)
+    else:
+        layer = torch.nn.RMSNorm(64, eps=1e-6)
+        with torch.no_grad():
+            layer.weight.copy_(torch.rand(64) + 0.5)
+    model, x = NormAfterLinear(layer).eval(), torch.randn(1, 8, 64)
+    compiled = lpx_tvm.from_torch(model, (x,), preset="tsp", precision="fp32")
+    got = compiled.run([x.numpy()])["output_0"]
+    tvm.testing.assert_allclose(got, _eager(model, x).numpy(), rtol=1e-4, atol=1e-4)
+    offload = compiled.report["offload"]
+    assert offload["cpu"] == {} and offload["lpx"].get("nn.rms_norm") == 1, offload

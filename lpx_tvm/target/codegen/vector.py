@@ -129,6 +129,8 @@ class VectorLowering:
                         v = g.vxm("vxm.min", v, imm=hi)
                 elif s.op in UNARY_VXM:
                     v = g.vxm(UNARY_VXM[s.op], v)
+                elif s.op == "nn.silu":  # x * sigmoid(x)
+                    v = g.vxm("vxm.mul", v, g.vxm("vxm.sigmoid", v))
                 else:
                     raise UnsupportedOnLPX(f"{s.op} after {op.main.op}")
             return v
@@ -259,21 +261,27 @@ class VectorLowering:
     def _layer_norm(self, op: RegionOp, is_output: bool):
         """LayerNorm over the last axis in fp32 on the VXM, per run of rows: the mean (lane
         sums of every tile), the centered values kept in fp32 with their running sum of
-        squares, then 1 / sqrt(var + eps) and the per-column gamma and beta."""
+        squares, then 1 / sqrt(var + eps) and the per-column gamma and beta. RMSNorm
+        (``nn.rms_norm``) is the same without the mean and beta."""
         x = self._value(op.main.args[0])
         a = op.main.attrs
+        rms = op.main.op == "nn.rms_norm"
         if x.nhwc or [int(v) % len(x.shape) for v in a.get("axes", [-1])] != [len(x.shape) - 1]:
-            raise UnsupportedOnLPX("layer_norm over axes other than the last of a value that is not 4-D")
+            raise UnsupportedOnLPX(f"{op.main.op} over axes other than the last of a value that is not 4-D")
         lay = x.tensor.layout
         rows, cols, lanes, f32 = lay.rows, lay.cols, self.cfg.lanes, self.acc
         eps = float(a.get("epsilon", 1e-5))
-        mean = self._temp(self._new(f"{op.out}.mean", (rows, lanes), avoid=[x], dtype=f32))
-        cen = self._temp(self._new(f"{op.out}.centered", (rows, cols), avoid=[x, mean], dtype=f32))
-        var = self._temp(self._new(f"{op.out}.var", (rows, lanes), avoid=[x, mean, cen], dtype=f32))
+        mean = None if rms else self._temp(self._new(f"{op.out}.mean", (rows, lanes), avoid=[x], dtype=f32))
+        cen = self._temp(self._new(f"{op.out}.centered", (rows, cols), avoid=[x] + ([mean] if mean else []),
+                                   dtype=f32))
+        var = self._temp(self._new(f"{op.out}.var", (rows, lanes), avoid=[x, cen] + ([mean] if mean else []),
+                                   dtype=f32))
         # gamma and beta, each read beside the centered values (none when 1 and 0)
         affine = []
-        for arg, use, neutral, vop in ((op.main.args[1], a.get("scale", True), 1.0, "vxm.mul"),
-                                       (op.main.args[2], a.get("center", True), 0.0, "vxm.add")):
+        params = [(op.main.args[1], True, 1.0, "vxm.mul")] if rms else \
+            [(op.main.args[1], a.get("scale", True), 1.0, "vxm.mul"),
+             (op.main.args[2], a.get("center", True), 0.0, "vxm.add")]
+        for arg, use, neutral, vop in params:
             v = np.broadcast_to(np.asarray(arg.const, np.float32).reshape(-1), (cols,)) if use else None
             if v is not None and np.any(v != neutral):
                 t = self._temp(self.b.constant(f"{op.out}.{'gamma' if neutral else 'beta'}", v.reshape(1, cols),
@@ -281,14 +289,18 @@ class VectorLowering:
                 affine.append((vop, t))
         y = self._new(op.out, op.shape, is_output, avoid=[cen, var])
         tag = op.out
-        tensors = [x.tensor, mean.tensor, cen.tensor, var.tensor, y.tensor]
+        tensors = [t.tensor for t in (x, mean, cen, var, y) if t is not None]
         seg = lambda v, j, r0, r1: _one(v.tensor.segments(j, r0, r1))  # noqa: E731
         for r0, r1 in _runs(rows, lambda r: tuple(_chunk_of(t, r) for t in tensors)):
             n = r1 - r0
-            self._reduce_tiles(f"{tag}.mean", x, mean, r0, r1, "vxm.reduce_sum", "vxm.add", scale=1.0 / cols)
+            if not rms:
+                self._reduce_tiles(f"{tag}.mean", x, mean, r0, r1, "vxm.reduce_sum", "vxm.add", scale=1.0 / cols)
 
-            def squares(g, j, v):  # x - mean, kept; its square, summed
-                d = g.vxm("vxm.sub", v, g.read(seg(mean, 0, r0, r1)))
+            def squares(g, j, v):  # x - mean (x for RMSNorm), kept; its square, summed
+                if rms:  # through the VXM (x * 1, exact) when read as is: it flows one way from there
+                    d = v if v.node.op.startswith("vxm.") else g.vxm("vxm.mul", v, imm=1.0)
+                else:
+                    d = g.vxm("vxm.sub", v, g.read(seg(mean, 0, r0, r1)))
                 g.write(d, seg(cen, j, r0, r1))
                 return g.vxm("vxm.mul", d, d)
             self._reduce_tiles(f"{tag}.var", x, var, r0, r1, "vxm.reduce_sum", "vxm.add", each=squares,
