@@ -36,6 +36,7 @@ from .eval_constants import EvalConstants, has_constant_calls
 from .fold_scale_shift import FoldScaleShift
 from .masking_add import MaskingAdd
 from .normalize_clip import NormalizeClip
+from .qdq import FoldQDQ
 from .remove_dropout import RemoveDropout
 from .unstack_reduce import UnstackReduce
 
@@ -43,6 +44,7 @@ __all__ = [
     "canonicalize",
     "CollapseAffine",
     "EvalConstants",
+    "FoldQDQ",
     "FoldScaleShift",
     "MaskingAdd",
     "NormalizeClip",
@@ -70,6 +72,7 @@ def canonicalize(mod: tvm.IRModule) -> tvm.IRModule:
     """
     seq = tvm.ir.transform.Sequential(
         [
+            FoldQDQ,  # QDQ models: Q/DQ pairs into integer ops, before constants fold
             relax.transform.DecomposeOpsForInference(),
             EvalConstants(),
             _fold_rest,

@@ -27,12 +27,13 @@ from ..config import LPXConfig
 from ..isa import DType
 from ..program import Program
 from .graph import Operand, Region, RegionOp, UnsupportedOnLPX, read_region
+from .int8 import Int8Lowering, relax_dtype
 from .mxm import MxmLowering, _Planes
 from .offchip import OffchipLowering, Spilled
 from .storage import Stored, StreamedWeights, _chunk_of, _one, _row_align, _runs, _slices, stored_shape
 from .vector import VectorLowering
 
-PRECISION_DTYPE = {"fp32": DType.FP32, "fp16": DType.FP16, "bf16": DType.BF16}
+PRECISION_DTYPE = {"fp32": DType.FP32, "fp16": DType.FP16, "bf16": DType.BF16, "int8": DType.INT8}
 
 
 @dataclass
@@ -48,7 +49,7 @@ class CompiledRegion:
     input_transforms: dict = field(default_factory=dict)  # param -> host-side layout (im2col)
 
 
-class RegionCompiler(MxmLowering, VectorLowering, OffchipLowering):
+class RegionCompiler(Int8Lowering, MxmLowering, VectorLowering, OffchipLowering):
     # Share of the SRAM that resident weights may take; the rest is working space.
     weight_budget = 0.6
     # Image values are cut into this many row chunks (on different slices), so that
@@ -58,10 +59,12 @@ class RegionCompiler(MxmLowering, VectorLowering, OffchipLowering):
 
     def __init__(self, config: LPXConfig, precision: str = "fp16"):
         if precision not in PRECISION_DTYPE:
-            raise UnsupportedOnLPX(f"precision {precision!r} (expected fp32, fp16 or bf16)")
+            raise UnsupportedOnLPX(f"precision {precision!r} (expected fp32, fp16, bf16 or int8)")
         self.cfg = config
+        self.int8 = False
         self.dtype = PRECISION_DTYPE[precision]
-        self.acc = DType.FP32
+        self.int8 = precision == "int8"  # values keep their own dtypes: int8, uint8, float32 at the edges
+        self.acc = DType.INT32 if self.int8 else DType.FP32
 
     def compile(self, name: str, func) -> CompiledRegion:
         region = read_region(name, func)
@@ -95,7 +98,8 @@ class RegionCompiler(MxmLowering, VectorLowering, OffchipLowering):
                 continue
             tr = self.input_transforms.get(p.name)
             shape = tuple(tr["matrix"]) if tr else stored_shape(p.shape)
-            self.values[p.name] = Stored(self.b.input(p.name, shape, self.dtype,
+            dtype = relax_dtype(p.dtype) if self.int8 else self.dtype
+            self.values[p.name] = Stored(self.b.input(p.name, shape, dtype,
                                                       row_align=1 if tr else _row_align(p.shape)), p.shape)
         # Liveness: a value's SRAM is reused once its last reader has been emitted.
         last_use = {}
@@ -259,6 +263,8 @@ class RegionCompiler(MxmLowering, VectorLowering, OffchipLowering):
 
     def _lower(self, op: RegionOp, is_output: bool):
         kind = op.main.op
+        if op.composite in self.INT8_COMPOSITES:
+            return self._lower_int8(op, is_output)
         lower = {"nn.conv2d": self._conv2d, "matmul": self._dense, "add": self._binary, "subtract": self._binary,
                  "multiply": self._binary, "nn.relu": self._unary, "sigmoid": self._unary, "tanh": self._unary,
                  "erf": self._unary, "nn.gelu": self._unary, "nn.gelu_tanh": self._unary,
@@ -298,6 +304,9 @@ class RegionCompiler(MxmLowering, VectorLowering, OffchipLowering):
         for e in epilogue:
             if e[0] == "bias":
                 y = g.vxm("vxm.add", y, g.read(e[1].tile(tile).repeat(rows)))
+            elif e[0] == "requant":  # int32 -> int8 / uint8 with a per-channel scale
+                _, scale, zp, to = e
+                y = g.vxm("vxm.requant", y, g.read(scale.tile(tile).repeat(rows)), to=to, zp=zp)
             else:
                 _, lo, hi = e
                 if lo is not None and np.isfinite(lo):
