@@ -114,7 +114,9 @@ class Int8Lowering:
         zy = int(round(_scalar(qs.args[2])))
         lanes = self.cfg.lanes
         bias_t = self._temp(self.b.constant(f"{op.out}.bias", bias.reshape(1, channels), DType.INT32))
-        mult = self._temp(self.b.constant(f"{op.out}.requant", (1.0 / scale).reshape(1, channels), DType.FP32))
+        # The drain reads both beside the accumulators: on different slices (one read port each).
+        mult = self._temp(self.b.constant(f"{op.out}.requant", (1.0 / scale).reshape(1, channels), DType.FP32,
+                                          avoid=[sl for sl, _ in bias_t.layout.tiles]))
         q = QEpilogue(float(zx), [("bias", bias_t), ("requant", mult, zy, out_dt)], out_dt)
         if conv:
             return self._conv2d(view, is_output, q)
