@@ -8,6 +8,12 @@ Measured side by side in one run:
 
 The last line printed is JSON. Targets (default schedules): sim_over_ort <= 5,
 compile_s <= 3 x tvm_llvm_build_s, mxm_utilization >= 0.15.
+
+``--int8``: ResNet-50 built in torch (tests/e2e/torch_models.py, random weights),
+exported to ONNX and quantized offline with onnxruntime's quantize_static (QDQ, u8s8,
+per-channel weights, 2 calibration images), compiled at precision int8; the reference
+is onnxruntime with graph optimizations off, the error is given in output
+quantization steps, and mxm_utilization is against the int8 peak.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import argparse
 import json
 import os
 import statistics
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -31,14 +39,45 @@ def bundled(name: str) -> str:
     return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light", f"{name}.onnx")
 
 
+def quantized_resnet50(folder: str, hw: int = 224) -> str:
+    """ResNet-50 (random weights, randomized BatchNorm statistics) as a QDQ u8s8 ONNX model."""
+    import torch
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "e2e"))
+    from torch_models import randomized, resnet50
+
+    torch.manual_seed(0)
+    src, dst = os.path.join(folder, "resnet50.onnx"), os.path.join(folder, "resnet50_qdq_u8s8.onnx")
+    torch.onnx.export(randomized(resnet50()), (torch.randn(1, 3, hw, hw),), src, dynamo=True, verbose=False)
+    name = onnx.load(src).graph.input[0].name
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(1)
+            self.data = iter([{name: rng.standard_normal((1, 3, hw, hw)).astype(np.float32)} for _ in range(2)])
+
+        def get_next(self):
+            return next(self.data, None)
+
+    quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8, per_channel=True)
+    return dst
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="light_resnet50")
     ap.add_argument("--preset", default="tsp")
     ap.add_argument("--precision", default="bf16",
                     help="bf16: the light model's constant weights overflow fp16's range")
+    ap.add_argument("--int8", action="store_true", help="ResNet-50 quantized QDQ u8s8, at precision int8")
     args = ap.parse_args(argv)
-    path = bundled(args.model) if not os.path.exists(args.model) else args.model
+    if args.int8:
+        args.model, args.precision = "resnet50_qdq_u8s8", "int8"
+        path = quantized_resnet50(tempfile.mkdtemp(prefix="lpx_int8_"))
+    else:
+        path = bundled(args.model) if not os.path.exists(args.model) else args.model
 
     t = time.perf_counter()
     model = lpx_tvm.compile_model(path, preset=args.preset, precision=args.precision)
@@ -54,7 +93,10 @@ def main(argv=None):
     got = model.run({name: x})
     sim_s = time.perf_counter() - t
 
-    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()
+    if args.int8:  # the QDQ graph as written (no QDQ fusion): ONNX's definition of its result
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     want = sess.run(None, {name: x})
     ort_times = []
     for _ in range(5):
@@ -74,6 +116,12 @@ def main(argv=None):
         "mxm_utilization": round(rep["mxm_utilization"], 4), "rel_l2_vs_ort": err,
         "lpx_regions": len(model.executable.regions), "offload_cpu": rep["offload"].get("cpu", {}),
     }
+    if args.int8:
+        m = onnx.load(path)
+        inits = {i.name: onnx.numpy_helper.to_array(i) for i in m.graph.initializer}
+        last = next(n for n in m.graph.node if m.graph.output[0].name in n.output)
+        step = float(inits[last.input[1]].reshape(-1)[0])
+        out["max_err_output_steps"] = round(float(np.abs(list(got.values())[0] - want[0]).max()) / step, 3)
     print(f"{args.model} on {args.preset} ({args.precision}): {rep['cycles']:,} cycles, "
           f"{out['images_per_s']:,} images/s simulated, MXM utilization {rep['mxm_utilization']:.1%}")
     print(json.dumps(out))
