@@ -18,7 +18,7 @@ from tvm import relax
 
 from .errors import LPXError
 from .relax_passes import canonicalize, partition_for_lpx
-from .relax_passes.qdq import has_qdq
+from .relax_passes.qdq import FoldQDQ, has_qdq
 from .runtime.executable import LPXExecutable
 from .target.codegen import RegionCompiler
 from .target.codegen.outline import lpx_functions, outline_regions
@@ -45,6 +45,8 @@ def lower_for_lpx(mod, cfg, precision: str):
         raise LPXError("precision int8 needs a quantized (QDQ) model, with QuantizeLinear/DequantizeLinear "
                        "(e.g. from onnxruntime.quantization.quantize_static(quant_format=QDQ)); this model is "
                        "float: compile it with fp32, fp16 or bf16, or quantize it first")
+    if precision == "int8":
+        mod = FoldQDQ(mod)  # Q/DQ pairs into integer ops, before canonicalize folds the int8 weights to floats
     mod = canonicalize(mod)
     mod, offload = partition_for_lpx(mod, cfg, precision)
     compiler = RegionCompiler(cfg, precision)

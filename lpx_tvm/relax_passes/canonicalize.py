@@ -36,7 +36,6 @@ from .eval_constants import EvalConstants, has_constant_calls
 from .fold_scale_shift import FoldScaleShift
 from .masking_add import MaskingAdd
 from .normalize_clip import NormalizeClip
-from .qdq import FoldQDQ
 from .remove_dropout import RemoveDropout
 from .unstack_reduce import UnstackReduce
 
@@ -44,7 +43,6 @@ __all__ = [
     "canonicalize",
     "CollapseAffine",
     "EvalConstants",
-    "FoldQDQ",
     "FoldScaleShift",
     "MaskingAdd",
     "NormalizeClip",
@@ -72,7 +70,6 @@ def canonicalize(mod: tvm.IRModule) -> tvm.IRModule:
     """
     seq = tvm.ir.transform.Sequential(
         [
-            FoldQDQ,  # QDQ models: Q/DQ pairs into integer ops, before constants fold
             relax.transform.DecomposeOpsForInference(),
             EvalConstants(),
             _fold_rest,

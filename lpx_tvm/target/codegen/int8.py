@@ -26,6 +26,7 @@ import numpy as np
 from ..isa import DType
 from .graph import RegionOp, Step, UnsupportedOnLPX
 from .storage import Stored
+from .storage import Stored
 
 
 _RELAX_DTYPES = {"int8": DType.INT8, "uint8": DType.UINT8, "int32": DType.INT32, "float16": DType.FP16,
@@ -96,6 +97,36 @@ class Int8Lowering:
             return self._dequantize(op, is_output)
         raise UnsupportedOnLPX(f"no LPX lowering for {op.composite}")
 
+    def _int8_im2col(self, region):
+        """An int8 image stem: a region input (float) read only by its quantize, read only by a
+        convolution with few input channels. The host lays the float image out as im2col
+        rows, padding with 0.0, which quantizes to the zero point: the quantize then makes
+        exactly the im2col rows of the quantized image padded with ``z_x``, and the
+        convolution is one dense matmul with a single reduction tile."""
+        readers = {}
+        for op in region.ops:
+            for a in [x for st in [op.main] + op.epilogue for x in st.args if not x.is_const]:
+                readers.setdefault(a.name, []).append(op)
+        for p in region.params:
+            qs = readers.get(p.name, [])
+            if len(qs) != 1 or qs[0].composite != "lpx.quantize" or len(p.shape) != 4:
+                continue
+            convs = readers.get(qs[0].out, [])
+            if len(convs) != 1 or convs[0].composite != "lpx.qconv2d" or qs[0].out in region.outputs:
+                continue
+            view = self._mxm_view(convs[0])
+            a = view.main.attrs
+            co, cg, kh, kw = view.main.args[1].shape
+            if a.get("groups", 1) != 1 or cg * kh * kw > self.cfg.mxm_rows or kh * kw == 1:
+                continue
+            n, _, oh, ow = view.main.shape
+            tr = {"kind": "im2col", "kernel": [kh, kw], "strides": list(a["strides"]),
+                  "padding": list(a["padding"]), "dilation": list(a["dilation"]),
+                  "matrix": [n * oh * ow, kh * kw * cg]}
+            self.input_transforms[p.name] = tr
+            self.im2col_values[p.name] = tr
+            self.im2col_values[qs[0].out] = tr
+
     # ---- MXM -------------------------------------------------------------------------
     def _qmxm(self, op: RegionOp, is_output: bool, out_dt: DType):
         view = self._mxm_view(op)
@@ -163,7 +194,11 @@ class Int8Lowering:
     def _quantize(self, op: RegionOp, is_output: bool, out_dt: DType):
         x = self._value(op.main.args[0])
         s, zp = _scalar(op.main.args[1]), int(round(_scalar(op.main.args[2])))
-        y = self._new(op.out, op.shape, is_output, avoid=[x], dtype=out_dt)
+        if op.out in self.im2col_values:  # an int8 stem's image, as im2col rows
+            y = Stored(self.b.tensor(op.out, tuple(self.im2col_values[op.out]["matrix"]), out_dt, row_align=1,
+                                     spread=self.spread), op.shape)
+        else:
+            y = self._new(op.out, op.shape, is_output, avoid=[x], dtype=out_dt)
         self._rowwise(f"{op.out}.quantize", [x], y, lambda g, vs: self._quantized(g, vs[0], s, zp, out_dt))
         self.values[op.out] = y
 

@@ -84,7 +84,7 @@ class MxmLowering:
             else:
                 # Row (tap * c + ci): whole taps per chunk (or lane tiles) so no K tile straddles slices.
                 matrix = w.transpose(2, 3, 1, 0).reshape(-1, co)
-                im2col = args[0].name in self.input_transforms  # one matmul: whole lane tiles
+                im2col = args[0].name in self.im2col_values  # one matmul: whole lane tiles
                 align = lanes if cg % lanes == 0 or kh * kw == 1 or im2col else cg
         elif kind == "matmul" and len(args) > 1 and args[1].is_const and len(args[1].shape) == 2:
             matrix = np.asarray(args[1].const, np.float32)
@@ -110,8 +110,8 @@ class MxmLowering:
             raise UnsupportedOnLPX("conv2d layouts other than NCHW/OIHW")
         x = self._value(op.main.args[0])
         w = np.asarray(op.main.args[1].const, np.float32)
-        if op.main.args[0].name in self.input_transforms:
-            return self._conv_from_im2col(op, x, w, is_output)
+        if op.main.args[0].name in self.im2col_values:
+            return self._conv_from_im2col(op, x, w, is_output, q)
         groups = a.get("groups", 1)
         if groups != 1:
             if groups == x.shape[1] == w.shape[0] and w.shape[1] == 1:
@@ -184,11 +184,11 @@ class MxmLowering:
         self.macs += n * oh * ow * c * kh * kw
         self._emit_mxm(op, steps, window, weights, block, c, is_output, q=q)
 
-    def _conv_from_im2col(self, op: RegionOp, x: Stored, w: np.ndarray, is_output: bool):
+    def _conv_from_im2col(self, op: RegionOp, x: Stored, w: np.ndarray, is_output: bool, q=None):
         """A convolution whose input arrives as im2col rows: a dense matmul with the
         (taps x channels, out channels) weight matrix."""
         co, cg, kh, kw = w.shape
-        self._matmul(op, x, x.tensor.layout.rows, kh * kw * cg, co, is_output)
+        self._matmul(op, x, x.tensor.layout.rows, kh * kw * cg, co, is_output, q=q)
 
     def _dense(self, op: RegionOp, is_output: bool):
         x = self._value(op.main.args[0])

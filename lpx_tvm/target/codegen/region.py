@@ -92,6 +92,10 @@ class RegionCompiler(Int8Lowering, MxmLowering, VectorLowering, OffchipLowering)
         self._fills = {}
         self._maps = {}
         self.input_transforms = {} if offchip else self._im2col_inputs(region)
+        # Values stored as im2col rows: those inputs, and an int8 stem's quantized input.
+        self.im2col_values = dict(self.input_transforms)
+        if self.int8 and not offchip:
+            self._int8_im2col(region)
         for p in region.params:
             if offchip:
                 self.values[p.name] = self._spill_param(p.name, p.shape)
