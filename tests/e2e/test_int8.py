@@ -110,6 +110,7 @@ def test_network_matches_onnxruntime(float_models, tmp_path, name, activations):
     assert report["offload"]["lpx"]["nn.conv2d"] == convs
     # ... on the MXM at int8 rate: int8 / uint8 activations (int8 weights, int32 accumulators).
     assert mxm_dtypes(model) == {DType.UINT8 if activations == "u8" else DType.INT8}
+    assert report["mxm_dtypes"] == ["uint8" if activations == "u8" else "int8"]
     # The report measures utilization against the int8 peak.
     cfg = model.executable.config
     peak = cfg.peak_macs_per_cycle_for("int8")
@@ -237,3 +238,18 @@ def test_matmul_add_maxpool(tmp_path):
     # (on uint8 values) and the matmul after it still runs on LPX.
     assert set(compiled.report["offload"]["cpu"]) <= {"reshape"}
     assert comps["lpx.qdense"] == 1
+
+
+def test_artifact_round_trip(tmp_path):
+    """An int8 model saved as an artifact (with its im2col stem input) runs the same after loading."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((16, 3, 5, 5)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[2, 2, 2, 2], strides=[2, 2])]
+    model = _float_model(nodes, {"w": w}, (1, 3, 16, 16), (1, 16, 8, 8))
+    path, feed, compiled = _single(tmp_path, model, (1, 3, 16, 16), shift=0.4)
+    assert compiled.executable.regions and all(r.input_transforms for r in compiled.executable.regions.values())
+    got, _, _ = check_against_ort(path, feed, compiled)
+    compiled.save(str(tmp_path / "artifact"))
+    loaded = lpx_tvm.load(str(tmp_path / "artifact"))
+    np.testing.assert_array_equal(list(loaded.run(feed).values())[0], got)
+    assert loaded.report["precision"] == "int8" and loaded.report["mxm_dtypes"] == ["uint8"]

@@ -71,7 +71,8 @@ class RegionCompiler(Int8Lowering, MxmLowering, VectorLowering, OffchipLowering)
         try:
             return self._compile(region, offchip=False)
         except SramFull:
-            pass
+            if self.int8:
+                raise  # the off-chip (band) lowerings are for float regions
         # The activations do not fit beside each other: keep them off chip, run by bands.
         for share in self.band_shares:
             self.band_share = share
