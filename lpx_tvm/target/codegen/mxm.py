@@ -311,7 +311,9 @@ class MxmLowering:
                 v = g.vxm("vxm.add", v, g.read(partial[key].tile(0)))
             if parts[i] + 1 < nparts[key]:  # more K parts to come: keep the fp32 sum
                 if key not in partial:
-                    partial[key] = self.b.tensor(f"{tag}.partial", (nrows, lanes), self.acc)
+                    # int8: the drain also reads the bias and the requantization scale rows.
+                    avoid = [sl for e in epi if e[0] in ("bias", "requant") for sl, _ in e[1].layout.tiles] if q else []
+                    partial[key] = self.b.tensor(f"{tag}.partial", (nrows, lanes), self.acc, avoid=avoid)
                 g.write(v, partial[key].tile(0))
                 continue
             if key in partial:

@@ -28,8 +28,10 @@ class VectorLowering:
         hp, wp = h + pt + pb, w + pl + pr
         # A slice has a read and a write port: the copy may share slices with ``x``.
         dtype = x.tensor.layout.dtype
-        xp = Stored(self._temp(self.b.tensor(f"{tag}.padded", (n * hp * wp, c), dtype, row_align=wp)),
-                    (n, c, hp, wp))
+        # int8: the planes multiply one vector per cycle each, more than one slice's read port
+        # feeds, so the padded copy is spread over slices like the values themselves.
+        xp = Stored(self._temp(self.b.tensor(f"{tag}.padded", (n * hp * wp, c), dtype, row_align=wp,
+                                             spread=self.spread if self.int8 else 1)), (n, c, hp, wp))
         fill_row = self._fill_vector(fill, dtype)
         border = [(0, pt, 0, wp), (pt + h, pb, 0, wp), (pt, h, 0, pl), (pt, h, pl + w, pr)]  # rows, cols
         for i in range(n):
