@@ -126,8 +126,7 @@ def _const_bias(expr, values):
         b = _np(expr.args[0]).astype(np.int64)
         if b.ndim != 1:
             return None
-        return ((b - zp.reshape(-1) if zp.size > 1 else b - zp.reshape(-1)[0])
-                * (scale.reshape(-1) if scale.size > 1 else scale.reshape(-1)[0])).astype(np.float64)
+        return ((b - zp.reshape(-1)) * scale.reshape(-1)).astype(np.float64)  # per tensor or per channel
     return None
 
 
@@ -203,7 +202,7 @@ def _fold_plan(func):
     return plan
 
 
-def _build(entry, visit, bb, qvar):
+def _build(entry, visit, bb):
     if entry[0] == "pool":
         _, pool, xq = entry
         a = pool.attrs
@@ -246,23 +245,23 @@ class _Folder(relax.PyExprMutator):
         if entry is None:
             super().visit_var_binding_(binding)
             return
-        value = self.builder_.normalize(_build(entry, self.visit_expr, self.builder_, binding.var))
+        value = self.builder_.normalize(_build(entry, self.visit_expr, self.builder_))
         self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
+
+
+@relax.transform.function_pass(opt_level=0, name="lpx.FoldQDQFunctions")
+class _FoldQDQFunctions:
+    def transform_function(self, func, mod, ctx):
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            return func
+        plan = _fold_plan(func)
+        return _Folder(mod, plan).visit_expr(func) if plan else func
 
 
 @tvm.ir.transform.module_pass(opt_level=0, name="lpx.FoldQDQ")
 def FoldQDQ(mod, ctx):  # noqa: N802 (a pass, named like TVM's)
-    """Fold the Q/DQ pairs around convolutions, dense layers and max pooling (see module doc)."""
-    updates = {}
-    for gv, func in mod.functions.items():
-        if not isinstance(func, relax.Function):
-            continue
-        plan = _fold_plan(func)
-        if plan:
-            updates[gv] = _Folder(mod, plan).visit_expr(func)
-    if not updates:
-        return mod
-    mod = mod.clone() if hasattr(mod, "clone") else mod
-    for gv, func in updates.items():
-        mod[gv] = func
-    return relax.transform.DeadCodeElimination([gv.name_hint for gv in updates])(mod)
+    """Fold the Q/DQ pairs around convolutions, dense layers and max pooling (see module doc);
+    the float ops they replace are removed."""
+    mod = _FoldQDQFunctions()(mod)
+    entries = [gv.name_hint for gv, f in mod.functions.items() if isinstance(f, relax.Function)]
+    return relax.transform.DeadCodeElimination(entries)(mod)

@@ -26,7 +26,6 @@ import numpy as np
 from ..isa import DType
 from .graph import RegionOp, Step, UnsupportedOnLPX
 from .storage import Stored
-from .storage import Stored
 
 
 _RELAX_DTYPES = {"int8": DType.INT8, "uint8": DType.UINT8, "int32": DType.INT32, "float16": DType.FP16,
@@ -143,7 +142,6 @@ class Int8Lowering:
         qs = _step(op, "quantize")
         scale = np.broadcast_to(np.asarray(qs.args[1].const, np.float64).reshape(-1), (channels,))
         zy = int(round(_scalar(qs.args[2])))
-        lanes = self.cfg.lanes
         bias_t = self._temp(self.b.constant(f"{op.out}.bias", bias.reshape(1, channels), DType.INT32))
         # The drain reads both beside the accumulators: on different slices (one read port each).
         mult = self._temp(self.b.constant(f"{op.out}.requant", (1.0 / scale).reshape(1, channels), DType.FP32,
@@ -153,7 +151,6 @@ class Int8Lowering:
             return self._conv2d(view, is_output, q)
         x = self._value(view.main.args[0])
         k, nn = w.shape
-        del lanes
         return self._matmul(view, x, math.prod(x.shape[:-1]), k, nn, is_output, q=q)
 
     # ---- vector ops ------------------------------------------------------------------

@@ -61,7 +61,6 @@ class RegionCompiler(Int8Lowering, MxmLowering, VectorLowering, OffchipLowering)
         if precision not in PRECISION_DTYPE:
             raise UnsupportedOnLPX(f"precision {precision!r} (expected fp32, fp16, bf16 or int8)")
         self.cfg = config
-        self.int8 = False
         self.dtype = PRECISION_DTYPE[precision]
         self.int8 = precision == "int8"  # values keep their own dtypes: int8, uint8, float32 at the edges
         self.acc = DType.INT32 if self.int8 else DType.FP32
