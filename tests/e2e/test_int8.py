@@ -253,3 +253,32 @@ def test_artifact_round_trip(tmp_path):
     loaded = lpx_tvm.load(str(tmp_path / "artifact"))
     np.testing.assert_array_equal(list(loaded.run(feed).values())[0], got)
     assert loaded.report["precision"] == "int8" and loaded.report["mxm_dtypes"] == ["uint8"]
+
+
+def test_fold_qdq_integer_graph_runs_on_cpu(tmp_path):
+    """lpx.FoldQDQ alone: the folded module holds int8 weights, int32 convolutions and no
+    float convolution, and TVM's CPU code of it computes what onnxruntime does."""
+    import tvm
+    from tvm import relax
+
+    from lpx_tvm.relax_passes import canonicalize, import_onnx
+    from lpx_tvm.relax_passes.qdq import FoldQDQ
+
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((12, 6, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = _float_model(nodes, {"w": w, "b": rng.standard_normal(12).astype(np.float32)}, (1, 6, 7, 7),
+                         (1, 12, 7, 7))
+    onnx.save(model, str(tmp_path / "float.onnx"))
+    path = quantize(tmp_path / "float.onnx", tmp_path / "qdq.onnx", (1, 6, 7, 7))
+    mod = canonicalize(FoldQDQ(import_onnx(path).mod))
+    convs = []
+    relax.analysis.post_order_visit(mod["main"].body, lambda e: convs.append(e) if isinstance(e, relax.Call)
+                                    and getattr(e.op, "name", "") == "relax.nn.conv2d" else None)
+    assert len(convs) == 1
+    assert convs[0].args[1].ty.dtype == "int8" and convs[0].ty.dtype == "int32"
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    x = rng.standard_normal((1, 6, 7, 7)).astype(np.float32) + 0.5
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    tvm.testing.assert_allclose(got, ort_reference(path, {"x": x})[0], rtol=0, atol=output_step(path) * 1.001)
