@@ -9,6 +9,12 @@ Measured side by side in one run:
 
 The last line printed is JSON. Targets (default schedules): sim_over_ort <= 5,
 compile_s <= 3 x tvm_llvm_build_s, mxm_utilization >= 0.15.
+
+``--int8``: ResNet-50 built in torch (tests/e2e/torch_models.py, random weights),
+exported to ONNX and quantized offline with onnxruntime's quantize_static (QDQ, u8s8,
+per-channel weights, 2 calibration images), compiled at precision int8; the reference
+is onnxruntime with graph optimizations off, the error is given in output
+quantization steps, and mxm_utilization is against the int8 peak.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -67,6 +74,32 @@ def model_input(name, shape, dtype):
     return rng.standard_normal(shape).astype(dtype)
 
 
+def quantized_resnet50(folder: str, hw: int = 224) -> str:
+    """ResNet-50 (random weights, randomized BatchNorm statistics) as a QDQ u8s8 ONNX model."""
+    import torch
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "e2e"))
+    from torch_models import randomized, resnet50
+
+    torch.manual_seed(0)
+    src, dst = os.path.join(folder, "resnet50.onnx"), os.path.join(folder, "resnet50_qdq_u8s8.onnx")
+    torch.onnx.export(randomized(resnet50()), (torch.randn(1, 3, hw, hw),), src, dynamo=True, verbose=False)
+    name = onnx.load(src).graph.input[0].name
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(1)
+            self.data = iter([{name: rng.standard_normal((1, 3, hw, hw)).astype(np.float32)} for _ in range(2)])
+
+        def get_next(self):
+            return next(self.data, None)
+
+    quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8, per_channel=True)
+    return dst
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="light_resnet50",
@@ -75,10 +108,14 @@ def main(argv=None):
     ap.add_argument("--precision", default=None,
                     help="default bf16 for the light models (their constant weights overflow fp16's range), "
                          "fp16 for bert_base")
+    ap.add_argument("--int8", action="store_true", help="ResNet-50 quantized QDQ u8s8, at precision int8")
     args = ap.parse_args(argv)
     tokens = args.model == "bert_base"
     args.precision = args.precision or ("fp16" if tokens else "bf16")
-    if tokens:
+    if args.int8:
+        args.model, args.precision = "resnet50_qdq_u8s8", "int8"
+        path = quantized_resnet50(tempfile.mkdtemp(prefix="lpx_int8_"))
+    elif tokens:
         path = bert_base(tempfile.mkdtemp(prefix="lpx_bench_"))
     else:
         path = bundled(args.model) if not os.path.exists(args.model) else args.model
@@ -97,7 +134,10 @@ def main(argv=None):
     got = model.run({name: x})
     sim_s = time.perf_counter() - t
 
-    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()
+    if args.int8:  # the QDQ graph as written (no QDQ fusion): ONNX's definition of its result
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     want = sess.run(None, {name: x})
     ort_times = []
     for _ in range(5):
@@ -119,6 +159,12 @@ def main(argv=None):
     }
     rate, unit = (shape[-1] / rep["latency_s"], "tokens_per_s") if tokens else (1.0 / rep["latency_s"], "images_per_s")
     out[unit] = round(rate, 1)
+    if args.int8:
+        m = onnx.load(path)
+        inits = {i.name: onnx.numpy_helper.to_array(i) for i in m.graph.initializer}
+        last = next(n for n in m.graph.node if m.graph.output[0].name in n.output)
+        step = float(inits[last.input[1]].reshape(-1)[0])
+        out["max_err_output_steps"] = round(float(np.abs(list(got.values())[0] - want[0]).max()) / step, 3)
     print(f"{args.model} on {args.preset} ({args.precision}): {rep['cycles']:,} cycles, "
           f"{out[unit]:,} {unit.replace('_per_s', '/s')} simulated, MXM utilization {rep['mxm_utilization']:.1%}")
     print(json.dumps(out))

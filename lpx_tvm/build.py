@@ -18,6 +18,7 @@ from tvm import relax
 
 from .errors import LPXError
 from .relax_passes import canonicalize, partition_for_lpx
+from .relax_passes.qdq import FoldQDQ, has_qdq
 from .runtime.executable import LPXExecutable
 from .target.codegen import RegionCompiler
 from .target.codegen.outline import lpx_functions, outline_regions
@@ -30,8 +31,6 @@ TARGET_TAG = "lpx"
 def _check(precision, tuning_log):
     if precision not in PRECISIONS:
         raise LPXError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
-    if precision == "int8":
-        raise LPXError("precision int8 needs a quantized (QDQ) model; this build compiles float models")
     if tuning_log is not None:
         raise LPXError("tuning logs are not supported by this build yet")
 
@@ -42,6 +41,12 @@ def lower_for_lpx(mod, cfg, precision: str):
     Returns ``(cpu_module, regions, offload_report)``: the module with regions replaced by
     extern calls, the compiled regions by name, and what ran where.
     """
+    if precision == "int8" and not has_qdq(mod):
+        raise LPXError("precision int8 needs a quantized (QDQ) model, with QuantizeLinear/DequantizeLinear "
+                       "(e.g. from onnxruntime.quantization.quantize_static(quant_format=QDQ)); this model is "
+                       "float: compile it with fp32, fp16 or bf16, or quantize it first")
+    if precision == "int8":
+        mod = FoldQDQ(mod)  # Q/DQ pairs into integer ops, before canonicalize folds the int8 weights to floats
     mod = canonicalize(mod)
     mod, offload = partition_for_lpx(mod, cfg, precision)
     compiler = RegionCompiler(cfg, precision)

@@ -126,6 +126,8 @@ def _type_problem(ty, settings, activation=True) -> str | None:
         return f"operand of type {ty} is not a tensor"
     if ty.dtype not in SUPPORTED_DTYPES:
         return f"dtype {ty.dtype} is not supported on LPX (float32, float16 or bfloat16)"
+    if settings.precision == "int8":
+        return f"a {ty.dtype} op in an int8 build: LPX runs the quantized ops of a QDQ model"
     shape = _shape(ty)
     if shape is None:
         return f"dynamic shape {ty.shape}: LPX schedules are static and need static shapes"
@@ -626,7 +628,14 @@ def pattern_table() -> list:
     return [
         (PATTERN_PREFIX + name, pattern, annotations, _make_check(PATTERN_PREFIX + name, rules))
         for name, pattern, annotations, rules in table
-    ]
+    ] + _int8_patterns()
+
+
+def _int8_patterns() -> list:
+    """The int8 (QDQ) patterns, kept in their own module."""
+    from .int8_patterns import int8_pattern_table
+
+    return int8_pattern_table(_make_check)
 
 
 register_patterns(pattern_table())

@@ -88,12 +88,12 @@ def test_tsp_preset(cnn):
 
 def test_unsupported_op_falls_back_to_cpu():
     w = _const("w", (6, 4))
-    # Softmax runs on LPX over the last axis only: over the rows it stays on the CPU.
+    # Softmax runs on LPX over the last two axes only: over the first of three it stays on the CPU.
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Softmax", ["m"], ["y"], axis=0)]
-    graph = helper.make_graph(nodes, "mm_softmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 6])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])], initializer=[w])
+    graph = helper.make_graph(nodes, "mm_softmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])], initializer=[w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    x = RNG.standard_normal((3, 6)).astype(np.float32)
+    x = RNG.standard_normal((2, 3, 6)).astype(np.float32)
     m = lpx_tvm.compile_model(model, preset="mini", precision="fp32")
     tvm.testing.assert_allclose(m.run({"x": x})["y"], _ort(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
     rep = m.report
@@ -156,17 +156,17 @@ def test_shared_regions_count_macs_per_call():
     """Two structurally equal LPX regions (split by a CPU op) share one compiled definition;
     the report still counts the MACs of both calls."""
     w = numpy_helper.from_array(np.full((4, 4), 0.5, np.float32), "w")
-    # Softmax over the rows (axis 0) stays on the CPU and splits the graph.
+    # Softmax over the first of three axes stays on the CPU and splits the graph.
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m1"]), helper.make_node("Softmax", ["m1"], ["s"], axis=0),
              helper.make_node("MatMul", ["s", "w"], ["m2"]), helper.make_node("Softmax", ["m2"], ["y"], axis=0)]
-    graph = helper.make_graph(nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 4])], initializer=[w])
+    graph = helper.make_graph(nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6, 4])], initializer=[w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    x = RNG.standard_normal((6, 4)).astype(np.float32)
+    x = RNG.standard_normal((2, 6, 4)).astype(np.float32)
     m = lpx_tvm.compile_model(model, preset="mini", precision="fp32")
     tvm.testing.assert_allclose(m.run({"x": x})["y"], _ort(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
     assert len(m.executable.regions) == 1 and m.executable.stats.region_calls == 2
-    assert m.report["macs"] == 2 * 6 * 4 * 4
+    assert m.report["macs"] == 2 * 2 * 6 * 4 * 4
 
 
 def test_region_returns_a_value_and_its_reshape():

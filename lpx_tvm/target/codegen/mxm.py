@@ -18,7 +18,7 @@ from .graph import RegionOp, UnsupportedOnLPX
 from .storage import Stored, StreamedWeights, _one
 from .support import block_diagonal, grouped_conv_problem
 
-TVM_DTYPE = {DType.FP32: "float32", DType.FP16: "float16", DType.BF16: "bfloat16"}
+TVM_DTYPE = {DType.FP32: "float32", DType.FP16: "float16", DType.BF16: "bfloat16", DType.INT8: "int8"}
 
 
 @functools.lru_cache(maxsize=512)
@@ -64,6 +64,7 @@ class MxmLowering:
         """The MXM weight matrix of an op, as its lowering reads it (None for vector ops):
         resident in SRAM while the constants' budget lasts, else streamed from off-chip memory."""
         lanes = self.cfg.lanes
+        op = self._mxm_view(op)  # an int8 composite as its integer conv2d / matmul
         kind, args, a = op.main.op, op.main.args, op.main.attrs
         matrix, align = None, lanes
         if kind == "nn.conv2d" and len(args) > 1 and args[1].is_const:
@@ -83,7 +84,7 @@ class MxmLowering:
             else:
                 # Row (tap * c + ci): whole taps per chunk (or lane tiles) so no K tile straddles slices.
                 matrix = w.transpose(2, 3, 1, 0).reshape(-1, co)
-                im2col = args[0].name in self.input_transforms  # one matmul: whole lane tiles
+                im2col = args[0].name in self.im2col_values  # one matmul: whole lane tiles
                 align = lanes if cg % lanes == 0 or kh * kw == 1 or im2col else cg
         elif kind == "matmul" and len(args) > 1 and args[1].is_const and len(args[1].shape) == 2:
             matrix = np.asarray(args[1].const, np.float32)
@@ -103,18 +104,18 @@ class MxmLowering:
                 pass
         return StreamedWeights.place(self.b, matrix, self.dtype, lanes)
 
-    def _conv2d(self, op: RegionOp, is_output: bool):
+    def _conv2d(self, op: RegionOp, is_output: bool, q=None):
         a = op.main.attrs
         if a.get("data_layout", "NCHW") != "NCHW" or a.get("kernel_layout", "OIHW") != "OIHW":
             raise UnsupportedOnLPX("conv2d layouts other than NCHW/OIHW")
         x = self._value(op.main.args[0])
         w = np.asarray(op.main.args[1].const, np.float32)
-        if op.main.args[0].name in self.input_transforms:
-            return self._conv_from_im2col(op, x, w, is_output)
+        if op.main.args[0].name in self.im2col_values:
+            return self._conv_from_im2col(op, x, w, is_output, q)
         groups = a.get("groups", 1)
         if groups != 1:
             if groups == x.shape[1] == w.shape[0] and w.shape[1] == 1:
-                return self._depthwise(op, x, w, is_output)
+                return self._depthwise(op, x, w, is_output, q)
             # Any other grouping runs as a dense conv with a block-diagonal weight
             # (built by _weight_tensor): the MXM also multiplies the zeros between groups.
             problem = grouped_conv_problem(groups, x.shape[1], w.shape[0])
@@ -124,7 +125,7 @@ class MxmLowering:
         co, cg, kh, kw = w.shape
         (sh, sw), (dh, dw) = a["strides"], a["dilation"]
         lanes = self.cfg.lanes
-        xp = self._padded(x, tuple(a["padding"]), op.out)
+        xp = self._padded(x, tuple(a["padding"]), op.out, fill=q.fill if q else 0.0)
         hp, wp = xp.shape[2], xp.shape[3]
         cpad, copad = round_up(c, lanes), round_up(co, lanes)
         work = Conv2dWorkload(n, hp, wp, cpad, kh, kw, copad, (sh, sw), (dh, dw), TVM_DTYPE[self.dtype])
@@ -138,7 +139,7 @@ class MxmLowering:
             return co0 // lanes, base, base + min(c - ci0, lanes)
 
         self.macs += n * oh * ow * co * cg * kh * kw  # useful MACs: cg = c / groups
-        self._emit_mxm(op, steps, window, weights, block, co, is_output)
+        self._emit_mxm(op, steps, window, weights, block, co, is_output, q=q)
 
     def _conv_tiles(self, work, xp: Stored):
         """The tile steps of a (dense or depthwise) convolution's default schedule, with the
@@ -161,14 +162,14 @@ class MxmLowering:
 
         return steps, window, block
 
-    def _depthwise(self, op: RegionOp, x: Stored, w: np.ndarray, is_output: bool):
+    def _depthwise(self, op: RegionOp, x: Stored, w: np.ndarray, is_output: bool, q=None):
         """Depthwise conv on the MXM: each tap of a channel tile is a diagonal weight tile."""
         a = op.main.attrs
         n, c, h, wd = x.shape
         kh, kw = w.shape[2], w.shape[3]
         (sh, sw), (dh, dw) = a["strides"], a["dilation"]
         lanes = self.cfg.lanes
-        xp = self._padded(x, tuple(a["padding"]), op.out)
+        xp = self._padded(x, tuple(a["padding"]), op.out, fill=q.fill if q else 0.0)
         hp, wp = xp.shape[2], xp.shape[3]
         cpad = round_up(c, lanes)
         work = DepthwiseWorkload(n, hp, wp, cpad, kh, kw, (sh, sw), (dh, dw), TVM_DTYPE[self.dtype])
@@ -181,13 +182,13 @@ class MxmLowering:
             return 0, base, base + min(c - c0, lanes)
 
         self.macs += n * oh * ow * c * kh * kw
-        self._emit_mxm(op, steps, window, weights, block, c, is_output)
+        self._emit_mxm(op, steps, window, weights, block, c, is_output, q=q)
 
-    def _conv_from_im2col(self, op: RegionOp, x: Stored, w: np.ndarray, is_output: bool):
+    def _conv_from_im2col(self, op: RegionOp, x: Stored, w: np.ndarray, is_output: bool, q=None):
         """A convolution whose input arrives as im2col rows: a dense matmul with the
         (taps x channels, out channels) weight matrix."""
         co, cg, kh, kw = w.shape
-        self._matmul(op, x, x.tensor.layout.rows, kh * kw * cg, co, is_output)
+        self._matmul(op, x, x.tensor.layout.rows, kh * kw * cg, co, is_output, q=q)
 
     def _dense(self, op: RegionOp, is_output: bool):
         x = self._value(op.main.args[0])
@@ -208,7 +209,7 @@ class MxmLowering:
                      batches=batches)
 
     def _matmul(self, op: RegionOp, x: Stored, rows: int, k: int, nn: int, is_output: bool, W=None,
-                batches: int = 1):
+                batches: int = 1, q=None):
         """(rows, k) activations times a (k, nn) matrix — the op's weights, or ``W`` — through
         DenseWorkload tiles; with ``batches``, batch i multiplies rows i * rows .. of ``x``
         by rows i * k .. of ``W``."""
@@ -235,7 +236,7 @@ class MxmLowering:
             return n0, i * rows + m0, me
 
         self.macs += batches * rows * k * nn
-        self._emit_mxm(op, steps, window, weights, block, nn, is_output, W=W)
+        self._emit_mxm(op, steps, window, weights, block, nn, is_output, W=W, q=q)
 
     def _k_parts(self, keys: list) -> list:
         """For each tile step, which part of its block's reduction it belongs to. A layer
@@ -254,13 +255,15 @@ class MxmLowering:
             seen[k] = seen.get(k, 0) + 1
         return out
 
-    def _emit_mxm(self, op: RegionOp, steps, window, weights, block, channels: int, is_output: bool, W=None):
+    def _emit_mxm(self, op: RegionOp, steps, window, weights, block, channels: int, is_output: bool, W=None,
+                  q=None):
         """Install / multiply groups per tile, a drain group (with the epilogue) per output block.
 
         ``window(step)`` -> [(row offset in the block, Region)]; ``weights(step)`` -> (column
         tile, first row, end row) of the op's weight matrix; ``block(step)`` -> (first channel,
         first output row, rows). Streamed weights come over the off-chip path, one tile at a
         time, into two staging buffers that alternate so the next load overlaps this install.
+        ``q`` (int8 ops): the epilogue (int32 bias, requantization) and the output dtype.
         """
         lanes = self.cfg.lanes
         W = self._weights[op.out] if W is None else W
@@ -268,8 +271,8 @@ class MxmLowering:
         if isinstance(W, StreamedWeights):
             staging = [self._temp(self.b.tensor(f"{op.out}.staging{i}", (lanes, lanes), self.dtype))
                        for i in range(2)]
-        y = self._new(op.out, op.shape, is_output)
-        epi = self._epilogue_consts(op, channels)
+        y = self._new(op.out, op.shape, is_output, dtype=q.out_dtype if q else None)
+        epi = q.epilogue if q else self._epilogue_consts(op, channels)
         tag = op.out
         # Each layer's first block on plane 0: row block k of consecutive layers share a
         # plane, so a plane that finished its rows early goes on with the same rows.
@@ -308,7 +311,9 @@ class MxmLowering:
                 v = g.vxm("vxm.add", v, g.read(partial[key].tile(0)))
             if parts[i] + 1 < nparts[key]:  # more K parts to come: keep the fp32 sum
                 if key not in partial:
-                    partial[key] = self.b.tensor(f"{tag}.partial", (nrows, lanes), self.acc)
+                    # int8: the drain also reads the bias and the requantization scale rows.
+                    avoid = [sl for e in epi if e[0] in ("bias", "requant") for sl, _ in e[1].layout.tiles] if q else []
+                    partial[key] = self.b.tensor(f"{tag}.partial", (nrows, lanes), self.acc, avoid=avoid)
                 g.write(v, partial[key].tile(0))
                 continue
             if key in partial:

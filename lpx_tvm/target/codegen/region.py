@@ -27,12 +27,13 @@ from ..config import LPXConfig
 from ..isa import DType
 from ..program import Program
 from .graph import Operand, Region, RegionOp, UnsupportedOnLPX, read_region
+from .int8 import Int8Lowering, relax_dtype
 from .mxm import MxmLowering, _Planes
 from .offchip import OffchipLowering, Spilled
 from .storage import Stored, StreamedWeights, _chunk_of, _one, _row_align, _runs, _slices, stored_shape
 from .vector import VectorLowering
 
-PRECISION_DTYPE = {"fp32": DType.FP32, "fp16": DType.FP16, "bf16": DType.BF16}
+PRECISION_DTYPE = {"fp32": DType.FP32, "fp16": DType.FP16, "bf16": DType.BF16, "int8": DType.INT8}
 
 
 @dataclass
@@ -48,7 +49,7 @@ class CompiledRegion:
     input_transforms: dict = field(default_factory=dict)  # param -> host-side layout (im2col)
 
 
-class RegionCompiler(MxmLowering, VectorLowering, OffchipLowering):
+class RegionCompiler(Int8Lowering, MxmLowering, VectorLowering, OffchipLowering):
     # Share of the SRAM that resident weights may take; the rest is working space.
     weight_budget = 0.6
     # Image values are cut into this many row chunks (on different slices), so that
@@ -58,17 +59,19 @@ class RegionCompiler(MxmLowering, VectorLowering, OffchipLowering):
 
     def __init__(self, config: LPXConfig, precision: str = "fp16"):
         if precision not in PRECISION_DTYPE:
-            raise UnsupportedOnLPX(f"precision {precision!r} (expected fp32, fp16 or bf16)")
+            raise UnsupportedOnLPX(f"precision {precision!r} (expected fp32, fp16, bf16 or int8)")
         self.cfg = config
         self.dtype = PRECISION_DTYPE[precision]
-        self.acc = DType.FP32
+        self.int8 = precision == "int8"  # values keep their own dtypes: int8, uint8, float32 at the edges
+        self.acc = DType.INT32 if self.int8 else DType.FP32
 
     def compile(self, name: str, func) -> CompiledRegion:
         region = read_region(name, func)
         try:
             return self._compile(region, offchip=False)
         except SramFull:
-            pass
+            if self.int8:
+                raise  # the off-chip (band) lowerings are for float regions
         # The activations do not fit beside each other: keep them off chip, run by bands.
         for share in self.band_shares:
             self.band_share = share
@@ -89,13 +92,18 @@ class RegionCompiler(MxmLowering, VectorLowering, OffchipLowering):
         self._fills = {}
         self._maps = {}
         self.input_transforms = {} if offchip else self._im2col_inputs(region)
+        # Values stored as im2col rows: those inputs, and an int8 stem's quantized input.
+        self.im2col_values = dict(self.input_transforms)
+        if self.int8 and not offchip:
+            self._int8_im2col(region)
         for p in region.params:
             if offchip:
                 self.values[p.name] = self._spill_param(p.name, p.shape)
                 continue
             tr = self.input_transforms.get(p.name)
             shape = tuple(tr["matrix"]) if tr else stored_shape(p.shape)
-            self.values[p.name] = Stored(self.b.input(p.name, shape, self.dtype,
+            dtype = relax_dtype(p.dtype) if self.int8 else self.dtype
+            self.values[p.name] = Stored(self.b.input(p.name, shape, dtype,
                                                       row_align=1 if tr else _row_align(p.shape)), p.shape)
         # Liveness: a value's SRAM is reused once its last reader has been emitted.
         last_use = {}
@@ -259,6 +267,8 @@ class RegionCompiler(MxmLowering, VectorLowering, OffchipLowering):
 
     def _lower(self, op: RegionOp, is_output: bool):
         kind = op.main.op
+        if op.composite in self.INT8_COMPOSITES:
+            return self._lower_int8(op, is_output)
         lower = {"nn.conv2d": self._conv2d, "matmul": self._dense, "add": self._binary, "subtract": self._binary,
                  "multiply": self._binary, "nn.relu": self._unary, "sigmoid": self._unary, "tanh": self._unary,
                  "erf": self._unary, "nn.gelu": self._unary, "nn.gelu_tanh": self._unary, "nn.silu": self._unary,
@@ -302,6 +312,9 @@ class RegionCompiler(MxmLowering, VectorLowering, OffchipLowering):
         for e in epilogue:
             if e[0] == "bias":
                 y = g.vxm("vxm.add", y, g.read(e[1].tile(tile).repeat(rows)))
+            elif e[0] == "requant":  # int32 -> int8 / uint8 with a per-channel scale
+                _, scale, zp, to = e
+                y = g.vxm("vxm.requant", y, g.read(scale.tile(tile).repeat(rows)), to=to, zp=zp)
             else:
                 _, lo, hi = e
                 if lo is not None and np.isfinite(lo):

@@ -27,9 +27,12 @@ class VectorLowering:
         n, c, h, w = x.shape
         hp, wp = h + pt + pb, w + pl + pr
         # A slice has a read and a write port: the copy may share slices with ``x``.
-        xp = Stored(self._temp(self.b.tensor(f"{tag}.padded", (n * hp * wp, c), self.dtype, row_align=wp)),
-                    (n, c, hp, wp))
-        fill_row = self._fill_vector(fill)
+        dtype = x.tensor.layout.dtype
+        # int8: the planes multiply one vector per cycle each, more than one slice's read port
+        # feeds, so the padded copy is spread over slices like the values themselves.
+        xp = Stored(self._temp(self.b.tensor(f"{tag}.padded", (n * hp * wp, c), dtype, row_align=wp,
+                                             spread=self.spread if self.int8 else 1)), (n, c, hp, wp))
+        fill_row = self._fill_vector(fill, dtype)
         border = [(0, pt, 0, wp), (pt + h, pb, 0, wp), (pt, h, 0, pl), (pt, h, pl + w, pr)]  # rows, cols
         for i in range(n):
             for r_first, nrows, c_first, ncols in border:
@@ -50,12 +53,15 @@ class VectorLowering:
                     g.write(g.read(src), dst)
         return xp
 
-    def _fill_vector(self, value: float):
-        """A constant vector of ``value`` in every lane (one per value and region)."""
-        key = float(value)
+    def _fill_vector(self, value: float, dtype=None):
+        """A constant vector of ``value`` in every lane (one per value, dtype and region)."""
+        dtype = dtype or self.dtype
+        if dtype.is_int and not np.isfinite(value):  # -inf of a max pooling: the dtype's least value
+            value = float(np.iinfo(dtype.np).min if value < 0 else np.iinfo(dtype.np).max)
+        key = (float(value), dtype)
         if key not in self._fills:
-            self._fills[key] = self.b.constant(f"fill{len(self._fills)}", np.full((1, self.cfg.lanes), key,
-                                                                                  np.float32), self.dtype)
+            self._fills[key] = self.b.constant(f"fill{len(self._fills)}", np.full((1, self.cfg.lanes), key[0],
+                                                                                  np.float32), dtype)
         return self._fills[key]
 
     def _binary(self, op: RegionOp, is_output: bool):
@@ -155,7 +161,7 @@ class VectorLowering:
         hp, wp = xp.shape[2], xp.shape[3]
         oh, ow = op.shape[2], op.shape[3]
         total = self._temp(self._new(f"{op.out}.acc", op.shape, avoid=[xp], dtype=self.acc))
-        y = self._new(op.out, op.shape, is_output, avoid=[total])
+        y = self._new(op.out, op.shape, is_output, avoid=[total], dtype=x.tensor.layout.dtype if self.int8 else None)
         lanes = self.cfg.lanes
         scale_t = None
         if not is_max:
