@@ -363,6 +363,26 @@ def _layer_norm_rule(a, settings):
     return _last_axis_rows_problem(op, shape, settings, "layer_norm")
 
 
+def _where_rule(a, settings):
+    op = a["root"]
+    cond, x, y = op.args
+    if _is_const(cond):
+        return op, "where with a constant condition and finite fills (see lpx.MaskingAdd for infinite ones)"
+    if not isinstance(cond.ty, relax.TensorType) or cond.ty.dtype != "bool":
+        return op, f"where with a condition of type {cond.ty}: LPX selects by a bool tensor"
+    found = _tensors_problem(op, [b for b in (x, y) if not (_is_const(b) and _scalar(b) is not None)], settings)
+    if found:
+        return found
+    shape = _expr_shape(op)
+    if not shape:
+        return op, "a where of scalars (0-d values stay on the CPU)"
+    for b in (cond, x, y):
+        if _expr_shape(b) != shape and not (_is_const(b) and _scalar(b) is not None):
+            return op, (f"where operand of shape {_expr_shape(b)} broadcast against {shape}: "
+                        "broadcasts move data between lanes")
+    return None
+
+
 def _rms_norm_rule(a, settings):
     op = a["root"]
     data, weight = op.args
@@ -599,6 +619,7 @@ def pattern_table() -> list:
     table.append(("softmax", *_unary_pattern("relax.nn.softmax"), [_softmax_rule]))
     table.append(("layer_norm", *_unary_pattern("relax.nn.layer_norm"), [_layer_norm_rule]))
     table.append(("rms_norm", *_unary_pattern("relax.nn.rms_norm"), [_rms_norm_rule]))
+    table.append(("where", *_unary_pattern("relax.where"), [_where_rule]))
     table.append(("permute_dims", *_unary_pattern("relax.permute_dims"), [_permute_dims_rule]))
     table.append(("slice", *_unary_pattern("relax.strided_slice"), [_slice_rule]))
     table.append(("split_heads", *_split_heads_pattern(), [_split_heads_rule]))

@@ -272,7 +272,7 @@ class RegionCompiler(Int8Lowering, MxmLowering, VectorLowering, OffchipLowering)
         lower = {"nn.conv2d": self._conv2d, "matmul": self._dense, "add": self._binary, "subtract": self._binary,
                  "multiply": self._binary, "nn.relu": self._unary, "sigmoid": self._unary, "tanh": self._unary,
                  "erf": self._unary, "nn.gelu": self._unary, "nn.gelu_tanh": self._unary, "nn.silu": self._unary,
-                 "nn.layer_norm": self._layer_norm, "nn.rms_norm": self._layer_norm, "permute_dims": self._transpose,
+                 "nn.layer_norm": self._layer_norm, "nn.rms_norm": self._layer_norm, "where": self._where, "permute_dims": self._transpose,
                  "clip": self._unary, "nn.max_pool2d": self._pool, "nn.avg_pool2d": self._pool,
                  "concat": self._concat, "mean": self._global_avg_pool, "nn.softmax": self._softmax}.get(kind)
         by_composite = {"lpx.split_heads": self._split_heads, "lpx.merge_heads": self._merge_heads,

@@ -414,6 +414,36 @@ class VectorLowering:
         if not written.all() or ycols > len(written) * lanes:
             raise UnsupportedOnLPX(f"{tag}: the lane moves leave part of the result unwritten")
 
+    def _where(self, op: RegionOp, is_output: bool):
+        """``where(c, x, y)`` with a runtime bool c (stored as 0 / 1): m = (c - 1/2) * inf is
+        +inf where c holds and -inf elsewhere, and max(min(x, m), min(y, -m)) picks x or y
+        exactly, infinities included (a NaN in the branch not taken comes through: the
+        VXM's min and max propagate NaN)."""
+        cond, a, b = op.main.args
+        ins = [self._value(cond)]  # read side by side: on different slices
+        branches = []  # a scalar constant, or None for the next tensor of ins
+        for arg in (a, b):
+            if arg.is_const:
+                branches.append(float(np.asarray(arg.const).reshape(-1)[0]))
+                continue
+            v = self._apart(self._value(arg), ins[0], op.out)
+            if len(ins) == 2 and self._apart(v, ins[1], op.out) is not v:
+                v = self._temp(self._copy(self._value(arg), f"{op.out}.apart", avoid=ins))
+            ins.append(v)
+            branches.append(None)
+        y = self._new(op.out, op.shape, is_output)
+
+        def body(g, vs):
+            c, tensors = vs[0], iter(vs[1:])
+            half = g.vxm("vxm.sub", c, imm=0.5)  # both masks one op from here: their paths line up
+            masks = [g.vxm("vxm.mul", half, imm=inf) for inf in (float("inf"), float("-inf"))]
+            picks = [g.vxm("vxm.min", mask, imm=branch) if branch is not None else g.vxm("vxm.min", next(tensors), mask)
+                     for branch, mask in zip(branches, masks)]
+            return g.vxm("vxm.max", picks[0], picks[1])
+
+        self._rowwise(f"{op.out}.where", ins, y, body)
+        self.values[op.out] = y
+
     def _split_heads(self, op: RegionOp, is_output: bool):
         """(s, h*d) -> (h, s, d): head i is lanes i*d .. of every row, moved to rows i*s .."""
         x = self._value(op.main.args[0])
