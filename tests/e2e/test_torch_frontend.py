@@ -248,32 +248,36 @@ def test_from_torch_errors(mlp):
         lpx_tvm.from_torch(model, (x,), preset="nosuchchip")
 
 
-# BERT-tiny and GPT-2 tiny ---------------------------------------------------------------
+# BERT-tiny, GPT-2 tiny and BERT-base ---------------------------------------------------------
 
-SEQ = 64
+SEQ = {"bert": 64, "gpt2": 64, "bert_base": 128}
 # Per layer: BERT's Q, K, V, attention output and two FFN matmuls, GPT-2's fused QKV,
 # attention output and two MLP matmuls; both: the two per-head batched matmuls.
-MATMULS = {"bert": 2 * 8, "gpt2": 2 * 6}
+MATMULS = {"bert": 2 * 8, "gpt2": 2 * 6, "bert_base": 12 * 8}
 
 
 def _transformer(name):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    if name == "bert":
+    if name == "bert_base":
+        cfg = transformers.BertConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                      intermediate_size=3072, vocab_size=1000, max_position_embeddings=SEQ[name])
+        inner = transformers.BertModel(cfg, add_pooling_layer=False)
+    elif name == "bert":
         cfg = transformers.BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                                      intermediate_size=512, vocab_size=1000, max_position_embeddings=SEQ)
+                                      intermediate_size=512, vocab_size=1000, max_position_embeddings=SEQ[name])
         inner = transformers.BertModel(cfg, add_pooling_layer=False)
     else:
-        cfg = transformers.GPT2Config(n_embd=128, n_layer=2, n_head=2, vocab_size=1000, n_positions=SEQ,
+        cfg = transformers.GPT2Config(n_embd=128, n_layer=2, n_head=2, vocab_size=1000, n_positions=SEQ[name],
                                       bos_token_id=0, eos_token_id=0)
         inner = transformers.GPT2Model(cfg)
     return LastHiddenState(inner.eval()).eval()
 
 
-@pytest.fixture(scope="module", params=["bert", "gpt2"])
+@pytest.fixture(scope="module", params=["bert", "gpt2", "bert_base"])
 def transformer(request):
     model = _transformer(request.param)
-    ids = torch.randint(0, 1000, (1, SEQ), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 1000, (1, SEQ[request.param]), generator=torch.Generator().manual_seed(1))
     return request.param, model, ids, _eager(model, ids).numpy(), {}
 
 
@@ -287,7 +291,7 @@ def _compiled(transformer, precision):
 def test_transformer_fp32_matches_torch(transformer):
     name, model, ids, want, _ = transformer
     compiled = _compiled(transformer, "fp32")
-    assert compiled.inputs == [("input_ids", (1, SEQ), "int64")]
+    assert compiled.inputs == [("input_ids", (1, SEQ[name]), "int64")]
     got = compiled.run([ids.numpy()])["output_0"]
     tvm.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     offload = compiled.report["offload"]
@@ -388,16 +392,19 @@ def test_compile_print_with_symbolic_shapes(backend, capsys):
     assert backend.compilations == 4  # two graphs, compiled for n=4 and for n=6
 
 
-def test_compile_bert_matches_eager():
+@pytest.mark.parametrize("name", ["bert", "gpt2", "bert_base"])
+def test_compile_transformer_matches_eager(name):
     torch._dynamo.reset()
     backend = lpx_tvm.DynamoBackend(preset="tsp", precision="fp32")
-    model = _transformer("bert")
-    ids = torch.randint(0, 1000, (1, SEQ), generator=torch.Generator().manual_seed(2))
+    model = _transformer(name)
+    ids = torch.randint(0, 1000, (1, SEQ[name]), generator=torch.Generator().manual_seed(2))
     got = torch.compile(model, backend=backend)(ids)
     tvm.testing.assert_allclose(got.numpy(), _eager(model, ids).numpy(), rtol=1e-4, atol=1e-4)
     assert backend.compilations == 1
     offload = backend.graphs[0].last_model.report["offload"]
-    assert offload["lpx"].get("matmul") == MATMULS["bert"] and "matmul" not in offload["cpu"], offload
+    assert offload["lpx"].get("matmul") == MATMULS[name] and "matmul" not in offload["cpu"], offload
+    # Every float op on LPX: only the embedding lookup and its integer index work stay.
+    assert set(offload["cpu"]) <= {"take", "reshape", "astype", "add", "less", "where"}, offload
     torch._dynamo.reset()
 
 
