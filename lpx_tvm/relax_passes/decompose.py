@@ -13,8 +13,8 @@
   dropped when no row can be fully masked: the softmax input adds no mask, or
   constant masks with a finite entry in every row (a causal mask). Finite scores then
   give every row a finite maximum. A runtime mask keeps the guard.
-- a softmax over the second-to-last axis becomes one over the last axis between two
-  swaps of the last two axes (transposes on LPX).
+- a softmax over another axis than the last (rank 2 or 3) becomes one over the last
+  axis between a permute that puts that axis last and its inverse (permutes on LPX).
 - RMSNorm written out, ``x * rsqrt(mean(x * x, -1, keepdims) + eps)`` (then ``* w``
   with a constant per-column w), becomes one ``nn.rms_norm``.
 - ``power(x, c)`` with a constant c of 2 or 3 (the cube in the tanh form of GELU)
@@ -173,15 +173,18 @@ def _softmax_guards(values, rebuild):
 
 
 def _softmax_axes(values, rebuild):
-    """A softmax over the second-to-last axis runs between two swaps of the last two axes
-    (LPX reduces along the last axis, the one in lanes)."""
+    """A softmax over another axis than the last runs on the value permuted to put that
+    axis last, and is permuted back (LPX reduces along the last axis, the one in lanes):
+    for ranks 2 and 3, whose permutes run on LPX."""
     for var, value in values.items():
         shape = static_shape(value) if op_is(value, "relax.nn.softmax") else None
-        if shape is None or len(shape) < 2 or int(value.attrs.axis) % len(shape) != len(shape) - 2:
+        if shape is None or len(shape) not in (2, 3) or int(value.attrs.axis) % len(shape) == len(shape) - 1:
             continue
-        swap = list(range(len(shape) - 2)) + [len(shape) - 1, len(shape) - 2]
-        rebuild[var] = lambda visit, builder, x=value.args[0], swap=swap: relax.op.permute_dims(
-            builder.emit(relax.op.nn.softmax(builder.emit(relax.op.permute_dims(visit(x), swap)), axis=-1)), swap)
+        axis = int(value.attrs.axis) % len(shape)
+        to_last = [a for a in range(len(shape)) if a != axis] + [axis]
+        back = [to_last.index(a) for a in range(len(shape))]
+        rebuild[var] = lambda visit, builder, x=value.args[0], p=to_last, q=back: relax.op.permute_dims(
+            builder.emit(relax.op.nn.softmax(builder.emit(relax.op.permute_dims(visit(x), p)), axis=-1)), q)
 
 
 def _squares_of(value, values):

@@ -339,9 +339,9 @@ def _permute_dims_rule(a, settings):
         return found
     rank = len(_expr_shape(a["input"]))
     axes = [int(x) for x in op.attrs.axes] if op.attrs.axes is not None else list(range(rank))[::-1]
-    if rank not in (2, 3) or axes != list(range(rank - 2)) + [rank - 1, rank - 2]:
-        return op, (f"permute_dims {axes} of a {rank}-D tensor: LPX transposes the last two axes "
-                    "of a 2-D or 3-D tensor")
+    if rank not in (2, 3):
+        return op, (f"permute_dims {axes} of a {rank}-D tensor: LPX permutes the axes of a 2-D or 3-D "
+                    "tensor (4-D values are stored NHWC)")
     nbytes = math.prod(_expr_shape(a["input"])) * settings.activation_bytes
     if 4 * nbytes > settings.config.sram_bytes:
         return op, "a transpose larger than a quarter of the SRAM (it does not run by bands)"

@@ -9,6 +9,26 @@ from .storage import Stored, _chunk_of, _one, _row_align, _runs, _slices, stored
 from .support import reshape_keeps_storage
 
 
+def permute_steps(axes) -> list:
+    """The shortest chain of swaps ("last": the last two axes, "first": the first two of
+    three) that permutes axes as ``axes`` does: [] for the identity."""
+    rank, target = len(axes), tuple(axes)
+    moves = {"last": list(range(rank - 2)) + [rank - 1, rank - 2]}
+    if rank == 3:
+        moves["first"] = [1, 0, 2]
+    seen, frontier = {tuple(range(rank)): []}, [tuple(range(rank))]
+    while frontier and target not in seen:
+        nxt = []
+        for order in frontier:
+            for name, p in moves.items():
+                new = tuple(order[i] for i in p)
+                if new not in seen:
+                    seen[new] = seen[order] + [name]
+                    nxt.append(new)
+        frontier = nxt
+    return seen[target]
+
+
 # Relax unary ops that are one VXM transcendental each.
 UNARY_VXM = {"sigmoid": "vxm.sigmoid", "tanh": "vxm.tanh", "erf": "vxm.erf", "nn.gelu": "vxm.gelu",
              "nn.gelu_tanh": "vxm.gelu_tanh"}
@@ -327,27 +347,53 @@ class VectorLowering:
         self.values[op.out] = y
 
     def _transpose(self, op: RegionOp, is_output: bool):
-        """Swap the last two axes of a 2-D or 3-D value: per batch, blocks of up to ``lanes``
-        rows by one column tile go through an SXM transpose (one vector out per column)
-        into the matching rows of the result's column tile."""
+        """Any permutation of a 2-D or 3-D value, as a chain of the two swaps LPX does:
+        the last two axes (:meth:`_swap_last`, through the SXM) and, for 3-D, the first
+        two (:meth:`_swap_first`, rows moved whole)."""
         x = self._value(op.main.args[0])
-        if x.nhwc or len(x.shape) not in (2, 3):
-            raise UnsupportedOnLPX(f"permute_dims of a {len(x.shape)}-D value")
+        rank = len(x.shape)
+        if x.nhwc or rank not in (2, 3):
+            raise UnsupportedOnLPX(f"permute_dims of a {rank}-D value")
+        axes = op.main.attrs.get("axes")
+        axes = list(range(rank))[::-1] if axes in (None, []) else [int(a) % rank for a in axes]
+        steps = permute_steps(axes)
+        if not steps:  # the identity
+            self.values[op.out] = self._copy(x, op.out, is_output)
+            return
+        for k, step in enumerate(steps):
+            last = k == len(steps) - 1
+            shape = tuple(x.shape[:-2]) + (x.shape[-1], x.shape[-2]) if step == "last" else \
+                (x.shape[1], x.shape[0], x.shape[2])
+            y = self._new(op.out if last else f"{op.out}.{k}", shape, is_output and last)
+            (self._swap_last if step == "last" else self._swap_first)(x, y, op.out)
+            if not last:
+                self._temp(y)
+            x = y
+        self.values[op.out] = x
+
+    def _swap_last(self, x: Stored, y: Stored, tag: str):
+        """Swap the last two axes: per batch, blocks of up to ``lanes`` rows by one column
+        tile go through an SXM transpose (one vector out per column) into the matching
+        rows of the result's column tile."""
         lanes = self.cfg.lanes
         m, n = x.shape[-2:]
         batches = x.shape[0] if len(x.shape) == 3 else 1
-        x = self._whole_groups(x, m, f"{op.out}.rows")  # blocks of rows are read whole
-        y = self._new(op.out, op.shape, is_output)
+        x = self._whole_groups(x, m, f"{tag}.rows")  # blocks of rows are read whole
         for i in range(batches):
             for r0 in range(0, m, lanes):
                 r1 = min(m, r0 + lanes)
                 for cb in range(x.tensor.ntiles):
                     c0, c1 = cb * lanes, min(n, (cb + 1) * lanes)
-                    g = self.b.group(f"{op.out}.transpose")
+                    g = self.b.group(f"{tag}.transpose")
                     v = g.sxm("sxm.transpose", g.read(_one(x.tensor.segments(cb, i * m + r0, i * m + r1))),
                               out=c1 - c0)
                     self._write_rows(g, v, y, r0 // lanes, i * n + c0, i * n + c1)
-        self.values[op.out] = y
+
+    def _swap_first(self, x: Stored, y: Stored, tag: str):
+        """Swap the first two axes of a 3-D value (a, b, c): row i*b + j moves to row j*a + i,
+        whole (the last axis stays in lanes)."""
+        a, b, c = x.shape
+        self._move_lanes(f"{tag}.swap", x, y, [(i * b + j, j * a + i, 1, 0, 0, c) for i in range(a) for j in range(b)])
 
     def _concat(self, op: RegionOp, is_output: bool):
         """Concatenate along channels: move each input's lanes into place with one SXM
