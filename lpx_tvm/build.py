@@ -28,18 +28,18 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 TARGET_TAG = "lpx"
 
 
-def _check(precision, tuning_log):
+def _check(precision):
     if precision not in PRECISIONS:
         raise LPXError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
-    if tuning_log is not None:
-        raise LPXError("tuning logs are not supported by this build yet")
 
 
-def lower_for_lpx(mod, cfg, precision: str):
+def lower_for_lpx(mod, cfg, precision: str, tuned=None, tasks=None, tuned_used=None):
     """Canonicalize, partition and compile the LPX regions.
 
     Returns ``(cpu_module, regions, offload_report)``: the module with regions replaced by
-    extern calls, the compiled regions by name, and what ran where.
+    extern calls, the compiled regions by name, and what ran where. ``tuned``: tilings by
+    (workload, composite, batches) from a tuning log; the keys applied are added to
+    ``tuned_used``. ``tasks``: a dict that collects every MXM layer (tuning tasks).
     """
     if precision == "int8" and not has_qdq(mod):
         raise LPXError("precision int8 needs a quantized (QDQ) model, with QuantizeLinear/DequantizeLinear "
@@ -50,6 +50,9 @@ def lower_for_lpx(mod, cfg, precision: str):
     mod = canonicalize(mod)
     mod, offload = partition_for_lpx(mod, cfg, precision)
     compiler = RegionCompiler(cfg, precision)
+    compiler.tuned = tuned or {}
+    compiler.tuned_used = tuned_used
+    compiler.mxm_tasks = tasks
     # Extern-call names are global in the process: a per-build tag keeps two models apart.
     tag = uuid.uuid4().hex[:8]
     names = {fn: f"{tag}_{i}" for i, fn in enumerate(sorted(lpx_functions(mod)))}
@@ -61,13 +64,26 @@ def build(mod, target=TARGET_TAG, params=None, preset="tsp", precision="fp16", t
     """Compile a Relax IRModule for LPX (the successor of ``relay.build(mod, target="lpx")``)."""
     if str(target) != TARGET_TAG and "lpx" not in getattr(tvm.target.Target(target), "keys", ()):
         raise LPXError(f"target {target!r}: lpx_tvm.build compiles for target 'lpx'")
-    _check(precision, tuning_log)
+    _check(precision)
     cfg = load_config(preset)
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
-    cpu_mod, regions, offload = lower_for_lpx(mod, cfg, precision)
+    tuned, used, layers = {}, set(), {}
+    if tuning_log is not None:
+        from .tune.database import load_tuned
+
+        tuned = load_tuned(str(tuning_log), cfg)
+    cpu_mod, regions, offload = lower_for_lpx(mod, cfg, precision, tuned=tuned, tasks=layers, tuned_used=used)
     vm_exec = tvm.compile(cpu_mod, target="llvm")
-    return LPXExecutable(vm_exec, regions, cfg, precision, offload)
+    exe = LPXExecutable(vm_exec, regions, cfg, precision, offload)
+    exe.tuning = None  # the report's "tuning": which layers a tuning log set
+    if tuning_log is not None:
+        from .tune.space import Task
+
+        names = lambda keys: sorted(Task(k, None, precision).name for k in keys)  # noqa: E731
+        exe.tuning = {"log": str(tuning_log), "tuned_layers": names(used),
+                      "default_layers": names(set(layers) - used)}
+    return exe
 
 
 def _register_target_and_pipeline():
@@ -79,7 +95,7 @@ def _register_target_and_pipeline():
     def _lpx_pipeline(preset="tsp", precision="fp16"):
         @tvm.transform.module_pass(opt_level=0, name="LPXPipeline")
         def _pass(mod, _ctx):
-            _check(precision, None)
+            _check(precision)
             cfg = load_config(preset)
             cpu_mod, regions, offload = lower_for_lpx(mod, cfg, precision)
             # The VM resolves the extern calls by name when it runs: register them now.

@@ -80,6 +80,8 @@ class CompiledModel:
             "streamed_weight_bytes": sum(r.streamed_bytes for r in exe.regions.values()),
             # Chips whose SRAM would hold every weight resident (the multi-chip mapping's job).
             "chips_to_hold_weights": max(1, math.ceil(weight_bytes / cfg.sram_bytes)),
+            # With a tuning log: the log, and which MXM layers took a tuned schedule.
+            "tuning": getattr(exe, "tuning", None),
         }
 
 
@@ -106,7 +108,7 @@ def load(path: str) -> CompiledModel:
     return load_artifact(path)
 
 
-def compile_model(model, preset="tsp", precision="fp16", input_shapes=None) -> CompiledModel:
+def compile_model(model, preset="tsp", precision="fp16", input_shapes=None, tuning_log=None) -> CompiledModel:
     imported = import_onnx(model, input_shapes)
-    exe = build(imported.mod, preset=preset, precision=precision)
+    exe = build(imported.mod, preset=preset, precision=precision, tuning_log=tuning_log)
     return CompiledModel(exe, imported, exe.config.name, precision)

@@ -8,8 +8,10 @@ is LPX's tensor intrinsic: codegen replaces each of its instances by an install,
 multiply-accumulate and (after the last reduction tile) a drain. The block keeps its
 scalar body, so a cost model still sees the multiply-accumulate it stands for.
 
-The tile sizes and the loop order are the schedule's decisions; the tuner searches
-them, and :func:`default_tiling` is one point of that space.
+The block rows, the loop order and the K split are the schedule's decisions; the tile
+block carries them as annotations (``lpx_rows``, ``lpx_order``, ``lpx_k_split``) so that
+codegen reads a tuned schedule back (:func:`tiling_of`). The tuner searches them
+(:mod:`lpx_tvm.tune.space`), and :func:`default_tiling` is one point of that space.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class DenseTiling:
     k: int  # reduction elements per installed weight tile
     n: int  # output channels per tile
     order: str = "mnk"  # outer-to-inner order of the tile loops; k innermost keeps one accumulator block live
+    k_split: "int | None" = None  # planes sharing one block's reduction; None: codegen's rule (MxmLowering._k_parts)
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class Conv2dTiling:
     ci: int
     co: int
     order: str = "noc"  # n, output-row block, output-channel tile outside the (kh, kw, ci) reduction
+    k_split: "int | None" = None
 
 
 def _largest_divisor(n: int, limit: int) -> int:
@@ -84,33 +88,83 @@ def default_tiling(cfg: LPXConfig, w) -> "DenseTiling | Conv2dTiling":
     return Conv2dTiling(oh=oh, ci=_largest_divisor(w.C, cfg.mxm_rows), co=co)
 
 
+ROWS_KEY, ORDER_KEY, K_SPLIT_KEY = "lpx_rows", "lpx_order", "lpx_k_split"
+INNER_KEY, COLS_KEY = "lpx_inner", "lpx_cols"
+
+
 def schedule(workload, tiling) -> s_tir.Schedule:
     """Apply ``tiling`` to the workload's PrimFunc and mark the MXM tile block."""
     sch = s_tir.Schedule(workload.prim_func())
+    rows = tiling.m if isinstance(workload, DenseWorkload) else tiling.oh
+    inner = tiling.k if isinstance(workload, DenseWorkload) else tiling.ci
+    cols = tiling.n if isinstance(workload, DenseWorkload) else tiling.co
+    apply_tiling(sch, workload, rows, inner, cols, tiling.order, tiling.k_split)
+    return sch
+
+
+def apply_tiling(sch: s_tir.Schedule, workload, rows, inner: int, cols: int, order: str, k_split=None):
+    """Split, reorder and blockize ``sch`` (the workload's PrimFunc) into MXM tiles.
+
+    ``rows`` (output rows, or output image rows, per block) and ``k_split`` may be
+    integers or sampled random variables of a design space; the tile block records
+    them (and the order) as annotations. Returns the tile block.
+    """
     block = sch.get_sblock(MXM_BLOCK)
     if isinstance(workload, DenseWorkload):
         m, n, k = sch.get_loops(block)
-        mo, mi = sch.split(m, [None, tiling.m])
-        no, ni = sch.split(n, [None, tiling.n])
-        ko, ki = sch.split(k, [None, tiling.k])
+        mo, mi = sch.split(m, [None, rows])
+        no, ni = sch.split(n, [None, cols])
+        ko, ki = sch.split(k, [None, inner])
         outer = {"m": mo, "n": no, "k": ko}
-        sch.reorder(*[outer[c] for c in tiling.order], mi, ni, ki)
+        sch.reorder(*[outer[c] for c in order], mi, ni, ki)
         first_inner = mi
     elif isinstance(workload, DepthwiseWorkload):
         n, oh, ow, c, kh, kw = sch.get_loops(block)
-        oho, ohi = sch.split(oh, [None, tiling.oh])
-        co, ci = sch.split(c, [None, tiling.co])
+        oho, ohi = sch.split(oh, [None, rows])
+        co, ci = sch.split(c, [None, cols])
         outer = {"n": n, "o": oho, "c": co}
-        sch.reorder(*[outer[c_] for c_ in tiling.order], kh, kw, ohi, ow, ci)
+        sch.reorder(*[outer[c_] for c_ in order], kh, kw, ohi, ow, ci)
         first_inner = ohi
     else:
         n, oh, ow, co, kh, kw, ci = sch.get_loops(block)
-        oho, ohi = sch.split(oh, [None, tiling.oh])
-        coo, coi = sch.split(co, [None, tiling.co])
-        cio, cii = sch.split(ci, [None, tiling.ci])
+        oho, ohi = sch.split(oh, [None, rows])
+        coo, coi = sch.split(co, [None, cols])
+        cio, cii = sch.split(ci, [None, inner])
         outer = {"n": n, "o": oho, "c": coo}
-        sch.reorder(*[outer[c] for c in tiling.order], kh, kw, cio, ohi, ow, coi, cii)
+        sch.reorder(*[outer[c] for c in order], kh, kw, cio, ohi, ow, coi, cii)
         first_inner = ohi
     tile = sch.blockize(first_inner)
     sch.annotate(tile, INTRIN_KEY, MXM_TILE)
-    return sch
+    sch.annotate(tile, ROWS_KEY, rows)
+    sch.annotate(tile, ORDER_KEY, order)
+    sch.annotate(tile, INNER_KEY, inner)
+    sch.annotate(tile, COLS_KEY, cols)
+    if k_split is not None:
+        sch.annotate(tile, K_SPLIT_KEY, k_split)
+    return tile
+
+
+def tiling_of(workload, func) -> "DenseTiling | Conv2dTiling":
+    """The tiling a scheduled PrimFunc of ``workload`` stands for, read from its tile block."""
+    found, stack = [], [func.body]
+    while stack:
+        node = stack.pop()
+        kind = type(node).__name__
+        if kind == "SeqStmt":
+            stack.extend(node.seq)
+        elif kind == "SBlockRealize":
+            if node.block.annotations.get(INTRIN_KEY) == MXM_TILE:
+                found.append(node.block.annotations)
+            else:
+                stack.append(node.block.body)
+        elif hasattr(node, "body"):
+            stack.append(node.body)
+    if len(found) != 1:
+        raise ValueError(f"expected one MXM tile block in the scheduled function, found {len(found)}")
+    ann = found[0]
+    rows, order = int(ann[ROWS_KEY]), str(ann[ORDER_KEY])
+    k_split = int(ann[K_SPLIT_KEY]) if K_SPLIT_KEY in ann else None
+    inner, cols = int(ann[INNER_KEY]), int(ann[COLS_KEY])
+    if isinstance(workload, DenseWorkload):
+        return DenseTiling(m=rows, k=inner, n=cols, order=order, k_split=k_split)
+    return Conv2dTiling(oh=rows, ci=inner, co=cols, order=order, k_split=k_split)

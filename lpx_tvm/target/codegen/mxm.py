@@ -60,6 +60,26 @@ class _Planes:
 class MxmLowering:
     """Methods of :class:`~lpx_tvm.target.codegen.region.RegionCompiler` for MXM ops."""
 
+    # Tuned tilings by (workload, composite, batches) (:func:`lpx_tvm.tune.database.load_tuned`);
+    # layers without one use default_tiling.
+    tuned: dict = {}
+    # When a dict: every on-chip MXM layer's key -> [RegionOp, ...] (tuning tasks), and the
+    # keys a tuned tiling was applied to, in ``tuned_used``.
+    mxm_tasks = None
+    tuned_used = None
+
+    def _tiling(self, op: RegionOp, work, batches: int = 1):
+        """The tiling of one MXM layer: its tuned one if the tuning log has it, else the default."""
+        key = (work, op.composite, batches)
+        if self.mxm_tasks is not None and not self.offchip:
+            self.mxm_tasks.setdefault(key, []).append(op)
+        t = self.tuned.get(key)
+        if t is None:
+            return default_tiling(self.cfg, work)
+        if self.tuned_used is not None:
+            self.tuned_used.add(key)
+        return t
+
     def _weight_tensor(self, op: RegionOp):
         """The MXM weight matrix of an op, as its lowering reads it (None for vector ops):
         resident in SRAM while the constants' budget lasts, else streamed from off-chip memory."""
@@ -130,7 +150,7 @@ class MxmLowering:
         cpad, copad = round_up(c, lanes), round_up(co, lanes)
         work = Conv2dWorkload(n, hp, wp, cpad, kh, kw, copad, (sh, sw), (dh, dw), TVM_DTYPE[self.dtype])
         oh, ow = work.OH, work.OW
-        steps, window, block = self._conv_tiles(work, xp)
+        steps, window, block, k_split = self._conv_tiles(op, work, xp)
 
         def weights(step):
             # Row (tap * c + ci) of the weight matrix: input channel ci at one tap.
@@ -139,15 +159,16 @@ class MxmLowering:
             return co0 // lanes, base, base + min(c - ci0, lanes)
 
         self.macs += n * oh * ow * co * cg * kh * kw  # useful MACs: cg = c / groups
-        self._emit_mxm(op, steps, window, weights, block, co, is_output, q=q)
+        self._emit_mxm(op, steps, window, weights, block, co, is_output, q=q, k_split=k_split)
 
-    def _conv_tiles(self, work, xp: Stored):
-        """The tile steps of a (dense or depthwise) convolution's default schedule, with the
-        activation window each step multiplies and the output block it accumulates into."""
+    def _conv_tiles(self, op: RegionOp, work, xp: Stored):
+        """The tile steps of a (dense or depthwise) convolution's schedule, with the
+        activation window each step multiplies, the output block it accumulates into and
+        the tiling's K split."""
         lanes = self.cfg.lanes
         (sh, sw), (dh, dw) = work.stride, work.dilation
         hp, wp, oh, ow = work.Hp, work.Wp, work.OH, work.OW
-        t = default_tiling(self.cfg, work)
+        t = self._tiling(op, work)
         steps = _scheduled_steps(work, Conv2dTiling(oh=t.oh, ci=lanes, co=lanes, order=t.order))
 
         def window(step):
@@ -160,7 +181,7 @@ class MxmLowering:
             n0, (oh0, ohe), c0 = step.writes["mxm"][0][0], step.writes["mxm"][1], step.writes["mxm"][3][0]
             return c0, (n0 * oh + oh0) * ow, ohe * ow
 
-        return steps, window, block
+        return steps, window, block, t.k_split
 
     def _depthwise(self, op: RegionOp, x: Stored, w: np.ndarray, is_output: bool, q=None):
         """Depthwise conv on the MXM: each tap of a channel tile is a diagonal weight tile."""
@@ -174,7 +195,7 @@ class MxmLowering:
         cpad = round_up(c, lanes)
         work = DepthwiseWorkload(n, hp, wp, cpad, kh, kw, (sh, sw), (dh, dw), TVM_DTYPE[self.dtype])
         oh, ow = work.OH, work.OW
-        steps, window, block = self._conv_tiles(work, xp)
+        steps, window, block, k_split = self._conv_tiles(op, work, xp)
 
         def weights(step):
             kh0, kw0, c0 = (step.reads["W"][d][0] for d in range(3))
@@ -182,7 +203,7 @@ class MxmLowering:
             return 0, base, base + min(c - c0, lanes)
 
         self.macs += n * oh * ow * c * kh * kw
-        self._emit_mxm(op, steps, window, weights, block, c, is_output, q=q)
+        self._emit_mxm(op, steps, window, weights, block, c, is_output, q=q, k_split=k_split)
 
     def _conv_from_im2col(self, op: RegionOp, x: Stored, w: np.ndarray, is_output: bool, q=None):
         """A convolution whose input arrives as im2col rows: a dense matmul with the
@@ -215,7 +236,7 @@ class MxmLowering:
         by rows i * k .. of ``W``."""
         lanes = self.cfg.lanes
         work = DenseWorkload(rows, round_up(k, lanes), round_up(nn, lanes), TVM_DTYPE[self.dtype])
-        t = default_tiling(self.cfg, work)
+        t = self._tiling(op, work, batches)
         tile_steps = _scheduled_steps(work, DenseTiling(m=t.m, k=lanes, n=lanes, order=t.order))
         steps = [(i, s) for i in range(batches) for s in tile_steps]
 
@@ -236,17 +257,18 @@ class MxmLowering:
             return n0, i * rows + m0, me
 
         self.macs += batches * rows * k * nn
-        self._emit_mxm(op, steps, window, weights, block, nn, is_output, W=W, q=q)
+        self._emit_mxm(op, steps, window, weights, block, nn, is_output, W=W, q=q, k_split=t.k_split)
 
-    def _k_parts(self, keys: list) -> list:
+    def _k_parts(self, keys: list, split: "int | None" = None) -> list:
         """For each tile step, which part of its block's reduction it belongs to. A layer
         with fewer output blocks than MXM planes splits each block's reduction tiles into
         parts on different planes (each accumulates its own partial sum; the drains add
-        them), so every plane multiplies."""
+        them), so every plane multiplies. A tuned tiling sets ``split`` (parts per block)."""
         count = {}
         for k in keys:
             count[k] = count.get(k, 0) + 1
-        split = max(1, self.cfg.mxm_planes // len(count)) if count else 1
+        if split is None:
+            split = max(1, self.cfg.mxm_planes // len(count)) if count else 1
         seen, out = {}, []
         for k in keys:
             n = count[k]
@@ -256,7 +278,7 @@ class MxmLowering:
         return out
 
     def _emit_mxm(self, op: RegionOp, steps, window, weights, block, channels: int, is_output: bool, W=None,
-                  q=None):
+                  q=None, k_split=None):
         """Install / multiply groups per tile, a drain group (with the epilogue) per output block.
 
         ``window(step)`` -> [(row offset in the block, Region)]; ``weights(step)`` -> (column
@@ -277,7 +299,7 @@ class MxmLowering:
         # Each layer's first block on plane 0: row block k of consecutive layers share a
         # plane, so a plane that finished its rows early goes on with the same rows.
         self.planes.start_layer()
-        parts = self._k_parts([block(s) for s in steps])
+        parts = self._k_parts([block(s) for s in steps], k_split)
         last = {(block(s), parts[i]): i for i, s in enumerate(steps)}
         nparts = {key: part + 1 for key, part in last}
         live = {}  # (output block, K part) -> (plane, first accumulator row)

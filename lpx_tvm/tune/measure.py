@@ -1,0 +1,237 @@
+"""Measuring candidates on the simulator.
+
+A candidate (a scheduled workload module) is lowered to an LPX Program by compiling the
+task's one-op region with the candidate's tiling (:class:`LPXBuilder`), and the
+Program runs on the simulator in timing-only mode (:class:`LPXRunner`): its latency is
+its cycle count at the machine's clock. Measurement is deterministic, so one run is
+enough. Both stages run in worker processes (a local pool) or on a Ray cluster; every
+candidate builds in its own temporary folder, removed once it has run.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import functools
+import multiprocessing
+import os
+import pickle
+import shutil
+import tempfile
+
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+from ..errors import LPXError
+from ..target.codegen.graph import Operand, Region
+from ..target.config import LPXConfig
+from ..tir_schedules.schedules import tiling_of
+from .space import Task, task_key_of
+
+
+class MeasureError(LPXError):
+    """A candidate that did not compile or run."""
+
+
+def one_op_region(op) -> Region:
+    """A region holding just ``op``: its runtime operands become the region's inputs."""
+    params, seen = [], set()
+    for step in [op.main] + list(op.epilogue):
+        for a in step.args:
+            if a.is_const or a.name is None or a.name.startswith("__step") or a.name in seen:
+                continue
+            seen.add(a.name)
+            params.append(Operand(a.name, shape=tuple(a.shape), dtype=a.dtype))
+    return Region(f"tune_{op.out}", params, [op], [op.out])
+
+
+def compile_task(task: Task, cfg: LPXConfig, tiling=None):
+    """The Program of the task's one-op region, with ``tiling`` (None: the default)."""
+    from ..target.codegen import RegionCompiler
+
+    compiler = RegionCompiler(cfg, task.precision)
+    compiler.tuned = {} if tiling is None else {task.key: tiling}
+    compiler.tuned_used = set()
+    compiler.mxm_tasks = {}
+    compiled = compiler._compile(task.region, offchip=False)
+    if task.key not in compiler.mxm_tasks:
+        raise MeasureError(f"task {task.name}: its one-op region compiles to another workload")
+    if tiling is not None and task.key not in compiler.tuned_used:
+        raise MeasureError(f"task {task.name}: the candidate's tiling was not applied")
+    return compiled.program
+
+
+def simulate_cycles(program, cfg: LPXConfig) -> int:
+    from ..sim import Simulator
+
+    return Simulator(cfg).run(program, timing_only=True).cycles
+
+
+def task_cycles(task: Task, cfg: LPXConfig, tiling=None) -> int:
+    return simulate_cycles(compile_task(task, cfg, tiling), cfg)
+
+
+# ---- worker side ------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=64)
+def _load_task(path: str):
+    with open(path, "rb") as f:
+        return pickle.load(f)  # (task, config)
+
+
+def build_candidate(task_path: str, tiling, out_dir: str) -> str:
+    """Compile one candidate into ``out_dir``/candidate.lpx (runs in a worker)."""
+    from ..target.encoding import save_program
+
+    task, cfg = _load_task(task_path)
+    program = compile_task(task, cfg, tiling)
+    path = os.path.join(out_dir, "candidate.lpx")
+    save_program(program, path)
+    return path
+
+
+def run_candidate(program_path: str, cfg) -> int:
+    """Simulate one built candidate, timing only; its cycle count (runs in a worker)."""
+    from ..target.encoding import load_program
+
+    return simulate_cycles(load_program(program_path), cfg)
+
+
+class _Inline:
+    """Runs every job in this process (workers=0): the simplest, for tests and tiny spaces."""
+
+    def submit(self, fn, *args):
+        f = cf.Future()
+        try:
+            f.set_result(fn(*args))
+        except Exception as e:  # the candidate's error becomes its result
+            f.set_exception(e)
+        return f
+
+    def shutdown(self):
+        pass
+
+
+class _Ray:
+    """Sends jobs to a Ray cluster (``ray.init(address)``); Ray is an optional extra."""
+
+    def __init__(self, address: str):
+        try:
+            import ray
+        except ImportError:
+            raise LPXError("--ray needs Ray: pip install 'lpx_tvm[ray]'") from None
+        self.ray = ray
+        if not ray.is_initialized():
+            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        self._remote = {}
+
+    def submit(self, fn, *args):
+        if fn not in self._remote:
+            self._remote[fn] = self.ray.remote(fn)
+        return _RayFuture(self.ray, self._remote[fn].remote(*args))
+
+    def shutdown(self):
+        pass
+
+
+class _RayFuture:
+    def __init__(self, ray, ref):
+        self.ray, self.ref = ray, ref
+
+    def done(self) -> bool:
+        ready, _ = self.ray.wait([self.ref], timeout=0)
+        return bool(ready)
+
+    def result(self):
+        return self.ray.get(self.ref)
+
+
+def make_pool(workers: int = 0, ray_address: "str | None" = None):
+    """Where candidates build and run: this process (0), K worker processes, or Ray."""
+    if ray_address:
+        return _Ray(ray_address)
+    if workers <= 0:
+        return _Inline()
+    return cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+class TaskFiles:
+    """Each task pickled once into the work folder, for the workers to load."""
+
+    def __init__(self, work_dir: str, cfg: LPXConfig):
+        self.dir = os.path.join(work_dir, "tasks")
+        os.makedirs(self.dir, exist_ok=True)
+        self.cfg = cfg
+        self.paths = {}  # task name -> path
+        self.tasks = {}  # (workload, composite, batches) -> task
+
+    def add(self, task: Task) -> str:
+        path = os.path.join(self.dir, f"task{len(self.paths)}.pkl")
+        with open(path, "wb") as f:
+            pickle.dump((task, self.cfg), f)
+        self.paths[task.key] = path
+        self.tasks[task.key] = task
+        return path
+
+
+@derived_object
+class LPXBuilder(ms.builder.PyBuilder):
+    """Lower each candidate to an LPX Program (in the pool), one temporary folder each."""
+
+    def __init__(self, files: TaskFiles, pool):
+        super().__init__()
+        self.files, self.pool = files, pool
+
+    def build(self, build_inputs):
+        jobs = []
+        for bi in build_inputs:
+            try:
+                w, composite, batches, _ = task_key_of(bi.mod)
+                key = (w, composite, batches)
+                tiling = tiling_of(w, bi.mod["main"])
+                out_dir = tempfile.mkdtemp(prefix="lpx_cand_")
+                jobs.append((self.pool.submit(build_candidate, self.files.paths[key], tiling, out_dir), out_dir))
+            except Exception as e:  # noqa: BLE001 — a bad candidate is its own result
+                jobs.append((None, f"{type(e).__name__}: {e}"))
+        results = []
+        for fut, out_dir in jobs:
+            if fut is None:
+                results.append(ms.builder.BuilderResult(None, out_dir))
+                continue
+            try:
+                results.append(ms.builder.BuilderResult(fut.result(), None))
+            except Exception as e:  # noqa: BLE001
+                shutil.rmtree(out_dir, ignore_errors=True)
+                results.append(ms.builder.BuilderResult(None, f"{type(e).__name__}: {e}"))
+        return results
+
+
+@derived_object
+class _Future(ms.runner.PyRunnerFuture):
+    def __init__(self, fut, clock_hz: float, out_dir: str):
+        super().__init__()
+        self.fut, self.clock_hz, self.out_dir = fut, clock_hz, out_dir
+
+    def done(self) -> bool:
+        return self.fut.done()
+
+    def result(self):
+        try:
+            cycles = self.fut.result()
+            return ms.runner.RunnerResult([cycles / self.clock_hz], None)
+        except Exception as e:  # noqa: BLE001
+            return ms.runner.RunnerResult(None, f"{type(e).__name__}: {e}")
+        finally:
+            shutil.rmtree(self.out_dir, ignore_errors=True)
+
+
+@derived_object
+class LPXRunner(ms.runner.PyRunner):
+    """Run each built candidate on the simulator, timing only; latency = cycles / clock."""
+
+    def __init__(self, cfg: LPXConfig, pool):
+        super().__init__()
+        self.cfg, self.pool = cfg, pool
+
+    def run(self, runner_inputs):
+        return [_Future(self.pool.submit(run_candidate, ri.artifact_path, self.cfg), self.cfg.clock_hz,
+                        os.path.dirname(ri.artifact_path)) for ri in runner_inputs]

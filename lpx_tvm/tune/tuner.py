@@ -1,0 +1,180 @@
+"""Tuning a model: extract its MXM tasks, search each task's design space with
+MetaSchedule (XGBoost cost model, evolutionary search, the gradient task scheduler
+weighted by how often each task appears), measure on the simulator, log to a
+:class:`~lpx_tvm.tune.database.TuningLog`.
+
+A rerun with the same log resumes: each task gets only the trials it still lacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+
+import tvm
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+from ..errors import LPXError
+from ..target.config import LPXConfig
+from .database import TuningLog, best_records, tiling_of_record, write_meta
+from .measure import LPXBuilder, LPXRunner, TaskFiles, make_pool, one_op_region, task_cycles
+from .space import Task, design_space, workload_module
+
+TARGET = {"kind": "llvm", "keys": ["lpx", "cpu"]}
+
+
+def extract_tasks(mod, cfg: LPXConfig, precision: str) -> list:
+    """The distinct MXM layers of a Relax module's LPX regions, each with how often it appears."""
+    from ..build import lower_for_lpx
+
+    seen = {}
+    lower_for_lpx(mod, cfg, precision, tasks=seen)
+    return [Task(key, one_op_region(ops[0]), precision, weight=len(ops)) for key, ops in seen.items()]
+
+
+@dataclass
+class TaskResult:
+    task: Task
+    default_cycles: "int | None"
+    tuned_cycles: "int | None" = None
+    trials: int = 0
+    error: "str | None" = None
+
+
+@derived_object
+class _Progress(ms.measure_callback.PyMeasureCallback):
+    """Counts measured candidates and the best latency per task; calls ``report``."""
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+        st = self.state
+        name = st["names"][task_id]
+        for r in runner_results:
+            st["done"] += 1
+            st["trials"][name] = st["trials"].get(name, 0) + 1
+            if r.run_secs and not r.error_msg:
+                cycles = round(float(r.run_secs[0]) * st["clock_hz"])
+                if name not in st["best"] or cycles < st["best"][name]:
+                    st["best"][name] = cycles
+        if st["report"] is not None:
+            st["report"](st, name)
+
+
+def _existing_trials(db: TuningLog, mod) -> int:
+    if not db.has_workload(mod):
+        return 0
+    return len(db.get_top_k(db.commit_workload(mod), 1 << 30))
+
+
+def search_strategy(kind: str, trials: int):
+    """``evolutionary`` (guided by the cost model) or ``random`` (replayed random traces)."""
+    if kind == "random":
+        return ms.search_strategy.ReplayTrace()
+    if kind != "evolutionary":
+        raise LPXError(f"search strategy {kind!r}: expected evolutionary or random")
+    # A small population and few genetic rounds: search overhead, not the simulator,
+    # dominates on a small machine.
+    return ms.search_strategy.EvolutionarySearch(
+        population_size=64, init_measured_ratio=0.2, init_min_unmeasured=16, genetic_num_iters=2,
+        genetic_mutate_prob=0.85, genetic_max_fail_count=4, eps_greedy=0.1)
+
+
+def cost_model(kind: str):
+    if kind == "random":
+        return ms.cost_model.RandomModel()
+    # Warm-up low (the default 100 means random picks for 100 trials); xgboost with one
+    # thread is much faster than with two on a 2-core machine.
+    return ms.cost_model.XGBModel(num_warmup_samples=4, num_tuning_cores=1)
+
+
+def tune(tasks: list, cfg: LPXConfig, log_dir: str, trials: int, *, workers: int = 0,
+         ray_address: "str | None" = None, seed: int = 0, strategy: str = "evolutionary",
+         trials_per_iter: int = 8, model: "str | None" = None, report=None) -> list:
+    """Tune ``tasks`` (``trials`` measured candidates each) into the log at ``log_dir``.
+
+    ``report(state, task_name)`` is called after every measured batch (the CLI's progress
+    bar). Returns a :class:`TaskResult` per task: default and best tuned cycles.
+    """
+    if trials < 1:
+        raise LPXError(f"--trials {trials}: at least one trial per task")
+    precision = tasks[0].precision if tasks else "fp16"
+    write_meta(log_dir, cfg, precision, model)
+    db = TuningLog(log_dir, repair=True)
+    results, todo = [], []
+    for task in tasks:
+        try:
+            default = task_cycles(task, cfg)
+        except Exception as e:  # noqa: BLE001 — a layer the one-op region cannot stand for
+            results.append(TaskResult(task, None, error=f"{type(e).__name__}: {e}"))
+            continue
+        done = _existing_trials(db, workload_module(task, cfg))
+        results.append(TaskResult(task, default, trials=done))
+        if done < trials:
+            todo.append((task, trials - done))
+    state = {"names": [], "done": 0, "total": sum(n for _, n in todo), "trials": {}, "best": {},
+             "clock_hz": cfg.clock_hz, "start": time.perf_counter(), "report": report,
+             "default": {r.task.name: r.default_cycles for r in results}}
+    for r in results:
+        best = best_records(db, cfg).get(r.task.key)
+        if best:
+            state["best"][r.task.name] = round(best[1] * cfg.clock_hz)
+    # The task scheduler gives every task the same trial budget: one run per budget
+    # (several only when a resumed log left tasks at different counts).
+    by_budget = {}
+    for task, n in todo:
+        by_budget.setdefault(n, []).append(task)
+    pool = make_pool(workers, ray_address)
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    try:
+        with tempfile.TemporaryDirectory(prefix="lpx_tune_") as work_dir:
+            files = TaskFiles(work_dir, cfg)
+            for n, group in sorted(by_budget.items()):
+                for t in group:
+                    files.add(t)
+                state["names"] = [t.name for t in group]
+                contexts = [_context(workload_module(t, cfg), design_space(t, cfg), search_strategy(strategy, n),
+                                     t.name, seed * 1009 + i + 1) for i, t in enumerate(group)]
+                ms.tune_tasks(tasks=contexts, task_weights=[float(t.weight) for t in group],
+                              work_dir=os.path.join(work_dir, "ms"), max_trials_global=n * len(group),
+                              max_trials_per_task=n, num_trials_per_iter=min(trials_per_iter, n),
+                              builder=LPXBuilder(files, pool), runner=LPXRunner(cfg, pool), database=db,
+                              cost_model=cost_model(strategy),
+                              measure_callbacks=[ms.measure_callback.AddToDatabase(),
+                                                 ms.measure_callback.UpdateCostModel(), _Progress(state)],
+                              task_scheduler="gradient" if len(group) > 1 else "round-robin")
+    finally:
+        pool.shutdown()
+    best = best_records(db, cfg)
+    for r in results:
+        if r.default_cycles is None:
+            continue
+        r.trials = _existing_trials(db, workload_module(r.task, cfg))
+        if r.task.key in best:
+            r.tuned_cycles = round(best[r.task.key][1] * cfg.clock_hz)
+    return results
+
+
+def _context(mod, space, strategy, name: str, rand_state: int):
+    """A TuneContext, made as ``ms.TuneContext(...)`` makes it but without importing the
+    CUDA/ARM tensor intrinsics (``tvm.s_tir.tensor_intrin``: half a minute of TVMScript
+    parsing per process) that LPX's design spaces never use."""
+    from tvm.s_tir.meta_schedule import _ffi_api
+    from tvm.s_tir.meta_schedule.logging import get_logging_func
+
+    log = logging.getLogger("lpx_tvm.tune")
+    log.setLevel(logging.WARNING)
+    ctx = ms.TuneContext.__new__(ms.TuneContext)
+    ctx.__init_handle_by_constructor__(_ffi_api.TuneContext, mod, tvm.target.Target(TARGET), space, strategy, name,
+                                       1, rand_state, get_logging_func(log))
+    _ffi_api.TuneContextInitialize(ctx)
+    return ctx
+
+
+__all__ = ["extract_tasks", "tune", "TaskResult", "tiling_of_record"]
