@@ -79,6 +79,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                                                    "program or artifact runs on the machine it was built for)")
     p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "int8"])
     p.add_argument("--timing-only", action="store_true", help="program binaries: skip the arithmetic")
+    p.add_argument("--tuning-log", help="tuning log folder (lpx-tvm tune) whose schedules to use")
 
 
 def _program_preset(prog, preset):
@@ -141,7 +142,8 @@ def _load_model(args):
 
     if os.path.isdir(args.model):
         return load(args.model)
-    return compile_model(args.model, preset=args.preset or "tsp", precision=args.precision)
+    return compile_model(args.model, preset=args.preset or "tsp", precision=args.precision,
+                         tuning_log=args.tuning_log)
 
 
 def _run_program(args) -> int:
@@ -172,12 +174,13 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, help="artifact folder to write")
     p.add_argument("--preset", default="tsp", help="tsp, mini, lp30 or a JSON machine file")
     p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "int8"])
+    p.add_argument("--tuning-log", help="tuning log folder (lpx-tvm tune) whose schedules to use")
 
 
 def _compile(args) -> int:
     from . import compile_model
 
-    model = compile_model(args.model, preset=args.preset, precision=args.precision)
+    model = compile_model(args.model, preset=args.preset, precision=args.precision, tuning_log=args.tuning_log)
     model.save(args.output)
     n = len(model.executable.regions)
     print(f"{args.output}: {n} LPX region{'s' if n != 1 else ''} for {model.preset} ({args.precision})")
@@ -204,6 +207,66 @@ def _print_model_report(rep: dict) -> None:
     for op in sorted(set(lpx) | set(cpu)):
         off.add_row(op, str(lpx.get(op, 0)), str(cpu.get(op, 0)))
     console.print(off)
+
+
+# ---- tune -------------------------------------------------------------------------
+
+def _tune_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="an .onnx model or a model bundled with onnx (light_resnet50, ...)")
+    p.add_argument("--preset", default="tsp", help="tsp, mini, lp30 or a JSON machine file")
+    p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "int8"])
+    p.add_argument("--trials", type=int, default=64, help="measured candidates per task (default 64)")
+    p.add_argument("--log", required=True, help="tuning log folder to write (a rerun resumes it)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="worker processes building and simulating candidates (0: this process)")
+    p.add_argument("--ray", metavar="ADDRESS", help="send candidates to this Ray cluster instead")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--strategy", default="evolutionary", choices=["evolutionary", "random"],
+                   help="evolutionary search guided by the XGBoost cost model, or random search")
+
+
+def _tune(args) -> int:
+    import time
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.table import Table
+
+    from .relax_passes import import_onnx
+    from .target.config import load_config
+    from .tune.tuner import extract_tasks, tune
+
+    cfg = load_config(args.preset)
+    path = _bundled_model(args.model)
+    tasks = extract_tasks(import_onnx(path).mod, cfg, args.precision)
+    console = Console()
+    console.print(f"{args.model} on {cfg.name} ({args.precision}): {len(tasks)} tuning task(s), "
+                  f"{args.trials} trials each, log {args.log}")
+    start = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("trials"),
+                  TimeRemainingColumn(), console=console, transient=False) as progress:
+        bar = progress.add_task("tuning", total=None)
+
+        def report(state, name):
+            best, default = state["best"].get(name), state["default"].get(name)
+            gain = f" ({default / best:.2f}x default)" if best and default else ""
+            progress.update(bar, total=state["total"], completed=state["done"],
+                            description=f"{name}: best {best:,} cycles{gain}" if best else name)
+
+        results = tune(tasks, cfg, args.log, args.trials, workers=args.workers, ray_address=args.ray,
+                       seed=args.seed, strategy=args.strategy, model=args.model, report=report)
+    table = Table(title=f"tuning {args.model} on {cfg.name}: {time.perf_counter() - start:.0f} s")
+    for col in ("task", "count", "trials", "default cycles", "tuned cycles", "speedup"):
+        table.add_column(col, justify="left" if col == "task" else "right")
+    for r in results:
+        if r.default_cycles is None:
+            table.add_row(r.task.name, str(r.task.weight), "-", "-", "-", f"not tuned: {r.error}")
+            continue
+        tuned = r.tuned_cycles if r.tuned_cycles is not None else r.default_cycles
+        table.add_row(r.task.name, str(r.task.weight), str(r.trials), f"{r.default_cycles:,}", f"{tuned:,}",
+                      f"{r.default_cycles / tuned:.2f}x")
+    console.print(table)
+    return 0
 
 
 # ---- kernel -----------------------------------------------------------------------
@@ -325,6 +388,7 @@ COMMANDS = {
     "demo": ("compile a bundled ONNX model for LPX, run it, check it against onnxruntime", _demo_args, _demo),
     "compile": ("compile an ONNX model for LPX into an artifact folder", _compile_args, _compile),
     "run": ("run a model, an artifact or a program binary on the simulated LPX", _run_args, _run),
+    "tune": ("search the MXM schedules of a model on the simulator into a tuning log", _tune_args, _tune),
     "kernel": ("build a hand-written kernel into a program binary", _kernel_args, _kernel),
     "disasm": ("print the assembly listing of a program binary", _disasm_args, _disasm),
     "asm": ("assemble a text listing into a program binary", _asm_args, _asm),
