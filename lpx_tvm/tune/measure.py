@@ -89,6 +89,26 @@ def build_candidate(task_path: str, tiling, out_dir: str) -> str:
     return path
 
 
+def build_candidate_bytes(task_bytes: bytes, tiling) -> bytes:
+    """Compile one candidate and return its program binary (a Ray worker sees no local files)."""
+    from ..target.encoding import save_program
+
+    task, cfg = pickle.loads(task_bytes)
+    with tempfile.TemporaryDirectory(prefix="lpx_cand_") as d:
+        path = os.path.join(d, "candidate.lpx")
+        save_program(compile_task(task, cfg, tiling), path)
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def run_candidate_bytes(program: bytes, cfg) -> int:
+    with tempfile.TemporaryDirectory(prefix="lpx_cand_") as d:
+        path = os.path.join(d, "candidate.lpx")
+        with open(path, "wb") as f:
+            f.write(program)
+        return run_candidate(path, cfg)
+
+
 def run_candidate(program_path: str, cfg) -> int:
     """Simulate one built candidate, timing only; its cycle count (runs in a worker)."""
     from ..target.encoding import load_program
@@ -98,6 +118,8 @@ def run_candidate(program_path: str, cfg) -> int:
 
 class _Inline:
     """Runs every job in this process (workers=0): the simplest, for tests and tiny spaces."""
+
+    remote = False
 
     def submit(self, fn, *args):
         f = cf.Future()
@@ -112,7 +134,10 @@ class _Inline:
 
 
 class _Ray:
-    """Sends jobs to a Ray cluster (``ray.init(address)``); Ray is an optional extra."""
+    """Sends jobs to a Ray cluster (``ray.init(address)``); Ray is an optional extra.
+    Tasks and programs travel as bytes: the cluster's workers share no files with us."""
+
+    remote = True
 
     def __init__(self, address: str):
         try:
@@ -161,14 +186,17 @@ class TaskFiles:
         self.dir = os.path.join(work_dir, "tasks")
         os.makedirs(self.dir, exist_ok=True)
         self.cfg = cfg
-        self.paths = {}  # task name -> path
+        self.paths = {}  # task key -> path
         self.tasks = {}  # (workload, composite, batches) -> task
+        self.data = {}  # task key -> pickled (task, config)
 
     def add(self, task: Task) -> str:
         path = os.path.join(self.dir, f"task{len(self.paths)}.pkl")
+        data = pickle.dumps((task, self.cfg))
         with open(path, "wb") as f:
-            pickle.dump((task, self.cfg), f)
+            f.write(data)
         self.paths[task.key] = path
+        self.data[task.key] = data
         self.tasks[task.key] = task
         return path
 
@@ -189,7 +217,11 @@ class LPXBuilder(ms.builder.PyBuilder):
                 key = (w, composite, batches)
                 tiling = tiling_of(w, bi.mod["main"])
                 out_dir = tempfile.mkdtemp(prefix="lpx_cand_")
-                jobs.append((self.pool.submit(build_candidate, self.files.paths[key], tiling, out_dir), out_dir))
+                if getattr(self.pool, "remote", False):
+                    fut = self.pool.submit(build_candidate_bytes, self.files.data[key], tiling)
+                else:
+                    fut = self.pool.submit(build_candidate, self.files.paths[key], tiling, out_dir)
+                jobs.append((fut, out_dir))
             except Exception as e:  # noqa: BLE001 — a bad candidate is its own result
                 jobs.append((None, f"{type(e).__name__}: {e}"))
         results = []
@@ -198,7 +230,12 @@ class LPXBuilder(ms.builder.PyBuilder):
                 results.append(ms.builder.BuilderResult(None, out_dir))
                 continue
             try:
-                results.append(ms.builder.BuilderResult(fut.result(), None))
+                path = fut.result()
+                if isinstance(path, bytes):  # from a Ray worker
+                    with open(os.path.join(out_dir, "candidate.lpx"), "wb") as f:
+                        f.write(path)
+                    path = os.path.join(out_dir, "candidate.lpx")
+                results.append(ms.builder.BuilderResult(path, None))
             except Exception as e:  # noqa: BLE001
                 shutil.rmtree(out_dir, ignore_errors=True)
                 results.append(ms.builder.BuilderResult(None, f"{type(e).__name__}: {e}"))
@@ -233,5 +270,12 @@ class LPXRunner(ms.runner.PyRunner):
         self.cfg, self.pool = cfg, pool
 
     def run(self, runner_inputs):
-        return [_Future(self.pool.submit(run_candidate, ri.artifact_path, self.cfg), self.cfg.clock_hz,
-                        os.path.dirname(ri.artifact_path)) for ri in runner_inputs]
+        futures = []
+        for ri in runner_inputs:
+            if getattr(self.pool, "remote", False):
+                with open(ri.artifact_path, "rb") as f:
+                    fut = self.pool.submit(run_candidate_bytes, f.read(), self.cfg)
+            else:
+                fut = self.pool.submit(run_candidate, ri.artifact_path, self.cfg)
+            futures.append(_Future(fut, self.cfg.clock_hz, os.path.dirname(ri.artifact_path)))
+        return futures
