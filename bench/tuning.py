@@ -10,12 +10,15 @@ A convergence plot (best cycles over
 the optimum against trials) is written as a PNG.
 
 Gain (``--gain``): ResNet-50 (light_resnet50, bf16; and the int8 ResNet-50 of
-bench/e2e.py with ``--int8``) on tsp tuned with ``--gain-trials`` per task: default
-versus tuned cycles of the whole model and MXM utilization.
+bench/e2e.py with ``--int8``) on tsp tuned with ``--gain-trials`` per task, then refined
+in context (``--context-top-k`` isolated records per task and the default, tried in the
+whole model): default, isolated-tuned (each task's best record measured alone) and
+refined cycles of the whole model, and MXM utilization. ``--gain-only`` skips the
+convergence part.
 
 The last line printed is JSON: guided_trials_to_5pct, random_trials_to_5pct,
 guided_wall_to_5pct_s, random_wall_to_5pct_s, the same *_to_optimum, resnet50_tuned_speedup,
-resnet50_int8_mxm_utilization (null when not measured).
+resnet50_isolated_speedup, resnet50_int8_mxm_utilization (null when not measured).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import sys
 import tempfile
 import time
 
+import shutil
+
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
@@ -37,6 +42,8 @@ from lpx_tvm.tir_schedules import DenseTiling, DenseWorkload
 from lpx_tvm.tir_schedules.schedules import Conv2dTiling
 from lpx_tvm.tune.measure import task_cycles
 from lpx_tvm.tune.space import _rows_loop_and_limit, fits, orders
+from lpx_tvm.tune.context import refine_in_context
+from lpx_tvm.tune.database import APPLIED
 from lpx_tvm.tune.tuner import extract_tasks, tune
 
 RNG = np.random.default_rng(0)
@@ -160,7 +167,7 @@ def _plot(curves: dict, path: str):
     print(f"convergence plot: {path}")
 
 
-def gain(trials: int, workers: int, int8: bool) -> dict:
+def gain(trials: int, workers: int, int8: bool, top_k: int = 4, sweeps: int = 2) -> dict:
     import onnx
 
     import lpx_tvm
@@ -175,19 +182,37 @@ def gain(trials: int, workers: int, int8: bool) -> dict:
         cases.append(("resnet50_int8", quantized_resnet50(tempfile.mkdtemp(prefix="lpx_bench_")), "int8"))
     for key, path, precision in cases:
         log = tempfile.mkdtemp(prefix=f"lpx_tune_{key}_")
-        tasks = extract_tasks(import_onnx(path).mod, cfg, precision)
+        mod = import_onnx(path).mod
+        tasks = extract_tasks(mod, cfg, precision)
         t0 = time.perf_counter()
         tune(tasks, cfg, log, trials, workers=workers, model=key)
         tune_s = time.perf_counter() - t0
+
+        def progress(st):
+            if st["done"] % 10 == 0:
+                print(f"  in context: {st['done']}/{st['total']} whole-model runs, best {st['best']:,} cycles "
+                      f"({st['default'] / st['best']:.3f}x default), {time.perf_counter() - st['start']:.0f} s",
+                      flush=True)
+
+        ref = refine_in_context(mod, tasks, cfg, log, top_k=top_k, sweeps=sweeps, model=key, report=progress)
+        print(f"{key}: refined in context in {ref.wall_s:.0f} s ({ref.evaluations} whole-model runs, "
+              f"{ref.wall_s / max(ref.evaluations, 1):.1f} s each, {ref.sweeps} sweep(s)); choices {ref.choices}",
+              flush=True)
+        isolated = log + "_isolated"  # the same log without the in-context choice: best records
+        shutil.copytree(log, isolated)
+        os.remove(os.path.join(isolated, APPLIED))
         cycles, util = {}, {}
-        for which, tl in (("default", None), ("tuned", log)):
+        for which, tl in (("default", None), ("isolated", isolated), ("tuned", log)):
             m = lpx_tvm.compile_model(path, preset="tsp", precision=precision, tuning_log=tl)
             name, shape, dtype = m.inputs[0]
             m.run({name: np.random.default_rng(0).standard_normal(shape).astype(dtype)})
             cycles[which], util[which] = m.report["cycles"], m.report["mxm_utilization"]
-        print(f"{key}: {len(tasks)} tasks x {trials} trials in {tune_s:.0f} s; cycles {cycles['default']:,} -> "
-              f"{cycles['tuned']:,} ({cycles['default'] / cycles['tuned']:.3f}x); MXM utilization "
-              f"{util['default']:.1%} -> {util['tuned']:.1%}; log {log}", flush=True)
+        print(f"{key}: {len(tasks)} tasks x {trials} trials in {tune_s:.0f} s; cycles default {cycles['default']:,}, "
+              f"isolated {cycles['isolated']:,} ({cycles['default'] / cycles['isolated']:.3f}x), refined "
+              f"{cycles['tuned']:,} ({cycles['default'] / cycles['tuned']:.3f}x; in context {ref.cycles:,}); "
+              f"MXM utilization {util['default']:.1%} / {util['isolated']:.1%} / {util['tuned']:.1%}; log {log}",
+              flush=True)
+        out[f"{key}_isolated_speedup"] = round(cycles["default"] / cycles["isolated"], 3)
         out[f"{key}_tuned_speedup"] = round(cycles["default"] / cycles["tuned"], 3)
         out[f"{key}_mxm_utilization"] = round(util["tuned"], 4)
     return out
@@ -203,11 +228,15 @@ def main(argv=None):
     ap.add_argument("--int8", action="store_true", help="with --gain: the int8 ResNet-50 too")
     ap.add_argument("--gain-trials", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--context-top-k", type=int, default=4, help="isolated records per task tried in context")
+    ap.add_argument("--context-sweeps", type=int, default=2)
+    ap.add_argument("--gain-only", action="store_true", help="--gain without the convergence part")
     args = ap.parse_args(argv)
-    out = convergence(args.seeds, args.trials, args.per_iter, args.plot)
-    out.update({"resnet50_tuned_speedup": None, "resnet50_int8_mxm_utilization": None})
-    if args.gain:
-        out.update(gain(args.gain_trials, args.workers, args.int8))
+    out = {} if args.gain_only else convergence(args.seeds, args.trials, args.per_iter, args.plot)
+    out.update({"resnet50_tuned_speedup": None, "resnet50_isolated_speedup": None,
+                "resnet50_int8_mxm_utilization": None})
+    if args.gain or args.gain_only:
+        out.update(gain(args.gain_trials, args.workers, args.int8, args.context_top_k, args.context_sweeps))
     print(json.dumps(out))
 
 

@@ -33,14 +33,8 @@ def _check(precision):
         raise LPXError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
 
 
-def lower_for_lpx(mod, cfg, precision: str, tuned=None, tasks=None, tuned_used=None):
-    """Canonicalize, partition and compile the LPX regions.
-
-    Returns ``(cpu_module, regions, offload_report)``: the module with regions replaced by
-    extern calls, the compiled regions by name, and what ran where. ``tuned``: tilings by
-    (workload, composite, batches) from a tuning log; the keys applied are added to
-    ``tuned_used``. ``tasks``: a dict that collects every MXM layer (tuning tasks).
-    """
+def partition_model(mod, cfg, precision: str):
+    """Canonicalize and partition: ``(module with LPX regions as functions, offload report)``."""
     if precision == "int8" and not has_qdq(mod):
         raise LPXError("precision int8 needs a quantized (QDQ) model, with QuantizeLinear/DequantizeLinear "
                        "(e.g. from onnxruntime.quantization.quantize_static(quant_format=QDQ)); this model is "
@@ -49,6 +43,18 @@ def lower_for_lpx(mod, cfg, precision: str, tuned=None, tasks=None, tuned_used=N
         mod = FoldQDQ(mod)  # Q/DQ pairs into integer ops, before canonicalize folds the int8 weights to floats
     mod = canonicalize(mod)
     mod, offload = partition_for_lpx(mod, cfg, precision)
+    return mod, offload
+
+
+def lower_for_lpx(mod, cfg, precision: str, tuned=None, tasks=None, tuned_used=None):
+    """Canonicalize, partition and compile the LPX regions.
+
+    Returns ``(cpu_module, regions, offload_report)``: the module with regions replaced by
+    extern calls, the compiled regions by name, and what ran where. ``tuned``: tilings by
+    (workload, composite, batches) from a tuning log; the keys applied are added to
+    ``tuned_used``. ``tasks``: a dict that collects every MXM layer (tuning tasks).
+    """
+    mod, offload = partition_model(mod, cfg, precision)
     compiler = RegionCompiler(cfg, precision)
     compiler.tuned = tuned or {}
     compiler.tuned_used = tuned_used

@@ -223,6 +223,13 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--strategy", default="evolutionary", choices=["evolutionary", "random"],
                    help="evolutionary search guided by the XGBoost cost model, or random search")
+    p.add_argument("--no-context", dest="context", action="store_false",
+                   help="keep each task's best schedule measured alone; by default the search is followed "
+                        "by a refinement that chooses each task's schedule by the whole model's cycles")
+    p.add_argument("--context-top-k", type=int, default=4, metavar="K",
+                   help="best distinct isolated schedules per task tried in the whole model (default 4)")
+    p.add_argument("--context-sweeps", type=int, default=2, metavar="N",
+                   help="passes over the tasks in the refinement (default 2; stops when one changes nothing)")
 
 
 def _tune(args) -> int:
@@ -238,14 +245,15 @@ def _tune(args) -> int:
 
     cfg = load_config(args.preset)
     path = _bundled_model(args.model)
-    tasks = extract_tasks(import_onnx(path).mod, cfg, args.precision)
+    mod = import_onnx(path).mod
+    tasks = extract_tasks(mod, cfg, args.precision)
     console = Console()
     console.print(f"{args.model} on {cfg.name} ({args.precision}): {len(tasks)} tuning task(s), "
                   f"{args.trials} trials each, log {args.log}")
     start = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("trials"),
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[unit]}"),
                   TimeRemainingColumn(), console=console, transient=False) as progress:
-        bar = progress.add_task("tuning", total=None)
+        bar = progress.add_task("tuning", total=None, unit="trials")
 
         def report(state, name):
             best, default = state["best"].get(name), state["default"].get(name)
@@ -255,7 +263,22 @@ def _tune(args) -> int:
 
         results = tune(tasks, cfg, args.log, args.trials, workers=args.workers, ray_address=args.ray,
                        seed=args.seed, strategy=args.strategy, model=args.model, report=report)
-    table = Table(title=f"tuning {args.model} on {cfg.name}: {time.perf_counter() - start:.0f} s")
+        refined = None
+        if args.context and tasks:
+            from .tune.context import refine_in_context
+
+            ctx_bar = progress.add_task("in context", total=None, unit="whole-model runs")
+
+            def ctx_report(st):
+                where = f"{st['phase']}, {st['task']}" if st["task"] else st["phase"]
+                progress.update(ctx_bar, total=st["total"], completed=st["done"],
+                                description=f"in context ({where}): best {st['best']:,} cycles "
+                                            f"({st['default'] / st['best']:.3f}x default)")
+
+            refined = refine_in_context(mod, tasks, cfg, args.log, top_k=args.context_top_k,
+                                        sweeps=args.context_sweeps, model=args.model, report=ctx_report)
+    table = Table(title=f"tuning {args.model} on {cfg.name}: {time.perf_counter() - start:.0f} s "
+                        "(each task measured alone)")
     for col in ("task", "count", "trials", "default cycles", "tuned cycles", "speedup"):
         table.add_column(col, justify="left" if col == "task" else "right")
     for r in results:
@@ -266,6 +289,17 @@ def _tune(args) -> int:
         table.add_row(r.task.name, str(r.task.weight), str(r.trials), f"{r.default_cycles:,}", f"{tuned:,}",
                       f"{r.default_cycles / tuned:.2f}x")
     console.print(table)
+    if refined is not None:
+        chosen = Table(title="chosen in the whole model")
+        for col in ("task", "schedule"):
+            chosen.add_column(col)
+        for r in results:
+            chosen.add_row(r.task.name, refined.choices.get(r.task.name, "default"))
+        console.print(chosen)
+        console.print(f"whole model: default {refined.default_cycles:,} cycles, isolated best schedules "
+                      f"{refined.isolated_cycles:,} ({refined.default_cycles / refined.isolated_cycles:.3f}x), "
+                      f"chosen in context {refined.cycles:,} ({refined.default_cycles / refined.cycles:.3f}x); "
+                      f"{refined.evaluations} whole-model runs in {refined.wall_s:.0f} s")
     return 0
 
 

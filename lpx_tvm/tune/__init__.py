@@ -2,5 +2,16 @@
 
 :mod:`.space` (tasks and design spaces), :mod:`.measure` (builder and runner on the
 simulator), :mod:`.database` (tuning logs keyed by workload and machine), :mod:`.tuner`
-(task extraction and the search).
+(task extraction and the search), :mod:`.context` (choosing schedules by the whole
+model's cycles).
 """
+
+_API = {"extract_tasks": "tuner", "tune": "tuner", "refine_in_context": "context", "ModelContext": "context"}
+
+
+def __getattr__(name):  # the API, imported when first used (MetaSchedule is slow to import)
+    if name in _API:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_API[name]}", __name__), name)
+    raise AttributeError(name)

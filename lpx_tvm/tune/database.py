@@ -12,6 +12,15 @@ most a truncated last line, which the next load drops with a warning (and a tuni
 cuts off) — every completed record survives and the rerun resumes from them. A line
 that is not the truncated tail of a file is corruption: loading stops with an error
 naming the file and the line.
+
+``lpx_applied.json`` (JSON lines, appended the same way) holds the schedules chosen *in
+context* (:mod:`.context`): each line is one whole choice for a model's tasks, written
+once the refinement has measured it: ``{"kind": "context", "config_hash", "model",
+"cycles", "default_cycles", "isolated_cycles", "choices": [[workload index, record | null],
+...]}`` (null: the task keeps its default schedule). The last line for the machine is
+the one applied; a ``{"kind": "isolated", "config_hash"}`` line withdraws it (a tuning run
+without the refinement). Tasks the line does not name take their best isolated record,
+as does every task of a log without the file (logs made before it existed).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from .space import task_key_of
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
 META = "lpx_tuning.json"
+APPLIED = "lpx_applied.json"
 
 
 class TuningLogError(LPXError):
@@ -91,6 +101,8 @@ class TuningLog(ms.database.PyDatabase):
         self.path = path
         self.mem = ms.database.MemoryDatabase(module_equality="structural")
         self.index = {}  # workload structural hash -> line index in WORKLOADS
+        self.workloads = []  # by line index in WORKLOADS
+        self.applied = []  # the lines of APPLIED
         self.count = 0
         self._load(repair)
 
@@ -111,6 +123,7 @@ class TuningLog(ms.database.PyDatabase):
             self.index[wl.as_json()[0]] = len(workloads)
             workloads.append(wl)
         self.count = len(workloads)
+        self.workloads = workloads
         path = self._file(RECORDS)
         for lineno, obj in _read_lines(path, repair):
             try:
@@ -120,6 +133,11 @@ class TuningLog(ms.database.PyDatabase):
                 self.mem.commit_tuning_record(ms.database.TuningRecord.from_json(rec, workloads[int(wi)]))
             except Exception as e:  # noqa: BLE001
                 raise TuningLogError(f"{path}:{lineno}: corrupt tuning record ({type(e).__name__}: {e})") from None
+        path = self._file(APPLIED)
+        for lineno, obj in _read_lines(path, repair):
+            if not isinstance(obj, dict) or obj.get("kind") not in ("context", "isolated"):
+                raise TuningLogError(f"{path}:{lineno}: corrupt applied-schedules line")
+            self.applied.append((lineno, obj))
 
     # ---- the Database interface ---------------------------------------------------
     def has_workload(self, mod) -> bool:
@@ -131,12 +149,54 @@ class TuningLog(ms.database.PyDatabase):
         if not known:
             _append_line(self._file(WORKLOADS), wl.as_json())
             self.index[wl.as_json()[0]] = self.count
+            self.workloads.append(wl)
             self.count += 1
         return wl
 
     def commit_tuning_record(self, record) -> None:
         self.mem.commit_tuning_record(record)
         _append_line(self._file(RECORDS), [self.index[record.workload.as_json()[0]], record.as_json()])
+
+    # ---- the schedules applied (in-context refinement) ---------------------------------
+    def commit_applied(self, cfg: LPXConfig, choices: dict, **info) -> None:
+        """Append one whole in-context choice: ``choices`` {workload module: TuningRecord or
+        None (the default schedule)}; ``info``: model, cycles, ... (kept in the line)."""
+        rows = []
+        for mod, rec in choices.items():
+            wl = self.commit_workload(mod)
+            rows.append([self.index[wl.as_json()[0]], None if rec is None else rec.as_json()])
+        line = {"kind": "context", "config_hash": cfg.hash, **info, "choices": rows}
+        _append_line(self._file(APPLIED), line)
+        self.applied.append((None, line))
+
+    def withdraw_applied(self, cfg: LPXConfig) -> None:
+        """Stop applying the in-context choice (when there is one): best records again."""
+        if self.applied_line(cfg) is not None:
+            line = {"kind": "isolated", "config_hash": cfg.hash}
+            _append_line(self._file(APPLIED), line)
+            self.applied.append((None, line))
+
+    def applied_line(self, cfg: LPXConfig):
+        """The in-context choice in force for machine ``cfg`` (a dict), or None."""
+        for _, obj in reversed(self.applied):
+            if obj.get("config_hash") == cfg.hash:
+                return obj if obj["kind"] == "context" else None
+        return None
+
+    def applied_choices(self, cfg: LPXConfig) -> dict:
+        """{(workload, composite, batches): TuningRecord or None} of the choice in force."""
+        line = self.applied_line(cfg)
+        if line is None:
+            return {}
+        path, out = self._file(APPLIED), {}
+        for wi, rec in line["choices"]:
+            try:
+                wl = self.workloads[int(wi)]
+                key = task_key_of(wl.mod)[:3]
+                out[key] = None if rec is None else ms.database.TuningRecord.from_json(rec, wl)
+            except Exception as e:  # noqa: BLE001
+                raise TuningLogError(f"{path}: corrupt applied choice ({type(e).__name__}: {e})") from None
+        return out
 
     def get_top_k(self, workload, top_k: int):
         return self.mem.get_top_k(workload, top_k)
@@ -214,8 +274,10 @@ def tiling_of_record(rec):
 
 
 def load_tuned(path: str, cfg: LPXConfig) -> dict:
-    """{(workload, composite, batches): tiling} of the best records in the log at ``path``
-    for machine ``cfg``. A log made for another machine is not applied (a warning says so)."""
+    """{(workload, composite, batches): tiling} of the log at ``path`` for machine ``cfg``:
+    the in-context choice where the log has one (a task it leaves at the default is
+    absent), else the best records. A log made for another machine is not applied (a
+    warning says so)."""
     if not os.path.isdir(path):
         raise TuningLogError(f"{path}: no such tuning log folder")
     meta = read_meta(path)
@@ -229,4 +291,10 @@ def load_tuned(path: str, cfg: LPXConfig) -> dict:
     if len(db) and not best:
         warnings.warn(f"tuning log {path} has no records for machine {cfg.name} ({cfg.hash}): not applied",
                       TuningLogWarning, stacklevel=2)
-    return {key: tiling_of_record(rec) for key, (rec, _) in best.items()}
+    tuned = {key: tiling_of_record(rec) for key, (rec, _) in best.items()}
+    for key, rec in db.applied_choices(cfg).items():
+        if rec is None:
+            tuned.pop(key, None)
+        else:
+            tuned[key] = tiling_of_record(rec)
+    return tuned

@@ -130,6 +130,9 @@ def tune(tasks: list, cfg: LPXConfig, log_dir: str, trials: int, *, workers: int
     by_budget = {}
     for task, n in todo:
         by_budget.setdefault(n, []).append(task)
+    if todo:
+        # New records: an in-context choice made from the old ones is stale until refined again.
+        db.withdraw_applied(cfg)
     pool = make_pool(workers, ray_address)
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     try:

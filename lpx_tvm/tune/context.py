@@ -1,0 +1,190 @@
+"""Choosing schedules in context: the whole model measured, one task's choice at a time.
+
+A schedule measured on its layer alone (the one-op region) is not what the layer costs in
+the model: in the whole program consecutive layers overlap on the MXM planes (a layer's
+first blocks feed the next layer while it drains), and a schedule that wins alone can
+lose more of that overlap than it gains. :func:`refine_in_context` therefore compiles the
+*whole* model (all its LPX regions) with one candidate tiling for one task and the current
+choice for every other task, runs it on the simulator timing only, and keeps the
+candidate that gives the fewest total cycles (coordinate descent over the tasks, the
+largest first by MACs). The candidates of a task are its best distinct isolated records
+plus its default schedule; the start is the better of all-default and all-isolated-best,
+so the choice is never slower than either. The choice is appended to the tuning log as
+one line (:meth:`~lpx_tvm.tune.database.TuningLog.commit_applied`), and
+``build(tuning_log=)`` applies exactly it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..target.config import LPXConfig
+from ..tir_schedules import DenseWorkload, DepthwiseWorkload
+from .database import TuningLog, best_records, tiling_of_record
+from .space import Task, workload_module
+
+
+def task_macs(task: Task) -> int:
+    """MACs of every layer of a task (its weight times one layer's)."""
+    w, _, batches = task.key
+    if isinstance(w, DenseWorkload):
+        one = batches * w.M * w.K * w.N
+    elif isinstance(w, DepthwiseWorkload):
+        one = w.N * w.OH * w.OW * w.C * w.KH * w.KW
+    else:
+        one = w.N * w.OH * w.OW * w.C * w.CO * w.KH * w.KW
+    return one * task.weight
+
+
+class ModelContext:
+    """A model partitioned once; :meth:`cycles` compiles its LPX regions with given tilings
+    and returns their total cycles (timing-only simulation). A region's cycles are cached
+    by the tilings of the tasks it holds, so a region a choice does not touch is not
+    compiled again."""
+
+    def __init__(self, mod, cfg: LPXConfig, precision: str):
+        from ..build import partition_model
+        from ..target.codegen.outline import lpx_functions
+
+        self.cfg, self.precision = cfg, precision
+        mod, _ = partition_model(mod, cfg, precision)
+        self.funcs = [func for _, func in sorted(lpx_functions(mod).items())]
+        self.region_keys = [None] * len(self.funcs)  # task keys of each region (known after one compile)
+        self.cache = {}
+        self.evaluations = 0  # compiles + runs done
+        self.eval_s = 0.0
+
+    def _region_cycles(self, i: int, tuned: dict) -> int:
+        from ..target.codegen import RegionCompiler
+        from .measure import simulate_cycles
+
+        keys = self.region_keys[i]
+        ck = (i, None if keys is None else tuple(sorted(((repr(k), tuned.get(k)) for k in keys), key=repr)))
+        if keys is not None and ck in self.cache:
+            return self.cache[ck]
+        t = time.perf_counter()
+        compiler = RegionCompiler(self.cfg, self.precision)
+        compiler.tuned = tuned
+        compiler.tuned_used = set()
+        compiler.mxm_tasks = seen = {}
+        region = compiler.compile(f"ctx_{i}", self.funcs[i])
+        cycles = simulate_cycles(region.program, self.cfg)
+        self.evaluations += 1
+        self.eval_s += time.perf_counter() - t
+        if keys is None:
+            # Off-chip (band) layers are not collected as tasks, but a tuned tiling still
+            # reaches them: key the cache by every task key the compiler looked up or applied.
+            self.region_keys[i] = keys = set(seen) | set(compiler.tuned_used)
+            ck = (i, tuple(sorted(((repr(k), tuned.get(k)) for k in keys), key=repr)))
+        self.cache[ck] = cycles
+        return cycles
+
+    def cycles(self, tuned: dict) -> int:
+        """Total cycles of the model's LPX regions with ``tuned`` tilings (by task key)."""
+        return sum(self._region_cycles(i, tuned) for i in range(len(self.funcs)))
+
+
+@dataclass
+class RefineResult:
+    default_cycles: int
+    isolated_cycles: int  # every task at its best isolated record
+    cycles: int  # the refined choice
+    choices: dict = field(default_factory=dict)  # task name -> "default" or "record i" (rank)
+    evaluations: int = 0  # whole-model compiles and runs (the other evaluations hit the cache)
+    wall_s: float = 0.0
+    sweeps: int = 0
+
+
+def _candidates(db: TuningLog, task: Task, cfg: LPXConfig, top_k: int, best=None) -> list:
+    """[(record, tiling)] of the task's best ``top_k`` distinct tilings, best first (``best``:
+    the record the log applies without a choice in context, put first)."""
+    mod = workload_module(task, cfg)
+    if not db.has_workload(mod):
+        return []
+    def latency(rec):
+        secs = [float(s) for s in rec.run_secs]
+        return sum(secs) / len(secs)
+
+    records = [r for r in db.get_top_k(db.commit_workload(mod), 1 << 30)
+               if r.run_secs and min(float(s) for s in r.run_secs) < 1e9]  # 1e9: a failed run
+    out, seen = [], set()
+    for rec in ([best] if best is not None else []) + sorted(records, key=latency):  # stable: ties keep the database's order
+        t = tiling_of_record(rec)
+        if t in seen:
+            continue
+        seen.add(t)
+        out.append((rec, t))
+        if len(out) == top_k:
+            break
+    return out
+
+
+def refine_in_context(mod, tasks: list, cfg: LPXConfig, log_dir: str, *, top_k: int = 4, sweeps: int = 2,
+                      model: "str | None" = None, report=None) -> RefineResult:
+    """Choose each task's schedule by the whole model's cycles (see the module docstring).
+
+    ``mod``: the Relax module the tasks came from; ``tasks``: its tuning tasks (already
+    tuned into the log at ``log_dir``); ``top_k`` isolated records per task are tried
+    besides the default, over at most ``sweeps`` passes (a pass that changes nothing
+    ends it). ``report(state)`` is called after every evaluation (the CLI's progress bar).
+    The choice is appended to the log; returns a :class:`RefineResult`.
+    """
+    start = time.perf_counter()
+    db = TuningLog(log_dir, repair=True)
+    ctx = ModelContext(mod, cfg, tasks[0].precision if tasks else "fp16")
+    order = sorted(tasks, key=task_macs, reverse=True)
+    best_isolated = best_records(db, cfg)
+    cands = {t.key: _candidates(db, t, cfg, top_k, best_isolated.get(t.key, (None,))[0]) for t in order}
+    state = {"phase": "baseline", "task": None, "done": 0, "total": 2 + sum(len(c) for c in cands.values()),
+             "best": None, "default": None, "start": start}
+
+    def evaluate(choice: dict) -> int:
+        tuned = {k: c[1] for k, c in choice.items() if c is not None}
+        cycles = ctx.cycles(tuned)
+        state["done"] += 1
+        if state["default"] is None:  # the first evaluation is the default choice
+            state["default"] = cycles
+        if state["best"] is None or cycles < state["best"]:
+            state["best"] = cycles
+        if report is not None:
+            report(state)
+        return cycles
+
+    default = {t.key: None for t in order}
+    isolated = {t.key: (cands[t.key][0] if cands[t.key] else None) for t in order}
+    default_cycles = evaluate(default)
+    isolated_cycles = evaluate(isolated)
+    current, best = (dict(isolated), isolated_cycles) if isolated_cycles <= default_cycles else \
+        (dict(default), default_cycles)
+    done_sweeps = 0
+    for sweep in range(sweeps):
+        done_sweeps += 1
+        changed = False
+        if sweep:
+            state["total"] += sum(len(c) for c in cands.values())
+        state["phase"] = f"sweep {sweep + 1}"
+        for task in order:
+            state["task"] = task.name
+            options = [None] + cands[task.key]
+            for opt in options:
+                if opt is current[task.key] or (opt is not None and current[task.key] is not None
+                                                 and opt[1] == current[task.key][1]):
+                    continue  # the current choice: already measured
+                trial = {**current, task.key: opt}
+                cycles = evaluate(trial)
+                if cycles < best:
+                    current, best, changed = trial, cycles, True
+        if not changed:
+            break
+    names = {t.key: t.name for t in order}
+    choices = {}
+    for key, c in current.items():
+        choices[names[key]] = "default" if c is None else f"record {[r for r, _ in cands[key]].index(c[0]) + 1}"
+    db.commit_applied(cfg, {workload_module(t, cfg): (current[t.key][0] if current[t.key] else None) for t in order},
+                      model=model, cycles=best, default_cycles=default_cycles, isolated_cycles=isolated_cycles)
+    return RefineResult(default_cycles, isolated_cycles, best, choices, ctx.evaluations,
+                        time.perf_counter() - start, done_sweeps)
+
+
+__all__ = ["ModelContext", "RefineResult", "refine_in_context", "task_macs"]
