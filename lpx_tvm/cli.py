@@ -296,8 +296,9 @@ def _tune(args) -> int:
         for r in results:
             chosen.add_row(r.task.name, refined.choices.get(r.task.name, "default"))
         console.print(chosen)
-        console.print(f"whole model: default {refined.default_cycles:,} cycles, isolated best schedules "
-                      f"{refined.isolated_cycles:,} ({refined.default_cycles / refined.isolated_cycles:.3f}x), "
+        iso = refined.isolated_cycles
+        iso = f"{iso:,} ({refined.default_cycles / iso:.3f}x)" if iso else "rejected by the compiler"
+        console.print(f"whole model: default {refined.default_cycles:,} cycles, isolated best schedules {iso}, "
                       f"chosen in context {refined.cycles:,} ({refined.default_cycles / refined.cycles:.3f}x); "
                       f"{refined.evaluations} whole-model runs in {refined.wall_s:.0f} s")
     return 0
@@ -343,6 +344,9 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="bf16", choices=["fp32", "fp16", "bf16"],
                    help="bf16 by default: the bundled light models' constant weights push activations past "
                         "fp16's range, and bf16 keeps fp32's exponent")
+    p.add_argument("--no-tuning-log", dest="tuning_log", action="store_false",
+                   help="compile with the default schedules even where a tuning log for the model, machine and "
+                        "precision ships with lpx_tvm (lpx_tvm/tuning_logs/)")
 
 
 def _bundled_model(name: str) -> str:
@@ -371,12 +375,22 @@ def _demo(args) -> int:
     from . import compile_model
     from .errors import LPXError
 
+    from .target.config import load_config
+
     path = _bundled_model(args.model)
+    cfg = load_config(args.preset)
+    log = None
+    if args.tuning_log:
+        from .tune.database import shipped_log
+
+        log = shipped_log(args.model, cfg, args.precision)
     t = time.perf_counter()
-    model = compile_model(path, preset=args.preset, precision=args.precision)
+    model = compile_model(path, preset=args.preset, precision=args.precision, tuning_log=log)
     compile_s = time.perf_counter() - t
     name, shape, dtype = model.inputs[0]
-    x = np.random.default_rng(0).standard_normal(shape).astype(dtype)
+    rng = np.random.default_rng(0)
+    # Token ids for an integer input (BERT's input_ids), else standard normal values.
+    x = (rng.integers(0, 1000, shape) if np.dtype(dtype).kind in "iu" else rng.standard_normal(shape)).astype(dtype)
     got = model.run({name: x})
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {name: x})))
@@ -385,11 +399,35 @@ def _demo(args) -> int:
           f"{len(model.executable.regions)} LPX region(s)")
     for k, e in errs.items():
         print(f"  output {k}: relative L2 error vs onnxruntime {e:.2e}")
+    if log is not None:
+        _print_tuned(model, path, log, cfg, args.precision)
+    elif args.tuning_log:
+        print("  default schedules (no tuning log for this model, machine and precision ships with lpx_tvm)")
+    else:
+        print("  default schedules (--no-tuning-log)")
     _print_model_report(model.report)
     tolerance = 1e-4 if args.precision == "fp32" else 2e-2
     if not all(e <= tolerance for e in errs.values()):
         raise LPXError(f"simulated outputs differ from onnxruntime beyond {tolerance:g}: {errs}")
     return 0
+
+
+def _print_tuned(model, path: str, log: str, cfg, precision: str) -> None:
+    """The demo's tuned line: the shipped log, how many MXM layers took a tuned schedule,
+    and the default schedules' cycles (the model's LPX regions compiled again with the
+    defaults and simulated timing only: a few seconds)."""
+    import os
+
+    from .relax_passes import import_onnx
+    from .tune.context import ModelContext
+
+    tuning = model.report["tuning"] or {}
+    tuned, default = len(tuning.get("tuned_layers", [])), len(tuning.get("default_layers", []))
+    cycles = model.report["cycles"]
+    base = ModelContext(import_onnx(path).mod, cfg, precision).cycles({})
+    print(f"  tuned: shipped log lpx_tvm/tuning_logs/{os.path.basename(log)}, {tuned} of {tuned + default} "
+          f"distinct MXM layers (tuning tasks) on a tuned schedule; {cycles:,} cycles vs {base:,} with the "
+          f"default schedules ({base / cycles:.3f}x; --no-tuning-log runs the defaults)")
 
 
 def _print_summary(rep: dict) -> None:

@@ -9,7 +9,9 @@ choice for every other task, runs it on the simulator timing only, and keeps the
 candidate that gives the fewest total cycles (coordinate descent over the tasks, the
 largest first by MACs). The candidates of a task are its best distinct isolated records
 plus its default schedule; the start is the better of all-default and all-isolated-best,
-so the choice is never slower than either. The choice is appended to the tuning log as
+so the choice is never slower than either. A choice whose whole program the compiler
+rejects (a combination of tilings that passes each layer alone but not the model's
+checks) counts as unusable: it is skipped with a warning, never chosen. The choice is appended to the tuning log as
 one line (:meth:`~lpx_tvm.tune.database.TuningLog.commit_applied`), and
 ``build(tuning_log=)`` applies exactly it.
 """
@@ -17,8 +19,10 @@ one line (:meth:`~lpx_tvm.tune.database.TuningLog.commit_applied`), and
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 
+from ..errors import LPXError
 from ..target.config import LPXConfig
 from ..tir_schedules import DenseWorkload, DepthwiseWorkload
 from .database import TuningLog, best_records, tiling_of_record
@@ -88,7 +92,7 @@ class ModelContext:
 @dataclass
 class RefineResult:
     default_cycles: int
-    isolated_cycles: int  # every task at its best isolated record
+    isolated_cycles: "int | None"  # every task at its best isolated record (None: rejected by the compiler)
     cycles: int  # the refined choice
     choices: dict = field(default_factory=dict)  # task name -> "default" or "record i" (rank)
     evaluations: int = 0  # whole-model compiles and runs (the other evaluations hit the cache)
@@ -139,9 +143,18 @@ def refine_in_context(mod, tasks: list, cfg: LPXConfig, log_dir: str, *, top_k: 
     state = {"phase": "baseline", "task": None, "done": 0, "total": 2 + sum(len(c) for c in cands.values()),
              "best": None, "default": None, "start": start}
 
-    def evaluate(choice: dict) -> int:
+    def evaluate(choice: dict):
         tuned = {k: c[1] for k, c in choice.items() if c is not None}
-        cycles = ctx.cycles(tuned)
+        try:
+            cycles = ctx.cycles(tuned)
+        except LPXError as e:
+            if not tuned:
+                raise  # the default schedules must compile
+            warnings.warn(f"a choice of schedules the whole model rejects is skipped: {e}", stacklevel=2)
+            state["done"] += 1
+            if report is not None:
+                report(state)
+            return None
         state["done"] += 1
         if state["default"] is None:  # the first evaluation is the default choice
             state["default"] = cycles
@@ -155,8 +168,8 @@ def refine_in_context(mod, tasks: list, cfg: LPXConfig, log_dir: str, *, top_k: 
     isolated = {t.key: (cands[t.key][0] if cands[t.key] else None) for t in order}
     default_cycles = evaluate(default)
     isolated_cycles = evaluate(isolated)
-    current, best = (dict(isolated), isolated_cycles) if isolated_cycles <= default_cycles else \
-        (dict(default), default_cycles)
+    current, best = (dict(isolated), isolated_cycles) \
+        if isolated_cycles is not None and isolated_cycles <= default_cycles else (dict(default), default_cycles)
     done_sweeps = 0
     for sweep in range(sweeps):
         done_sweeps += 1
@@ -173,7 +186,7 @@ def refine_in_context(mod, tasks: list, cfg: LPXConfig, log_dir: str, *, top_k: 
                     continue  # the current choice: already measured
                 trial = {**current, task.key: opt}
                 cycles = evaluate(trial)
-                if cycles < best:
+                if cycles is not None and cycles < best:
                     current, best, changed = trial, cycles, True
         if not changed:
             break

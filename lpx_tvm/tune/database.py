@@ -298,3 +298,30 @@ def load_tuned(path: str, cfg: LPXConfig) -> dict:
         else:
             tuned[key] = tiling_of_record(rec)
     return tuned
+
+
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tuning_logs")
+
+
+def shipped_logs() -> list:
+    """[(folder, meta)] of the tuning logs shipped inside the package (``lpx_tvm/tuning_logs/``)."""
+    if not os.path.isdir(SHIPPED_DIR):
+        return []
+    out = []
+    for name in sorted(os.listdir(SHIPPED_DIR)):
+        path = os.path.join(SHIPPED_DIR, name)
+        if os.path.isfile(os.path.join(path, META)):
+            out.append((path, read_meta(path)))
+    return out
+
+
+def shipped_log(model: str, cfg: LPXConfig, precision: str) -> "str | None":
+    """The shipped tuning log made for ``model`` (its name, or an .onnx path whose file name
+    is that name) on machine ``cfg`` (same config hash) at ``precision``, or None."""
+    def name(m):
+        return os.path.splitext(os.path.basename(str(m)))[0]
+
+    for path, meta in shipped_logs():
+        if meta.get("model") and name(meta["model"]) == name(model) and meta.get("config_hash") == cfg.hash and meta.get("precision") == precision:
+            return path
+    return None

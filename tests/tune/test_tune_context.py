@@ -103,3 +103,26 @@ def test_truncated_choice_line_falls_back_and_new_trials_withdraw_it(refined, tm
     assert db.applied_line(MINI) is None and db.applied[-2][1]["kind"] == "context"
     best = {k: tiling_of_record(rec) for k, (rec, _) in best_records(db, MINI).items()}
     assert load_tuned(copy, MINI) == best
+
+
+def test_a_choice_the_whole_model_rejects_is_skipped(refined, tmp_path, monkeypatch):
+    # Tilings that pass each layer alone can meet a check of the whole program (a port
+    # conflict between layers): such a choice is skipped with a warning, never chosen.
+    from lpx_tvm.errors import LPXError
+
+    mod, tasks, log, r, _ = refined
+    copy = str(tmp_path / "log")
+    shutil.copytree(log, copy)
+    cycles = ModelContext.cycles
+
+    def rejecting(self, tuned):
+        if tuned:
+            raise LPXError("group 'x': mem.read on unit 1 overlaps another instruction")
+        return cycles(self, tuned)
+
+    monkeypatch.setattr(ModelContext, "cycles", rejecting)
+    with pytest.warns(UserWarning, match="whole model rejects"):
+        again = refine_in_context(mod, tasks, MINI, copy, top_k=2)
+    assert again.isolated_cycles is None and again.cycles == again.default_cycles == r.default_cycles
+    assert set(again.choices.values()) == {"default"}
+    assert load_tuned(copy, MINI) == {}
