@@ -215,31 +215,14 @@ class Int8Lowering:
             raise UnsupportedOnLPX("mean over axes other than the spatial ones of a 4-D tensor")
         sx, zx = _scalar(dq.args[1]), int(round(_scalar(dq.args[2])))
         sy, zy = _scalar(qs.args[1]), int(round(_scalar(qs.args[2])))
-        n, c, h, w = x.shape
-        lanes = self.cfg.lanes
-        hw = h * w
-        ones = self._temp(self.b.constant(f"{op.out}.ones", np.ones((lanes, 1), np.float32), DType.INT8))
+        hw = x.shape[2] * x.shape[3]
+        ones = self._temp(self.b.constant(f"{op.out}.ones", np.ones((self.cfg.lanes, 1), np.float32), DType.INT8))
         y = self._new(op.out, op.shape, is_output, dtype=out_dt)
-        for i in range(n):
-            for j in range(x.tensor.ntiles):
-                cv = min(c - j * lanes, lanes)
-                plane, acc = self.planes.new_block(cv)
-                pieces = [seg for p0 in range(0, hw, lanes)
-                          for seg in x.tensor.segments(j, i * hw + p0, i * hw + min(hw, p0 + lanes))]
-                for k, (_, region) in enumerate(pieces):
-                    buf = self.planes.buffer(plane)
-                    g = self.b.group(f"{op.out}.install")
-                    g.install(plane, buf, g.read(ones.tile(0).rows(0, region.count)), width=1)
-                    g = self.b.group(f"{op.out}.sum")
-                    t = g.sxm("sxm.transpose", g.read(region), out=cv)
-                    g.mul(plane, buf, t, acc=acc, accumulate=k > 0)
-                g = self.b.group(f"{op.out}.drain")
-                v = g.sxm("sxm.transpose", g.drain(plane, acc, cv, DType.INT32), out=1)
-                if zx:
-                    v = g.vxm("vxm.sub", v, imm=float(zx * hw))
-                v = g.vxm("vxm.requant", v, imm=sx / (hw * sy), to=out_dt, zp=zy)
-                self._write_rows(g, v, y, j, i, i + 1)
-        self.macs += n * c * hw
+        for g, v, i, j in self._pixel_sums(op.out, x, ones, DType.INT32):
+            if zx:
+                v = g.vxm("vxm.sub", v, imm=float(zx * hw))
+            v = g.vxm("vxm.requant", v, imm=sx / (hw * sy), to=out_dt, zp=zy)
+            self._write_rows(g, v, y, j, i, i + 1)
         self.values[op.out] = y
 
 

@@ -527,18 +527,27 @@ class VectorLowering:
         return self._maps[key]
 
     def _global_avg_pool(self, op: RegionOp, is_output: bool):
-        """Mean over H and W: transpose pixel chunks so channels become vectors, sum them on
-        the MXM against a column of 1/(H*W), transpose the sums back into one vector."""
+        """Mean over H and W: the pixel sums of :meth:`_pixel_sums` against a column of 1/(H*W)."""
         a = op.main.attrs
         x = self._value(op.main.args[0])
         if len(x.shape) != 4 or sorted(ax % 4 for ax in a.get("axis", [])) != [2, 3]:
             raise UnsupportedOnLPX("mean over axes other than the spatial ones of a 4-D tensor")
+        hw = x.shape[2] * x.shape[3]
+        column = self._temp(self.b.constant(f"{op.out}.scale", np.full((self.cfg.lanes, 1), 1.0 / hw, np.float32),
+                                            self.dtype))
+        y = self._new(op.out, op.shape, is_output)
+        for g, v, i, j in self._pixel_sums(op.out, x, column, self.acc):
+            self._write_rows(g, v, y, j, i, i + 1)
+        self.values[op.out] = y
+
+    def _pixel_sums(self, tag: str, x: Stored, column, acc_dtype):
+        """For each image i and channel tile j of a 4-D ``x``: transpose its pixel chunks on
+        the SXM so channels become vectors, multiply them on the MXM into one accumulator
+        against ``column`` (a (lanes, 1) weight), drain and transpose the result back into
+        one vector. Yields (group, vector, i, j), the group still open for the caller."""
         n, c, h, w = x.shape
         lanes = self.cfg.lanes
         hw = h * w
-        scale = self._temp(self.b.constant(f"{op.out}.scale", np.full((lanes, 1), 1.0 / hw, np.float32),
-                                           self.dtype))
-        y = self._new(op.out, op.shape, is_output)
         for i in range(n):
             for j in range(x.tensor.ntiles):
                 cv = min(c - j * lanes, lanes)
@@ -547,16 +556,14 @@ class VectorLowering:
                           for seg in x.tensor.segments(j, i * hw + p0, i * hw + min(hw, p0 + lanes))]
                 for q, (_, region) in enumerate(pieces):
                     buf = self.planes.buffer(plane)
-                    g = self.b.group(f"{op.out}.install")
-                    g.install(plane, buf, g.read(scale.tile(0).rows(0, region.count)), width=1)
-                    g = self.b.group(f"{op.out}.sum")
+                    g = self.b.group(f"{tag}.install")
+                    g.install(plane, buf, g.read(column.tile(0).rows(0, region.count)), width=1)
+                    g = self.b.group(f"{tag}.sum")
                     t = g.sxm("sxm.transpose", g.read(region), out=cv)
                     g.mul(plane, buf, t, acc=acc, accumulate=q > 0)
-                g = self.b.group(f"{op.out}.drain")
-                v = g.sxm("sxm.transpose", g.drain(plane, acc, cv, self.acc), out=1)
-                self._write_rows(g, v, y, j, i, i + 1)
+                g = self.b.group(f"{tag}.drain")
+                yield g, g.sxm("sxm.transpose", g.drain(plane, acc, cv, acc_dtype), out=1), i, j
         self.macs += n * c * hw
-        self.values[op.out] = y
 
     def _reshape(self, op: RegionOp):
         x = self._value(op.main.args[0])
