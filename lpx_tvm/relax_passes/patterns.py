@@ -348,19 +348,21 @@ def _permute_dims_rule(a, settings):
     return None
 
 
-def _layer_norm_rule(a, settings):
+def _norm_rule(a, settings):
+    """layer_norm (data, gamma, beta) and rms_norm (data, weight) over the last axis."""
     op = a["root"]
-    data, gamma, beta = op.args
+    data, *params = op.args
+    what = _op_name(op).removeprefix("nn.")
     found = _tensors_problem(op, [data], settings)
     if found:
         return found
-    if not (_is_const(gamma) and _is_const(beta)):
-        return op, "layer_norm with a runtime gamma or beta"
+    if not all(_is_const(p) for p in params):
+        return op, f"{what} with a runtime " + ("gamma or beta" if len(params) == 2 else "weight")
     shape = _expr_shape(data)
     rank = len(shape)
     if [int(ax) % max(rank, 1) for ax in op.attrs.axes] != [rank - 1]:
-        return op, f"layer_norm over axes {[int(x) for x in op.attrs.axes]}: LPX normalizes the last axis"
-    return _last_axis_rows_problem(op, shape, settings, "layer_norm")
+        return op, f"{what} over axes {[int(x) for x in op.attrs.axes]}: LPX normalizes the last axis"
+    return _last_axis_rows_problem(op, shape, settings, what)
 
 
 def _where_rule(a, settings):
@@ -381,21 +383,6 @@ def _where_rule(a, settings):
             return op, (f"where operand of shape {_expr_shape(b)} broadcast against {shape}: "
                         "broadcasts move data between lanes")
     return None
-
-
-def _rms_norm_rule(a, settings):
-    op = a["root"]
-    data, weight = op.args
-    found = _tensors_problem(op, [data], settings)
-    if found:
-        return found
-    if not _is_const(weight):
-        return op, "rms_norm with a runtime weight"
-    shape = _expr_shape(data)
-    rank = len(shape)
-    if [int(ax) % max(rank, 1) for ax in op.attrs.axes] != [rank - 1]:
-        return op, f"rms_norm over axes {[int(x) for x in op.attrs.axes]}: LPX normalizes the last axis"
-    return _last_axis_rows_problem(op, shape, settings, "rms_norm")
 
 
 def _global_avg_pool2d_rule(a, settings):
@@ -617,8 +604,8 @@ def pattern_table() -> list:
     table.append(("reshape", *_reshape_pattern(), [_reshape_rule]))
     table.append(("concat", *_unary_pattern("relax.concat"), [_concat_rule]))
     table.append(("softmax", *_unary_pattern("relax.nn.softmax"), [_softmax_rule]))
-    table.append(("layer_norm", *_unary_pattern("relax.nn.layer_norm"), [_layer_norm_rule]))
-    table.append(("rms_norm", *_unary_pattern("relax.nn.rms_norm"), [_rms_norm_rule]))
+    table.append(("layer_norm", *_unary_pattern("relax.nn.layer_norm"), [_norm_rule]))
+    table.append(("rms_norm", *_unary_pattern("relax.nn.rms_norm"), [_norm_rule]))
     table.append(("where", *_unary_pattern("relax.where"), [_where_rule]))
     table.append(("permute_dims", *_unary_pattern("relax.permute_dims"), [_permute_dims_rule]))
     table.append(("slice", *_unary_pattern("relax.strided_slice"), [_slice_rule]))

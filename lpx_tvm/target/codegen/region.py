@@ -223,21 +223,28 @@ class RegionCompiler(Int8Lowering, MxmLowering, VectorLowering, OffchipLowering)
         self._rowwise(tag, [x], y, lambda g, vs: vs[0])
         return y
 
-    def _apart(self, x: Stored, other: Stored, tag: str) -> Stored:
-        """``x``, or a copy of it on other slices when a column tile of it shares a slice
-        with the same tile of ``other`` (both are read in one group, and a slice has one
-        read port)."""
+    @staticmethod
+    def _tile_slices(v: Stored) -> list:
+        """The slices each column tile of ``v`` sits on."""
+        lay = v.tensor.layout
+        return [{sl for sl, _ in lay.tiles[j * lay.nchunks:(j + 1) * lay.nchunks]} for j in range(v.tensor.ntiles)]
+
+    def _clashes(self, x: Stored, other: Stored) -> bool:
+        """Whether a column tile of ``x`` shares a slice with the same tile of ``other`` (both
+        read in one group: a slice has one read port)."""
         lx, lo = x.tensor.layout, other.tensor.layout
         if (lx.rows, lx.rows_per_chunk, len(lx.tiles)) == (lo.rows, lo.rows_per_chunk, len(lo.tiles)):
             # Chunked alike: a group reads chunk q of both, so only equal chunks matter.
             if all(a[0] != b[0] for a, b in zip(lx.tiles, lo.tiles)):
-                return x
-        per_tile = lambda v: [{sl for sl, _ in v.tensor.layout.tiles[j * v.tensor.layout.nchunks:  # noqa: E731
-                                                                     (j + 1) * v.tensor.layout.nchunks]}
-                              for j in range(v.tensor.ntiles)]
-        xs, os_ = per_tile(x), per_tile(other)
-        if not any(a & b for a, b in zip(xs, os_)):
+                return False
+        return any(a & b for a, b in zip(self._tile_slices(x), self._tile_slices(other)))
+
+    def _apart(self, x: Stored, other: Stored, tag: str) -> Stored:
+        """``x``, or a copy of it on other slices when it clashes with ``other`` (see
+        :meth:`_clashes`)."""
+        if not self._clashes(x, other):
             return x
+        xs, os_ = self._tile_slices(x), self._tile_slices(other)
         if x.tensor.layout.nchunks == 1 and other.tensor.layout.nchunks == 1 and len(xs) == len(os_):
             # Tile by tile, the least used slice that tile of ``other`` does not use.
             used = self.b._sram.used

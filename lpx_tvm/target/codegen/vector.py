@@ -472,9 +472,11 @@ class VectorLowering:
             if arg.is_const:
                 branches.append(float(np.asarray(arg.const).reshape(-1)[0]))
                 continue
-            v = self._apart(self._value(arg), ins[0], op.out)
-            if len(ins) == 2 and self._apart(v, ins[1], op.out) is not v:
-                v = self._temp(self._copy(self._value(arg), f"{op.out}.apart", avoid=ins))
+            v = self._value(arg)
+            if len(ins) == 2 and any(self._clashes(v, other) for other in ins):
+                v = self._temp(self._copy(v, f"{op.out}.apart", avoid=ins))  # one copy clear of both
+            else:
+                v = self._apart(v, ins[0], op.out)
             ins.append(v)
             branches.append(None)
         y = self._new(op.out, op.shape, is_output)
