@@ -8,8 +8,9 @@ is LPX's tensor intrinsic: codegen replaces each of its instances by an install,
 multiply-accumulate and (after the last reduction tile) a drain. The block keeps its
 scalar body, so a cost model still sees the multiply-accumulate it stands for.
 
-The block rows, the loop order and the K split are the schedule's decisions; the tile
-block carries them as annotations (``lpx_rows``, ``lpx_order``, ``lpx_k_split``) so that
+The block rows, the loop order, the K split and (convolutions with few input channels)
+the tap packing are the schedule's decisions; the tile block carries them as annotations
+(``lpx_rows``, ``lpx_order``, ``lpx_k_split``, ``lpx_pack``) so that
 codegen reads a tuned schedule back (:func:`tiling_of`). The tuner searches them
 (:mod:`lpx_tvm.tune.space`), and :func:`default_tiling` is one point of that space.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from tvm import s_tir
 
 from ..target.config import LPXConfig
-from .workloads import MXM_BLOCK, DenseWorkload, DepthwiseWorkload
+from .workloads import MXM_BLOCK, Conv2dWorkload, DenseWorkload, DepthwiseWorkload
 
 MXM_TILE = "lpx.mxm_tile"  # value of the block annotation ``lpx_intrin``
 INTRIN_KEY = "lpx_intrin"
@@ -43,6 +44,7 @@ class Conv2dTiling:
     co: int
     order: str = "noc"  # n, output-row block, output-channel tile outside the (kh, kw, ci) reduction
     k_split: "int | None" = None
+    pack: int = 0  # taps per reduction tile of an on-chip im2col (0: one tap per tile, read in place)
 
 
 def _largest_divisor(n: int, limit: int) -> int:
@@ -88,7 +90,17 @@ def default_tiling(cfg: LPXConfig, w) -> "DenseTiling | Conv2dTiling":
     return Conv2dTiling(oh=oh, ci=_largest_divisor(w.C, cfg.mxm_rows), co=co)
 
 
-ROWS_KEY, ORDER_KEY, K_SPLIT_KEY = "lpx_rows", "lpx_order", "lpx_k_split"
+def tap_packing(w, lanes: int) -> int:
+    """Taps per reduction tile when a convolution packs its taps (0: it cannot): several
+    taps of few input channels side by side in one tile's lanes (an im2col built on chip)
+    multiply in one pass what one tap per tile multiplies in several, mostly padding."""
+    c = getattr(w, "channels", 0)
+    if not isinstance(w, Conv2dWorkload) or not c or 2 * c > lanes or w.C != lanes or w.KH * w.KW == 1:
+        return 0
+    return min(lanes // c, w.KH * w.KW)
+
+
+ROWS_KEY, ORDER_KEY, K_SPLIT_KEY, PACK_KEY = "lpx_rows", "lpx_order", "lpx_k_split", "lpx_pack"
 INNER_KEY, COLS_KEY = "lpx_inner", "lpx_cols"
 
 
@@ -98,16 +110,18 @@ def schedule(workload, tiling) -> s_tir.Schedule:
     rows = tiling.m if isinstance(workload, DenseWorkload) else tiling.oh
     inner = tiling.k if isinstance(workload, DenseWorkload) else tiling.ci
     cols = tiling.n if isinstance(workload, DenseWorkload) else tiling.co
-    apply_tiling(sch, workload, rows, inner, cols, tiling.order, tiling.k_split)
+    apply_tiling(sch, workload, rows, inner, cols, tiling.order, tiling.k_split, getattr(tiling, "pack", 0))
     return sch
 
 
-def apply_tiling(sch: s_tir.Schedule, workload, rows, inner: int, cols: int, order: str, k_split=None):
+def apply_tiling(sch: s_tir.Schedule, workload, rows, inner: int, cols: int, order: str, k_split=None,
+                 pack: int = 0):
     """Split, reorder and blockize ``sch`` (the workload's PrimFunc) into MXM tiles.
 
     ``rows`` (output rows, or output image rows, per block) and ``k_split`` may be
     integers or sampled random variables of a design space; the tile block records
-    them (and the order) as annotations. Returns the tile block.
+    them (and the order, and a convolution's tap packing ``pack``) as annotations.
+    Returns the tile block.
     """
     block = sch.get_sblock(MXM_BLOCK)
     if isinstance(workload, DenseWorkload):
@@ -141,6 +155,8 @@ def apply_tiling(sch: s_tir.Schedule, workload, rows, inner: int, cols: int, ord
     sch.annotate(tile, COLS_KEY, cols)
     if k_split is not None:
         sch.annotate(tile, K_SPLIT_KEY, k_split)
+    if pack:
+        sch.annotate(tile, PACK_KEY, pack)
     return tile
 
 
@@ -167,4 +183,5 @@ def tiling_of(workload, func) -> "DenseTiling | Conv2dTiling":
     inner, cols = int(ann[INNER_KEY]), int(ann[COLS_KEY])
     if isinstance(workload, DenseWorkload):
         return DenseTiling(m=rows, k=inner, n=cols, order=order, k_split=k_split)
-    return Conv2dTiling(oh=rows, ci=inner, co=cols, order=order, k_split=k_split)
+    pack = int(ann[PACK_KEY]) if PACK_KEY in ann else 0
+    return Conv2dTiling(oh=rows, ci=inner, co=cols, order=order, k_split=k_split, pack=pack)

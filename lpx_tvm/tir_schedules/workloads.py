@@ -48,6 +48,8 @@ class Conv2dWorkload:
 
     O[n, oh, ow, co] = sum_{kh, kw, ci} A[n, oh*s + kh*d, ow*s + kw*d, ci] * W[kh, kw, ci, co]
     where A is (N, Hp, Wp, C) already padded and C, CO are padded to whole tiles.
+    ``channels`` is the input channel count before padding (0: all of C): a schedule may
+    pack several taps' channels into one reduction tile when they are few.
     """
 
     N: int
@@ -60,6 +62,7 @@ class Conv2dWorkload:
     stride: tuple
     dilation: tuple
     dtype: str
+    channels: int = 0
 
     @property
     def OH(self) -> int:

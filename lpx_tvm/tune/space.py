@@ -12,7 +12,10 @@ instructions, over the decisions LPX codegen reads back from the tile block:
 - ``k_split``: how many MXM planes share one block's reduction tiles
   (``sample_categorical`` over 1 .. planes); each part accumulates its own partial sum;
 - the loop order of the tile loops (``mnk`` / ``nmk``, ``noc`` / ``nco``): a structural
-  choice, so one design space per order.
+  choice, so one design space per order;
+- for a convolution with few input channels (at most half a tile), whether its taps
+  are packed side by side into reduction tiles by an im2col built on chip
+  (``tap_packing``): also structural, so a design space each.
 
 Reduction and channel tiles are whole weight tiles (``lanes``). :class:`LPXFits` rejects
 what cannot run (blocks past the accumulators, more parts than reduction tiles), and
@@ -33,7 +36,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from ..target.config import LPXConfig
 from ..tir_schedules import Conv2dWorkload, DenseWorkload, DepthwiseWorkload, default_tiling
-from ..tir_schedules.schedules import apply_tiling, tiling_of
+from ..tir_schedules.schedules import apply_tiling, tap_packing, tiling_of
 from ..tir_schedules.workloads import MXM_BLOCK
 
 WORKLOADS = {c.__name__: c for c in (DenseWorkload, Conv2dWorkload, DepthwiseWorkload)}
@@ -115,11 +118,19 @@ def orders(w) -> tuple:
     return ("mnk", "nmk") if isinstance(w, DenseWorkload) else ("noc", "nco")
 
 
-def reduction_tiles(w, lanes: int) -> int:
+def structures(w, lanes: int) -> list:
+    """The structural choices of a workload, one design space each: (order, tap packing)."""
+    packs = [0] + ([tap_packing(w, lanes)] if tap_packing(w, lanes) else [])
+    return [(order, pack) for pack in packs for order in orders(w)]
+
+
+def reduction_tiles(w, lanes: int, pack: int = 0) -> int:
     if isinstance(w, DenseWorkload):
         return w.K // lanes
     if isinstance(w, DepthwiseWorkload):
         return w.KH * w.KW
+    if pack:
+        return -(-w.KH * w.KW // pack)
     return w.KH * w.KW * (w.C // lanes)
 
 
@@ -131,17 +142,17 @@ def output_blocks(w, rows: int, lanes: int, batches: int = 1) -> int:
 
 
 def space_fn(w, cfg: LPXConfig):
-    """The ScheduleFn body: one design space per loop order."""
+    """The ScheduleFn body: one design space per structural choice (:func:`structures`)."""
     planes, lanes = cfg.mxm_planes, cfg.lanes
 
     def fn(sch: s_tir.Schedule):
         spaces = []
-        for order in orders(w):
+        for order, pack in structures(w, lanes):
             s = sch.copy()
             loop, _, limit = _rows_loop_and_limit(s, w, cfg)
             _, rows = s.sample_perfect_tile(loop, n=2, max_innermost_factor=limit)
             k_split = s.sample_categorical(list(range(1, planes + 1)), [1.0 / planes] * planes)
-            apply_tiling(s, w, rows, lanes, lanes, order, k_split)
+            apply_tiling(s, w, rows, lanes, lanes, order, k_split, pack)
             spaces.append(s)
         return spaces
 
@@ -155,7 +166,7 @@ def default_decisions(task: Task, cfg: LPXConfig) -> dict:
     t = default_tiling(cfg, w)
     rows = t.m if isinstance(w, DenseWorkload) else t.oh
     k_split = max(1, cfg.mxm_planes // output_blocks(w, rows, cfg.lanes, batches))
-    return {"order": t.order, "rows": rows, "k_split": k_split}
+    return {"order": t.order, "rows": rows, "k_split": k_split, "pack": 0}
 
 
 def fits(w, tiling, cfg: LPXConfig) -> "str | None":
@@ -164,8 +175,12 @@ def fits(w, tiling, cfg: LPXConfig) -> "str | None":
     pixels = rows if isinstance(w, DenseWorkload) else rows * w.OW
     if pixels > cfg.mxm_acc_rows:
         return f"a block of {pixels} rows exceeds the {cfg.mxm_acc_rows} accumulators"
-    if tiling.k_split is not None and tiling.k_split > max(1, reduction_tiles(w, cfg.lanes)):
-        return f"{tiling.k_split} K parts for {reduction_tiles(w, cfg.lanes)} reduction tiles"
+    pack = getattr(tiling, "pack", 0)
+    if pack and pack != tap_packing(w, cfg.lanes):
+        return f"{pack} taps per reduction tile (this convolution packs {tap_packing(w, cfg.lanes) or 'none'})"
+    tiles = reduction_tiles(w, cfg.lanes, pack)
+    if tiling.k_split is not None and tiling.k_split > max(1, tiles):
+        return f"{tiling.k_split} K parts for {tiles} reduction tiles"
     if tiling.k_split is not None and tiling.k_split > cfg.mxm_planes:
         return f"{tiling.k_split} K parts on {cfg.mxm_planes} planes"
     return None
@@ -224,10 +239,12 @@ def design_space(task: Task, cfg: LPXConfig) -> ms.space_generator.ScheduleFn:
         mutator_probs={ms.mutator.MutateTileSize(): 0.5, MutateCategorical(): 0.5})
 
 
-def trace_for(task: Task, cfg: LPXConfig, order: str, rows: int, k_split: int):
+def trace_for(task: Task, cfg: LPXConfig, order: str, rows: int, k_split: int, pack: int = 0):
     """A schedule of the design space with the given decisions (None when they are not in it)."""
     w = task.workload
-    i = orders(w).index(order)
+    if (order, pack) not in structures(w, cfg.lanes):
+        return None
+    i = structures(w, cfg.lanes).index((order, pack))
     sch = s_tir.Schedule(workload_module(task, cfg))
     space = space_fn(w, cfg)(sch)[i]
     trace = space.trace

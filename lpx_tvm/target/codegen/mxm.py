@@ -15,7 +15,7 @@ from ...tir_schedules.schedules import Conv2dTiling
 from ..config import LPXConfig
 from ..isa import DType
 from .graph import RegionOp, UnsupportedOnLPX
-from .storage import Stored, StreamedWeights, _one
+from .storage import Stored, StreamedWeights, _chunk_of, _one, _runs
 from .support import block_diagonal, grouped_conv_problem
 
 TVM_DTYPE = {DType.FP32: "float32", DType.FP16: "float16", DType.BF16: "bfloat16", DType.INT8: "int8"}
@@ -106,6 +106,17 @@ class MxmLowering:
                 matrix = w.transpose(2, 3, 1, 0).reshape(-1, co)
                 im2col = args[0].name in self.im2col_values  # one matmul: whole lane tiles
                 align = lanes if cg % lanes == 0 or kh * kw == 1 or im2col else cg
+                pack = 0 if im2col else self._tuned_pack(op, args[0].shape, w.shape, a)
+                if pack:
+                    # Reduction tile t holds taps t*pack .. side by side, c rows each (the
+                    # lanes of the on-chip im2col), zero rows after the last tap.
+                    taps = kh * kw
+                    tiles = np.zeros((-(-taps // pack) * pack, c, co), np.float32)
+                    tiles[:taps] = matrix.reshape(taps, c, co)
+                    tiles = tiles.reshape(-1, pack * c, co)
+                    matrix = np.zeros((len(tiles), lanes, co), np.float32)
+                    matrix[:, :pack * c] = tiles
+                    matrix, align = matrix.reshape(-1, co), lanes
         elif kind == "matmul" and len(args) > 1 and args[1].is_const and len(args[1].shape) == 2:
             matrix = np.asarray(args[1].const, np.float32)
         if matrix is None:
@@ -143,14 +154,16 @@ class MxmLowering:
                 raise UnsupportedOnLPX(problem)
         n, c, h, wd = x.shape
         co, cg, kh, kw = w.shape
-        (sh, sw), (dh, dw) = a["strides"], a["dilation"]
         lanes = self.cfg.lanes
-        xp = self._padded(x, tuple(a["padding"]), op.out, fill=q.fill if q else 0.0)
-        hp, wp = xp.shape[2], xp.shape[3]
-        cpad, copad = round_up(c, lanes), round_up(co, lanes)
-        work = Conv2dWorkload(n, hp, wp, cpad, kh, kw, copad, (sh, sw), (dh, dw), TVM_DTYPE[self.dtype])
+        work = self._conv_workload(x.shape, w.shape, a)
         oh, ow = work.OH, work.OW
-        steps, window, block, k_split = self._conv_tiles(op, work, xp)
+        t = self._tiling(op, work)
+        packed = t.pack and self._tuned_pack(op, x.shape, w.shape, a)
+        xp = self._padded(x, tuple(a["padding"]), op.out, fill=q.fill if q else 0.0, spread=bool(packed))
+        self.macs += n * oh * ow * co * cg * kh * kw  # useful MACs: cg = c / groups
+        if packed:
+            return self._conv_packed(op, xp, work, t, c, co, is_output, q)
+        steps, window, block, k_split = self._conv_tiles(work, t, xp)
 
         def weights(step):
             # Row (tap * c + ci) of the weight matrix: input channel ci at one tap.
@@ -158,17 +171,80 @@ class MxmLowering:
             base = (kh0 * kw + kw0) * c + ci0
             return co0 // lanes, base, base + min(c - ci0, lanes)
 
-        self.macs += n * oh * ow * co * cg * kh * kw  # useful MACs: cg = c / groups
         self._emit_mxm(op, steps, window, weights, block, co, is_output, q=q, k_split=k_split)
 
-    def _conv_tiles(self, op: RegionOp, work, xp: Stored):
-        """The tile steps of a (dense or depthwise) convolution's schedule, with the
+    def _conv_workload(self, x_shape, w_shape, attrs) -> Conv2dWorkload:
+        """The TensorIR workload of a dense convolution, in storage shapes."""
+        n, c, h, wd = x_shape
+        co, _, kh, kw = w_shape
+        pt, pl, pb, pr = attrs["padding"]
+        lanes = self.cfg.lanes
+        return Conv2dWorkload(n, h + pt + pb, wd + pl + pr, round_up(c, lanes), kh, kw, round_up(co, lanes),
+                              tuple(attrs["strides"]), tuple(attrs["dilation"]), TVM_DTYPE[self.dtype],
+                              channels=c if attrs.get("groups", 1) == 1 else 0)
+
+    def _tuned_pack(self, op: RegionOp, x_shape, w_shape, attrs) -> int:
+        """Taps per reduction tile of a convolution's tuned tiling (0: none, or not packed)."""
+        if self.offchip or attrs.get("groups", 1) != 1:
+            return 0
+        t = self.tuned.get((self._conv_workload(x_shape, w_shape, attrs), op.composite, 1))
+        return getattr(t, "pack", 0) if t is not None else 0
+
+    def _conv_packed(self, op: RegionOp, xp: Stored, work, t, c: int, co: int, is_output: bool, q=None):
+        """A convolution with its taps packed into reduction tiles: an im2col built on chip
+        (one row per output pixel; tile k holds taps k*pack .. side by side, ``c`` lanes
+        each), then one matmul with the packed weight matrix (:meth:`_weight_tensor`).
+
+        Each im2col tile is written one tap at a time: an SXM moves the tap's channels to
+        its lanes (``sxm.pad``: zeros elsewhere, so the lanes past the channels,
+        unspecified in the image, never reach the sum), and the VXM adds the tile written
+        so far; the passes alternate between the SXMs. The padded image is spread over
+        slices so that passes of different row blocks read through different ports."""
+        lanes = self.cfg.lanes
+        (sh, sw), (dh, dw) = work.stride, work.dilation
+        hp, wp, oh, ow = work.Hp, work.Wp, work.OH, work.OW
+        taps = [(a, b) for a in range(work.KH) for b in range(work.KW)]
+        tiles = [taps[i:i + t.pack] for i in range(0, len(taps), t.pack)]
+        rows = work.N * oh * ow
+        n_sxm = sum(1 for k in self.cfg.floorplan if k == "SXM")
+        cols = self._temp(self.b.tensor(f"{op.out}.im2col", (rows, len(tiles) * lanes), xp.tensor.layout.dtype,
+                                        row_align=ow, spread=self.spread,
+                                        avoid=[sl for sl, _ in xp.tensor.layout.tiles]))  # read side by side
+
+        def first(i, r, tap):  # the image vector tap ``tap`` reads for output row r, column 0
+            return (i * hp + r * sh + tap[0] * dh) * wp + tap[1] * dw
+
+        passes = 0
+        for i in range(work.N):
+            for r0 in range(0, oh, t.oh):  # the matmul's blocks: a block's rows are ready early
+                r1 = min(oh, r0 + t.oh)
+                for k, tile in enumerate(tiles):
+                    for slot, tap in enumerate(tile):
+                        def key(r):
+                            return _chunk_of(cols, (i * oh + r) * ow), _chunk_of(xp.tensor, first(i, r, tap))
+
+                        for ra, rb in _runs(r1 - r0, lambda r: key(r0 + r)):
+                            ra, rb = r0 + ra, r0 + rb
+                            g = self.b.group(f"{op.out}.im2col")
+                            src = _one(xp.tensor.window_segments(0, first(i, ra, tap), rb - ra, ow, sh * wp, sw))
+                            v = g.sxm("sxm.pad", g.read(src), unit=passes % n_sxm, before=slot * c, width=c)
+                            dst = _one(cols.segments(k, (i * oh + ra) * ow, (i * oh + rb) * ow))
+                            if slot:
+                                v = g.vxm("vxm.add", v, g.read(dst))
+                            g.write(v, dst)
+                            passes += 1
+        order = {"noc": "mnk", "nco": "nmk"}[t.order]
+        tiling = DenseTiling(m=t.oh * ow, k=lanes, n=lanes, order=order, k_split=t.k_split)
+        self._matmul(op, Stored(cols, (rows, len(tiles) * lanes)), rows, len(tiles) * lanes, co, is_output, q=q,
+                     tiling=tiling)
+
+    def _conv_tiles(self, work, t, xp: Stored):
+        """The tile steps of a (dense or depthwise) convolution's tiling ``t``, with the
         activation window each step multiplies, the output block it accumulates into and
         the tiling's K split."""
         lanes = self.cfg.lanes
         (sh, sw), (dh, dw) = work.stride, work.dilation
         hp, wp, oh, ow = work.Hp, work.Wp, work.OH, work.OW
-        t = self._tiling(op, work)
         steps = _scheduled_steps(work, Conv2dTiling(oh=t.oh, ci=lanes, co=lanes, order=t.order))
 
         def window(step):
@@ -195,7 +271,7 @@ class MxmLowering:
         cpad = round_up(c, lanes)
         work = DepthwiseWorkload(n, hp, wp, cpad, kh, kw, (sh, sw), (dh, dw), TVM_DTYPE[self.dtype])
         oh, ow = work.OH, work.OW
-        steps, window, block, k_split = self._conv_tiles(op, work, xp)
+        steps, window, block, k_split = self._conv_tiles(work, self._tiling(op, work), xp)
 
         def weights(step):
             kh0, kw0, c0 = (step.reads["W"][d][0] for d in range(3))
@@ -230,13 +306,14 @@ class MxmLowering:
                      batches=batches)
 
     def _matmul(self, op: RegionOp, x: Stored, rows: int, k: int, nn: int, is_output: bool, W=None,
-                batches: int = 1, q=None):
+                batches: int = 1, q=None, tiling=None):
         """(rows, k) activations times a (k, nn) matrix — the op's weights, or ``W`` — through
         DenseWorkload tiles; with ``batches``, batch i multiplies rows i * rows .. of ``x``
-        by rows i * k .. of ``W``."""
+        by rows i * k .. of ``W``. ``tiling``: a convolution's packed im2col, tiled by the
+        convolution's schedule (its MACs are counted there)."""
         lanes = self.cfg.lanes
         work = DenseWorkload(rows, round_up(k, lanes), round_up(nn, lanes), TVM_DTYPE[self.dtype])
-        t = self._tiling(op, work, batches)
+        t = tiling or self._tiling(op, work, batches)
         tile_steps = _scheduled_steps(work, DenseTiling(m=t.m, k=lanes, n=lanes, order=t.order))
         steps = [(i, s) for i in range(batches) for s in tile_steps]
 
@@ -256,7 +333,8 @@ class MxmLowering:
             (m0, me), (n0, _) = step.writes["mxm"]
             return n0, i * rows + m0, me
 
-        self.macs += batches * rows * k * nn
+        if tiling is None:
+            self.macs += batches * rows * k * nn
         self._emit_mxm(op, steps, window, weights, block, nn, is_output, W=W, q=q, k_split=t.k_split)
 
     def _k_parts(self, keys: list, split: "int | None" = None) -> list:
@@ -333,8 +411,8 @@ class MxmLowering:
                 v = g.vxm("vxm.add", v, g.read(partial[key].tile(0)))
             if parts[i] + 1 < nparts[key]:  # more K parts to come: keep the fp32 sum
                 if key not in partial:
-                    # int8: the drain also reads the bias and the requantization scale rows.
-                    avoid = [sl for e in epi if e[0] in ("bias", "requant") for sl, _ in e[1].layout.tiles] if q else []
+                    # The last part's drain also reads the bias (int8: and the requantization scale) rows.
+                    avoid = [sl for e in epi if e[0] in ("bias", "requant") for sl, _ in e[1].layout.tiles]
                     partial[key] = self.b.tensor(f"{tag}.partial", (nrows, lanes), self.acc, avoid=avoid)
                 g.write(v, partial[key].tile(0))
                 continue

@@ -37,10 +37,11 @@ UNARY_VXM = {"sigmoid": "vxm.sigmoid", "tanh": "vxm.tanh", "erf": "vxm.erf", "nn
 class VectorLowering:
     """Methods of :class:`~lpx_tvm.target.codegen.region.RegionCompiler` for VXM/SXM ops."""
 
-    def _padded(self, x: Stored, pads, tag: str, fill: float = 0.0) -> Stored:
+    def _padded(self, x: Stored, pads, tag: str, fill: float = 0.0, spread: bool = False) -> Stored:
         """A spatially padded copy of an NHWC value (the value itself when no padding).
 
-        The border is written explicitly with ``fill`` (a reused buffer holds old data)."""
+        The border is written explicitly with ``fill`` (a reused buffer holds old data).
+        ``spread``: over several slices (row-wise passes then read through several ports)."""
         pt, pl, pb, pr = pads
         if not any(pads):
             return x
@@ -51,7 +52,7 @@ class VectorLowering:
         # int8: the planes multiply one vector per cycle each, more than one slice's read port
         # feeds, so the padded copy is spread over slices like the values themselves.
         xp = Stored(self._temp(self.b.tensor(f"{tag}.padded", (n * hp * wp, c), dtype, row_align=wp,
-                                             spread=self.spread if self.int8 else 1)), (n, c, hp, wp))
+                                             spread=self.spread if self.int8 or spread else 1)), (n, c, hp, wp))
         fill_row = self._fill_vector(fill, dtype)
         border = [(0, pt, 0, wp), (pt + h, pb, 0, wp), (pt, h, 0, pl), (pt, h, pl + w, pr)]  # rows, cols
         for i in range(n):

@@ -1,0 +1,104 @@
+"""Tap packing: a convolution with few input channels packs several taps into one
+reduction tile through an im2col built on chip (a decision of its design space)."""
+
+import dataclasses
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import s_tir
+
+from lpx_tvm.build import lower_for_lpx
+from lpx_tvm.relax_passes import import_onnx
+from lpx_tvm.runtime.executable import LPXExecutable
+from lpx_tvm.target.config import load_config
+from lpx_tvm.tir_schedules import Conv2dTiling, Conv2dWorkload, default_tiling
+from lpx_tvm.tir_schedules.schedules import tap_packing, tiling_of
+from lpx_tvm.tune.measure import task_cycles
+from lpx_tvm.tune.space import LPXFits, fits, space_fn, structures, workload_module
+from lpx_tvm.tune.tuner import extract_tasks
+
+MINI = load_config("mini")
+TSP = load_config("tsp")
+
+
+def conv_relu(c, co, hw, stride=1, seed=0):
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.integers(-2, 3, (co, c, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.integers(-2, 3, (co,)).astype(np.float32), "b")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c1"], pads=[1, 1, 1, 1], strides=[stride, stride]),
+             helper.make_node("Relu", ["c1"], ["y"])]
+    out = (hw - 1) // stride + 1
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, hw, hw])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, co, out, out])],
+                          initializer=inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def run(model, cfg, precision, tuned, x):
+    """Outputs and cycles of the model compiled with ``tuned`` tilings (by task key)."""
+    cpu_mod, regions, offload = lower_for_lpx(import_onnx(model).mod, cfg, precision, tuned=tuned)
+    exe = LPXExecutable(tvm.compile(cpu_mod, target="llvm"), regions, cfg, precision, offload)
+    return exe.run([x])[0], exe.stats.cycles
+
+
+def packed_tuning(model, cfg, precision):
+    (task,) = extract_tasks(import_onnx(model).mod, cfg, precision)
+    pack = tap_packing(task.workload, cfg.lanes)
+    return task, {task.key: dataclasses.replace(default_tiling(cfg, task.workload), pack=pack)}
+
+
+def test_which_convolutions_pack():
+    w = Conv2dWorkload(1, 10, 10, 16, 3, 3, 16, (1, 1), (1, 1), "float16", channels=4)
+    assert tap_packing(w, 16) == 4  # 4 taps of 4 channels per 16-lane tile: 3 tiles for 9 taps
+    assert tap_packing(dataclasses.replace(w, channels=6), 16) == 2
+    assert tap_packing(dataclasses.replace(w, channels=9), 16) == 0  # more than half a tile
+    assert tap_packing(dataclasses.replace(w, KH=1, KW=1, Hp=8, Wp=8), 16) == 0  # one tap: nothing to pack
+    assert tap_packing(dataclasses.replace(w, channels=0), 16) == 0  # channels unknown
+    assert [s for s in structures(w, 16)] == [("noc", 0), ("nco", 0), ("noc", 4), ("nco", 4)]
+    assert "taps per reduction tile" in fits(w, Conv2dTiling(oh=8, ci=16, co=16, pack=2), MINI)
+    assert fits(w, Conv2dTiling(oh=8, ci=16, co=16, pack=4, k_split=2), MINI) is None  # 3 packed tiles
+    assert "3 reduction tiles" in fits(w, Conv2dTiling(oh=8, ci=16, co=16, pack=4, k_split=4), MINI)
+
+
+@pytest.mark.parametrize("c,co,hw,stride", [(4, 8, 10, 1), (6, 20, 9, 2), (3, 16, 12, 1)])
+def test_packed_convolution_matches_onnxruntime(c, co, hw, stride):
+    model = conv_relu(c, co, hw, stride)
+    task, tuned = packed_tuning(model, MINI, "fp16")
+    x = np.random.default_rng(1).integers(-3, 4, (1, c, hw, hw)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    packed, packed_cycles = run(model, MINI, "fp16", tuned, x)
+    plain, plain_cycles = run(model, MINI, "fp16", {}, x)
+    np.testing.assert_array_equal(packed, want)  # integers: every summation order is exact
+    np.testing.assert_array_equal(plain, want)
+    # Fewer reduction tiles: the packed layer multiplies fewer times.
+    assert task_cycles(task, MINI, tuned[task.key]) != task_cycles(task, MINI, None)
+
+
+def test_packed_points_of_the_space_compile_and_run():
+    (task,) = extract_tasks(import_onnx(conv_relu(4, 8, 10)).mod, MINI, "fp16")
+    post, packed = LPXFits(MINI, task.workload), 0
+    for seed in range(8):
+        sch = s_tir.Schedule(workload_module(task, MINI), seed=seed + 1)
+        space = space_fn(task.workload, MINI)(sch)[2 + seed % 2]  # the packed design spaces
+        if post.apply(space):
+            t = tiling_of(task.workload, space.mod["main"])
+            assert t.pack == 4
+            assert task_cycles(task, MINI, t) > 0
+            packed += 1
+    assert packed >= 4
+
+
+def test_packed_resnet_stage_on_tsp_matches_onnxruntime():
+    """64 input channels on tsp: 5 taps per 320-lane tile, 2 tiles instead of 9; bf16."""
+    model = conv_relu(64, 64, 14)
+    task, tuned = packed_tuning(model, TSP, "bf16")
+    assert tuned[task.key].pack == 5
+    x = np.random.default_rng(2).standard_normal((1, 64, 14, 14)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    packed, packed_cycles = run(model, TSP, "bf16", tuned, x)
+    _, plain_cycles = run(model, TSP, "bf16", {}, x)
+    assert np.linalg.norm(packed - want) / np.linalg.norm(want) < 1e-2
+    assert packed_cycles < plain_cycles
