@@ -44,7 +44,7 @@ class Conv2dTiling:
     co: int
     order: str = "noc"  # n, output-row block, output-channel tile outside the (kh, kw, ci) reduction
     k_split: "int | None" = None
-    pack: int = 0  # taps per reduction tile of an on-chip im2col (0: one tap per tile, read in place)
+    pack: str = ""  # "taps" / "rows": an on-chip im2col packs taps into tiles (packings); "": one tap per tile
 
 
 def _largest_divisor(n: int, limit: int) -> int:
@@ -90,14 +90,31 @@ def default_tiling(cfg: LPXConfig, w) -> "DenseTiling | Conv2dTiling":
     return Conv2dTiling(oh=oh, ci=_largest_divisor(w.C, cfg.mxm_rows), co=co)
 
 
-def tap_packing(w, lanes: int) -> int:
-    """Taps per reduction tile when a convolution packs its taps (0: it cannot): several
-    taps of few input channels side by side in one tile's lanes (an im2col built on chip)
-    multiply in one pass what one tap per tile multiplies in several, mostly padding."""
+def packings(w, lanes: int) -> tuple:
+    """How a convolution with few input channels (at most half a tile) may pack its taps
+    side by side into the lanes of its reduction tiles (an im2col built on chip), so
+    that one pass multiplies what one tap per tile multiplies in several, mostly padding:
+
+    - ``"taps"``: as many taps per tile as fit, an im2col row per output pixel (fewest
+      tiles; every tap of every pixel moves through an SXM);
+    - ``"rows"``: the taps of one kernel row per tile, from an image whose every pixel
+      holds its row neighbours (built once; each kernel row reads it at its own offset).
+    """
     c = getattr(w, "channels", 0)
-    if not isinstance(w, Conv2dWorkload) or not c or 2 * c > lanes or w.C != lanes or w.KH * w.KW == 1:
-        return 0
-    return min(lanes // c, w.KH * w.KW)
+    if not isinstance(w, Conv2dWorkload) or not c or 2 * c > lanes or w.C != lanes:
+        return ()
+    return (("taps",) if w.KH * w.KW > 1 else ()) + (("rows",) if w.KW > 1 else ())
+
+
+def taps_per_tile(w, lanes: int, pack: str) -> int:
+    """Taps side by side in one reduction tile under a packing (:func:`packings`)."""
+    return min(lanes // w.channels, w.KH * w.KW if pack == "taps" else w.KW)
+
+
+def packed_tiles(w, lanes: int, pack: str) -> int:
+    """Reduction tiles per output block under a packing."""
+    t = taps_per_tile(w, lanes, pack)
+    return -(-w.KH * w.KW // t) if pack == "taps" else w.KH * -(-w.KW // t)
 
 
 ROWS_KEY, ORDER_KEY, K_SPLIT_KEY, PACK_KEY = "lpx_rows", "lpx_order", "lpx_k_split", "lpx_pack"
@@ -110,12 +127,12 @@ def schedule(workload, tiling) -> s_tir.Schedule:
     rows = tiling.m if isinstance(workload, DenseWorkload) else tiling.oh
     inner = tiling.k if isinstance(workload, DenseWorkload) else tiling.ci
     cols = tiling.n if isinstance(workload, DenseWorkload) else tiling.co
-    apply_tiling(sch, workload, rows, inner, cols, tiling.order, tiling.k_split, getattr(tiling, "pack", 0))
+    apply_tiling(sch, workload, rows, inner, cols, tiling.order, tiling.k_split, getattr(tiling, "pack", ""))
     return sch
 
 
 def apply_tiling(sch: s_tir.Schedule, workload, rows, inner: int, cols: int, order: str, k_split=None,
-                 pack: int = 0):
+                 pack: str = ""):
     """Split, reorder and blockize ``sch`` (the workload's PrimFunc) into MXM tiles.
 
     ``rows`` (output rows, or output image rows, per block) and ``k_split`` may be
@@ -183,5 +200,5 @@ def tiling_of(workload, func) -> "DenseTiling | Conv2dTiling":
     inner, cols = int(ann[INNER_KEY]), int(ann[COLS_KEY])
     if isinstance(workload, DenseWorkload):
         return DenseTiling(m=rows, k=inner, n=cols, order=order, k_split=k_split)
-    pack = int(ann[PACK_KEY]) if PACK_KEY in ann else 0
+    pack = str(ann[PACK_KEY]) if PACK_KEY in ann else ""
     return Conv2dTiling(oh=rows, ci=inner, co=cols, order=order, k_split=k_split, pack=pack)

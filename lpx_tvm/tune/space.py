@@ -13,9 +13,9 @@ instructions, over the decisions LPX codegen reads back from the tile block:
   (``sample_categorical`` over 1 .. planes); each part accumulates its own partial sum;
 - the loop order of the tile loops (``mnk`` / ``nmk``, ``noc`` / ``nco``): a structural
   choice, so one design space per order;
-- for a convolution with few input channels (at most half a tile), whether its taps
-  are packed side by side into reduction tiles by an im2col built on chip
-  (``tap_packing``): also structural, so a design space each.
+- for a convolution with few input channels (at most half a tile), whether and how its
+  taps are packed side by side into reduction tiles by an im2col built on chip
+  (``packings``: ``"taps"`` or ``"rows"``): also structural, so a design space each.
 
 Reduction and channel tiles are whole weight tiles (``lanes``). :class:`LPXFits` rejects
 what cannot run (blocks past the accumulators, more parts than reduction tiles), and
@@ -36,7 +36,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from ..target.config import LPXConfig
 from ..tir_schedules import Conv2dWorkload, DenseWorkload, DepthwiseWorkload, default_tiling
-from ..tir_schedules.schedules import apply_tiling, tap_packing, tiling_of
+from ..tir_schedules.schedules import apply_tiling, packed_tiles, packings, tiling_of
 from ..tir_schedules.workloads import MXM_BLOCK
 
 WORKLOADS = {c.__name__: c for c in (DenseWorkload, Conv2dWorkload, DepthwiseWorkload)}
@@ -120,17 +120,16 @@ def orders(w) -> tuple:
 
 def structures(w, lanes: int) -> list:
     """The structural choices of a workload, one design space each: (order, tap packing)."""
-    packs = [0] + ([tap_packing(w, lanes)] if tap_packing(w, lanes) else [])
-    return [(order, pack) for pack in packs for order in orders(w)]
+    return [(order, pack) for pack in ("",) + packings(w, lanes) for order in orders(w)]
 
 
-def reduction_tiles(w, lanes: int, pack: int = 0) -> int:
+def reduction_tiles(w, lanes: int, pack: str = "") -> int:
     if isinstance(w, DenseWorkload):
         return w.K // lanes
     if isinstance(w, DepthwiseWorkload):
         return w.KH * w.KW
     if pack:
-        return -(-w.KH * w.KW // pack)
+        return packed_tiles(w, lanes, pack)
     return w.KH * w.KW * (w.C // lanes)
 
 
@@ -166,7 +165,7 @@ def default_decisions(task: Task, cfg: LPXConfig) -> dict:
     t = default_tiling(cfg, w)
     rows = t.m if isinstance(w, DenseWorkload) else t.oh
     k_split = max(1, cfg.mxm_planes // output_blocks(w, rows, cfg.lanes, batches))
-    return {"order": t.order, "rows": rows, "k_split": k_split, "pack": 0}
+    return {"order": t.order, "rows": rows, "k_split": k_split, "pack": ""}
 
 
 def fits(w, tiling, cfg: LPXConfig) -> "str | None":
@@ -175,9 +174,9 @@ def fits(w, tiling, cfg: LPXConfig) -> "str | None":
     pixels = rows if isinstance(w, DenseWorkload) else rows * w.OW
     if pixels > cfg.mxm_acc_rows:
         return f"a block of {pixels} rows exceeds the {cfg.mxm_acc_rows} accumulators"
-    pack = getattr(tiling, "pack", 0)
-    if pack and pack != tap_packing(w, cfg.lanes):
-        return f"{pack} taps per reduction tile (this convolution packs {tap_packing(w, cfg.lanes) or 'none'})"
+    pack = getattr(tiling, "pack", "")
+    if pack and pack not in packings(w, cfg.lanes):
+        return f"packing {pack!r} (this convolution can pack: {', '.join(packings(w, cfg.lanes)) or 'none'})"
     tiles = reduction_tiles(w, cfg.lanes, pack)
     if tiling.k_split is not None and tiling.k_split > max(1, tiles):
         return f"{tiling.k_split} K parts for {tiles} reduction tiles"
@@ -239,7 +238,7 @@ def design_space(task: Task, cfg: LPXConfig) -> ms.space_generator.ScheduleFn:
         mutator_probs={ms.mutator.MutateTileSize(): 0.5, MutateCategorical(): 0.5})
 
 
-def trace_for(task: Task, cfg: LPXConfig, order: str, rows: int, k_split: int, pack: int = 0):
+def trace_for(task: Task, cfg: LPXConfig, order: str, rows: int, k_split: int, pack: str = ""):
     """A schedule of the design space with the given decisions (None when they are not in it)."""
     w = task.workload
     if (order, pack) not in structures(w, cfg.lanes):

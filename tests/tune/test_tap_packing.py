@@ -15,7 +15,7 @@ from lpx_tvm.relax_passes import import_onnx
 from lpx_tvm.runtime.executable import LPXExecutable
 from lpx_tvm.target.config import load_config
 from lpx_tvm.tir_schedules import Conv2dTiling, Conv2dWorkload, default_tiling
-from lpx_tvm.tir_schedules.schedules import tap_packing, tiling_of
+from lpx_tvm.tir_schedules.schedules import packed_tiles, packings, taps_per_tile, tiling_of
 from lpx_tvm.tune.measure import task_cycles
 from lpx_tvm.tune.space import LPXFits, fits, space_fn, structures, workload_module
 from lpx_tvm.tune.tuner import extract_tasks
@@ -44,36 +44,43 @@ def run(model, cfg, precision, tuned, x):
     return exe.run([x])[0], exe.stats.cycles
 
 
-def packed_tuning(model, cfg, precision):
+def packed_tuning(model, cfg, precision, pack):
     (task,) = extract_tasks(import_onnx(model).mod, cfg, precision)
-    pack = tap_packing(task.workload, cfg.lanes)
+    assert pack in packings(task.workload, cfg.lanes)
     return task, {task.key: dataclasses.replace(default_tiling(cfg, task.workload), pack=pack)}
 
 
 def test_which_convolutions_pack():
     w = Conv2dWorkload(1, 10, 10, 16, 3, 3, 16, (1, 1), (1, 1), "float16", channels=4)
-    assert tap_packing(w, 16) == 4  # 4 taps of 4 channels per 16-lane tile: 3 tiles for 9 taps
-    assert tap_packing(dataclasses.replace(w, channels=6), 16) == 2
-    assert tap_packing(dataclasses.replace(w, channels=9), 16) == 0  # more than half a tile
-    assert tap_packing(dataclasses.replace(w, KH=1, KW=1, Hp=8, Wp=8), 16) == 0  # one tap: nothing to pack
-    assert tap_packing(dataclasses.replace(w, channels=0), 16) == 0  # channels unknown
-    assert [s for s in structures(w, 16)] == [("noc", 0), ("nco", 0), ("noc", 4), ("nco", 4)]
-    assert "taps per reduction tile" in fits(w, Conv2dTiling(oh=8, ci=16, co=16, pack=2), MINI)
-    assert fits(w, Conv2dTiling(oh=8, ci=16, co=16, pack=4, k_split=2), MINI) is None  # 3 packed tiles
-    assert "3 reduction tiles" in fits(w, Conv2dTiling(oh=8, ci=16, co=16, pack=4, k_split=4), MINI)
+    assert packings(w, 16) == ("taps", "rows")
+    # "taps": 4 taps of 4 channels per 16-lane tile, 3 tiles for 9 taps; "rows": a kernel row per tile.
+    assert (taps_per_tile(w, 16, "taps"), packed_tiles(w, 16, "taps")) == (4, 3)
+    assert (taps_per_tile(w, 16, "rows"), packed_tiles(w, 16, "rows")) == (3, 3)
+    six = dataclasses.replace(w, channels=6)  # 2 taps per tile: a kernel row is 2 tiles (2 taps, then 1)
+    assert (packed_tiles(six, 16, "taps"), packed_tiles(six, 16, "rows")) == (5, 6)
+    assert packings(dataclasses.replace(w, channels=9), 16) == ()  # more than half a tile
+    assert packings(dataclasses.replace(w, KH=1, KW=1, Hp=8, Wp=8), 16) == ()  # one tap: nothing to pack
+    assert packings(dataclasses.replace(w, KW=1, Wp=8), 16) == ("taps",)  # a 3x1 kernel has no row to pack
+    assert packings(dataclasses.replace(w, channels=0), 16) == ()  # channels unknown
+    assert structures(w, 16) == [("noc", ""), ("nco", ""), ("noc", "taps"), ("nco", "taps"), ("noc", "rows"),
+                                 ("nco", "rows")]
+    assert "packing 'taps'" in fits(dataclasses.replace(w, channels=9), Conv2dTiling(8, 16, 16, pack="taps"), MINI)
+    assert fits(w, Conv2dTiling(oh=8, ci=16, co=16, pack="taps", k_split=2), MINI) is None
+    assert "3 reduction tiles" in fits(w, Conv2dTiling(oh=8, ci=16, co=16, pack="taps", k_split=4), MINI)
 
 
+@pytest.mark.parametrize("pack", ["taps", "rows"])
 @pytest.mark.parametrize("c,co,hw,stride", [(4, 8, 10, 1), (6, 20, 9, 2), (3, 16, 12, 1)])
-def test_packed_convolution_matches_onnxruntime(c, co, hw, stride):
+def test_packed_convolution_matches_onnxruntime(c, co, hw, stride, pack):
     model = conv_relu(c, co, hw, stride)
-    task, tuned = packed_tuning(model, MINI, "fp16")
+    task, tuned = packed_tuning(model, MINI, "fp16", pack)
     x = np.random.default_rng(1).integers(-3, 4, (1, c, hw, hw)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
     packed, packed_cycles = run(model, MINI, "fp16", tuned, x)
     plain, plain_cycles = run(model, MINI, "fp16", {}, x)
     np.testing.assert_array_equal(packed, want)  # integers: every summation order is exact
     np.testing.assert_array_equal(plain, want)
-    # Fewer reduction tiles: the packed layer multiplies fewer times.
+    # Another program: fewer reduction tiles, and the im2col work.
     assert task_cycles(task, MINI, tuned[task.key]) != task_cycles(task, MINI, None)
 
 
@@ -82,23 +89,57 @@ def test_packed_points_of_the_space_compile_and_run():
     post, packed = LPXFits(MINI, task.workload), 0
     for seed in range(8):
         sch = s_tir.Schedule(workload_module(task, MINI), seed=seed + 1)
-        space = space_fn(task.workload, MINI)(sch)[2 + seed % 2]  # the packed design spaces
+        space = space_fn(task.workload, MINI)(sch)[2 + seed % 4]  # the packed design spaces
         if post.apply(space):
             t = tiling_of(task.workload, space.mod["main"])
-            assert t.pack == 4
+            assert t.pack == ("taps", "rows")[seed % 4 // 2]
             assert task_cycles(task, MINI, t) > 0
             packed += 1
     assert packed >= 4
 
 
-def test_packed_resnet_stage_on_tsp_matches_onnxruntime():
-    """64 input channels on tsp: 5 taps per 320-lane tile, 2 tiles instead of 9; bf16."""
+@pytest.mark.parametrize("pack", ["taps", "rows"])
+def test_packed_resnet_stage_on_tsp_matches_onnxruntime(pack):
+    """64 input channels on tsp: 5 taps per 320-lane tile (2 tiles instead of 9), or a
+    kernel row per tile (3 tiles); bf16."""
     model = conv_relu(64, 64, 14)
-    task, tuned = packed_tuning(model, TSP, "bf16")
-    assert tuned[task.key].pack == 5
+    task, tuned = packed_tuning(model, TSP, "bf16", pack)
     x = np.random.default_rng(2).standard_normal((1, 64, 14, 14)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
     packed, packed_cycles = run(model, TSP, "bf16", tuned, x)
     _, plain_cycles = run(model, TSP, "bf16", {}, x)
     assert np.linalg.norm(packed - want) / np.linalg.norm(want) < 1e-2
     assert packed_cycles < plain_cycles
+
+
+@pytest.mark.parametrize("pack", ["taps", "rows"])
+def test_packed_int8_convolution_is_bit_identical(tmp_path, pack):
+    """A QDQ convolution (uint8 activations, zero point in the padding) packed and not:
+    the same integers (int32 sums of int8 products are exact in any order)."""
+    quantization = pytest.importorskip("onnxruntime.quantization")
+    import onnx
+
+    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    onnx.save(conv_relu(40, 24, 11), src)
+    rng = np.random.default_rng(3)
+
+    class Reader(quantization.CalibrationDataReader):
+        def __init__(self):
+            self.data = iter([{"x": rng.standard_normal((1, 40, 11, 11)).astype(np.float32)} for _ in range(2)])
+
+        def get_next(self):
+            return next(self.data, None)
+
+    quantization.quantize_static(str(src), str(dst), Reader(), quant_format=quantization.QuantFormat.QDQ,
+                                 activation_type=quantization.QuantType.QUInt8,
+                                 weight_type=quantization.QuantType.QInt8, per_channel=True)
+    model = onnx.load(dst)
+    task, tuned = packed_tuning(model, TSP, "int8", pack)
+    x = rng.standard_normal((1, 40, 11, 11)).astype(np.float32)
+    packed, _ = run(model, TSP, "int8", tuned, x)
+    plain, _ = run(model, TSP, "int8", {}, x)
+    np.testing.assert_array_equal(packed, plain)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(str(dst), so).run(None, {"x": x})[0]
+    assert np.abs(packed - want).max() <= np.abs(want).max() / 100  # within a few output steps

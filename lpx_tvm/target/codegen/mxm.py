@@ -11,7 +11,7 @@ import numpy as np
 from ...errors import SchedulingError
 from ...tir_schedules import (Conv2dWorkload, DenseTiling, DenseWorkload, DepthwiseWorkload, default_tiling, round_up,
                               schedule, tile_steps)
-from ...tir_schedules.schedules import Conv2dTiling
+from ...tir_schedules.schedules import Conv2dTiling, taps_per_tile
 from ..config import LPXConfig
 from ..isa import DType
 from .graph import RegionOp, UnsupportedOnLPX
@@ -106,16 +106,18 @@ class MxmLowering:
                 matrix = w.transpose(2, 3, 1, 0).reshape(-1, co)
                 im2col = args[0].name in self.im2col_values  # one matmul: whole lane tiles
                 align = lanes if cg % lanes == 0 or kh * kw == 1 or im2col else cg
-                pack = 0 if im2col else self._tuned_pack(op, args[0].shape, w.shape, a)
-                if pack:
-                    # Reduction tile t holds taps t*pack .. side by side, c rows each (the
-                    # lanes of the on-chip im2col), zero rows after the last tap.
-                    taps = kh * kw
-                    tiles = np.zeros((-(-taps // pack) * pack, c, co), np.float32)
+                pack = "" if im2col else self._tuned_pack(op, args[0].shape, w.shape, a)
+                if pack == "rows":
+                    align = kw * c  # a kernel row's taps (one reduction tile, or two) never straddle slices
+                elif pack == "taps":
+                    # Reduction tile t holds taps t*T .. side by side, c rows each (the lanes
+                    # of the on-chip im2col), zero rows after the last tap.
+                    per, taps = taps_per_tile(self._conv_workload(args[0].shape, w.shape, a), lanes, pack), kh * kw
+                    tiles = np.zeros((-(-taps // per) * per, c, co), np.float32)
                     tiles[:taps] = matrix.reshape(taps, c, co)
-                    tiles = tiles.reshape(-1, pack * c, co)
+                    tiles = tiles.reshape(-1, per * c, co)
                     matrix = np.zeros((len(tiles), lanes, co), np.float32)
-                    matrix[:, :pack * c] = tiles
+                    matrix[:, :per * c] = tiles
                     matrix, align = matrix.reshape(-1, co), lanes
         elif kind == "matmul" and len(args) > 1 and args[1].is_const and len(args[1].shape) == 2:
             matrix = np.asarray(args[1].const, np.float32)
@@ -158,18 +160,20 @@ class MxmLowering:
         work = self._conv_workload(x.shape, w.shape, a)
         oh, ow = work.OH, work.OW
         t = self._tiling(op, work)
-        packed = t.pack and self._tuned_pack(op, x.shape, w.shape, a)
-        xp = self._padded(x, tuple(a["padding"]), op.out, fill=q.fill if q else 0.0, spread=bool(packed))
+        pack = t.pack and self._tuned_pack(op, x.shape, w.shape, a)
+        xp = self._padded(x, tuple(a["padding"]), op.out, fill=q.fill if q else 0.0, spread=bool(pack))
         self.macs += n * oh * ow * co * cg * kh * kw  # useful MACs: cg = c / groups
-        if packed:
-            return self._conv_packed(op, xp, work, t, c, co, is_output, q)
-        steps, window, block, k_split = self._conv_tiles(work, t, xp)
+        if pack == "taps":
+            return self._conv_taps_packed(op, xp, work, t, c, co, is_output, q)
+        per = taps_per_tile(work, lanes, pack) if pack == "rows" else 1
+        image = self._row_image(op, xp, work, t, c, per) if pack == "rows" else None
+        steps, window, block, k_split = self._conv_tiles(work, t, xp, per, image)
 
         def weights(step):
             # Row (tap * c + ci) of the weight matrix: input channel ci at one tap.
             kh0, kw0, ci0, co0 = (step.reads["W"][d][0] for d in range(4))
             base = (kh0 * kw + kw0) * c + ci0
-            return co0 // lanes, base, base + min(c - ci0, lanes)
+            return co0 // lanes, base, base + min(c - ci0, lanes) * min(per, kw - kw0)  # rows packing: the row's taps
 
         self._emit_mxm(op, steps, window, weights, block, co, is_output, q=q, k_split=k_split)
 
@@ -183,16 +187,16 @@ class MxmLowering:
                               tuple(attrs["strides"]), tuple(attrs["dilation"]), TVM_DTYPE[self.dtype],
                               channels=c if attrs.get("groups", 1) == 1 else 0)
 
-    def _tuned_pack(self, op: RegionOp, x_shape, w_shape, attrs) -> int:
-        """Taps per reduction tile of a convolution's tuned tiling (0: none, or not packed)."""
+    def _tuned_pack(self, op: RegionOp, x_shape, w_shape, attrs) -> str:
+        """The tap packing of a convolution's tuned tiling ("": none, or not packed)."""
         if self.offchip or attrs.get("groups", 1) != 1:
-            return 0
+            return ""
         t = self.tuned.get((self._conv_workload(x_shape, w_shape, attrs), op.composite, 1))
-        return getattr(t, "pack", 0) if t is not None else 0
+        return getattr(t, "pack", "") if t is not None else ""
 
-    def _conv_packed(self, op: RegionOp, xp: Stored, work, t, c: int, co: int, is_output: bool, q=None):
+    def _conv_taps_packed(self, op: RegionOp, xp: Stored, work, t, c: int, co: int, is_output: bool, q=None):
         """A convolution with its taps packed into reduction tiles: an im2col built on chip
-        (one row per output pixel; tile k holds taps k*pack .. side by side, ``c`` lanes
+        (one row per output pixel; tile k holds taps k*T .. side by side, ``c`` lanes
         each), then one matmul with the packed weight matrix (:meth:`_weight_tensor`).
 
         Each im2col tile is written one tap at a time: an SXM moves the tap's channels to
@@ -204,7 +208,8 @@ class MxmLowering:
         (sh, sw), (dh, dw) = work.stride, work.dilation
         hp, wp, oh, ow = work.Hp, work.Wp, work.OH, work.OW
         taps = [(a, b) for a in range(work.KH) for b in range(work.KW)]
-        tiles = [taps[i:i + t.pack] for i in range(0, len(taps), t.pack)]
+        per = taps_per_tile(work, lanes, "taps")
+        tiles = [taps[i:i + per] for i in range(0, len(taps), per)]
         rows = work.N * oh * ow
         n_sxm = sum(1 for k in self.cfg.floorplan if k == "SXM")
         cols = self._temp(self.b.tensor(f"{op.out}.im2col", (rows, len(tiles) * lanes), xp.tensor.layout.dtype,
@@ -238,20 +243,67 @@ class MxmLowering:
         self._matmul(op, Stored(cols, (rows, len(tiles) * lanes)), rows, len(tiles) * lanes, co, is_output, q=q,
                      tiling=tiling)
 
-    def _conv_tiles(self, work, t, xp: Stored):
+    def _row_image(self, op: RegionOp, xp: Stored, work, t, c: int, per: int):
+        """The image of a convolution whose kernel rows are packed: R
+        whose pixel p holds the padded image's pixels p, p + d, .. p + (P-1) d side by side
+        (``c`` lanes each; d the horizontal dilation), with the padded image's layout. Each
+        reduction tile then multiplies P taps of one kernel row by reading R at that row's
+        offset (:meth:`_conv_tiles`; a last tap of the row left alone reads the image itself).
+
+        R is built in passes, one per neighbour: an SXM moves the neighbour's channels to
+        its lanes (``sxm.pad``, zeros elsewhere) and the VXM adds what earlier passes
+        wrote; passes alternate between the SXMs, band by band of image rows in the order
+        the output blocks need them."""
+        lanes = self.cfg.lanes
+        (sh, _), (dh, dw) = work.stride, work.dilation
+        hp, wp, oh = work.Hp, work.Wp, work.OH
+        n_sxm = sum(1 for k in self.cfg.floorplan if k == "SXM")
+        image = self._temp(self.b.tensor(f"{op.out}.rows", (work.N * hp * wp, lanes), xp.tensor.layout.dtype,
+                                         row_align=wp, spread=self.spread,
+                                         avoid=[sl for sl, _ in xp.tensor.layout.tiles]))  # read side by side
+        passes = 0
+        for i in range(work.N):
+            built = 0
+            for r0 in range(0, oh, t.oh):
+                need = min(hp, (min(oh, r0 + t.oh) - 1) * sh + (work.KH - 1) * dh + 1)
+                for s in range(per):  # neighbour s of every pixel of image rows built .. need
+                    width = wp - s * dw  # pixels whose neighbour s is on their own image row
+
+                    def key(r):
+                        return _chunk_of(xp.tensor, (i * hp + r) * wp), _chunk_of(image, (i * hp + r) * wp)
+
+                    for ra, rb in _runs(need - built, lambda r: key(built + r)):
+                        ra, rb = built + ra, built + rb
+                        g = self.b.group(f"{op.out}.rows")
+                        src = _one(xp.tensor.window_segments(0, (i * hp + ra) * wp + s * dw, rb - ra, width, wp))
+                        v = g.sxm("sxm.pad", g.read(src), unit=passes % n_sxm, before=s * c, width=c)
+                        dst = _one(image.window_segments(0, (i * hp + ra) * wp, rb - ra, width, wp))
+                        if s:
+                            v = g.vxm("vxm.add", v, g.read(dst))
+                        g.write(v, dst)
+                        passes += 1
+                built = need
+
+        return image
+
+    def _conv_tiles(self, work, t, xp: Stored, per: int = 1, image=None):
         """The tile steps of a (dense or depthwise) convolution's tiling ``t``, with the
         activation window each step multiplies, the output block it accumulates into and
-        the tiling's K split."""
+        the tiling's K split. ``per`` > 1: kernel rows packed ``per`` taps per tile, read
+        from ``image`` (:meth:`_row_image`): one step per tile, at its first tap."""
         lanes = self.cfg.lanes
         (sh, sw), (dh, dw) = work.stride, work.dilation
         hp, wp, oh, ow = work.Hp, work.Wp, work.OH, work.OW
         steps = _scheduled_steps(work, Conv2dTiling(oh=t.oh, ci=lanes, co=lanes, order=t.order))
+        if per > 1:
+            steps = [s for s in steps if s.reads["W"][1][0] % per == 0]
 
         def window(step):
             n0, (oh0, ohe) = step.writes["mxm"][0][0], step.writes["mxm"][1]
             kh0, kw0, c0 = (step.reads["W"][d][0] for d in range(3))
             first = (n0 * hp + oh0 * sh + kh0 * dh) * wp + kw0 * dw
-            return xp.tensor.window_segments(c0 // lanes, first, ohe, ow, sh * wp, sw)
+            src = image if per > 1 and min(per, work.KW - kw0) > 1 else xp.tensor
+            return src.window_segments(c0 // lanes, first, ohe, ow, sh * wp, sw)
 
         def block(step):
             n0, (oh0, ohe), c0 = step.writes["mxm"][0][0], step.writes["mxm"][1], step.writes["mxm"][3][0]
