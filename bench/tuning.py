@@ -10,7 +10,8 @@ A convergence plot (best cycles over
 the optimum against trials) is written as a PNG.
 
 Gain (``--gain``): ResNet-50 (light_resnet50, bf16; and the int8 ResNet-50 of
-bench/e2e.py with ``--int8``) on tsp tuned with ``--gain-trials`` per task, then refined
+bench/e2e.py with ``--int8``) and BERT-base (fp16, seq 128; not with ``--no-bert``) on
+tsp tuned with ``--gain-trials`` per task, then refined
 in context (``--context-top-k`` isolated records per task and the default, tried in the
 whole model): default, isolated-tuned (each task's best record measured alone) and
 refined cycles of the whole model, and MXM utilization. ``--gain-only`` skips the
@@ -18,7 +19,8 @@ convergence part.
 
 The last line printed is JSON: guided_trials_to_5pct, random_trials_to_5pct,
 guided_wall_to_5pct_s, random_wall_to_5pct_s, the same *_to_optimum, resnet50_tuned_speedup,
-resnet50_isolated_speedup, resnet50_int8_mxm_utilization (null when not measured).
+resnet50_isolated_speedup, resnet50_int8_mxm_utilization, bert_base_tuned_speedup (null
+when not measured), and with --gain each model's *_mxm_utilization.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from lpx_tvm.target.config import load_config
 from lpx_tvm.tir_schedules import DenseTiling, DenseWorkload
 from lpx_tvm.tir_schedules.schedules import Conv2dTiling
 from lpx_tvm.tune.measure import task_cycles
-from lpx_tvm.tune.space import _rows_loop_and_limit, fits, orders
+from lpx_tvm.tune.space import _rows_loop_and_limit, fits, structures
 from lpx_tvm.tune.context import refine_in_context
 from lpx_tvm.tune.database import APPLIED
 from lpx_tvm.tune.tuner import extract_tasks, tune
@@ -60,12 +62,14 @@ def _w(name, shape):
 
 
 def convergence_models() -> dict:
-    """matmul 192x64x64, 3x3 conv 16->32 channels on 48x8, depthwise 3x3 on 48x8x32."""
-    mm = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [192, 64], [192, 64], [_w("w", (64, 64))])
-    conv = _model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], [1, 16, 48, 8], [1, 32, 48, 8],
-                  [_w("w", (32, 16, 3, 3))])
-    dw = _model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], group=32)], [1, 32, 48, 8],
-                [1, 32, 48, 8], [_w("w", (32, 1, 3, 3))])
+    """matmul 32x512x16, 3x3 conv 4->32 channels on 48x8 (few input channels: its taps
+    may be packed), depthwise 3x3 stride 2 on 64x8x16: spaces where about a third of the
+    points (a tenth for the convolution) are within 5% of the optimum."""
+    mm = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [32, 512], [32, 16], [_w("w", (512, 16))])
+    conv = _model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], [1, 4, 48, 8], [1, 32, 48, 8],
+                  [_w("w", (32, 4, 3, 3))])
+    dw = _model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], group=16, strides=[2, 2])],
+                [1, 16, 64, 8], [1, 16, 32, 4], [_w("w", (16, 1, 3, 3))])
     return {"matmul": mm, "conv3x3": conv, "depthwise": dw}
 
 
@@ -78,13 +82,13 @@ def enumerate_space(task, cfg) -> dict:
     w = task.workload
     _, extent, limit = _rows_loop_and_limit(s_tir.Schedule(workload_module(task, cfg)), w, cfg)
     out = {}
-    for order in orders(w):
+    for order, pack in structures(w, cfg.lanes):
         for rows in [d for d in range(1, min(extent, limit) + 1) if extent % d == 0]:
             for k_split in range(1, cfg.mxm_planes + 1):
                 t = (DenseTiling(rows, cfg.lanes, cfg.lanes, order, k_split) if isinstance(w, DenseWorkload)
-                     else Conv2dTiling(rows, cfg.lanes, cfg.lanes, order, k_split))
+                     else Conv2dTiling(rows, cfg.lanes, cfg.lanes, order, k_split, pack))
                 if fits(w, t, cfg) is None:
-                    out[(order, rows, k_split)] = task_cycles(task, cfg, t)
+                    out[(order, pack, rows, k_split)] = task_cycles(task, cfg, t)
     return out
 
 
@@ -167,19 +171,21 @@ def _plot(curves: dict, path: str):
     print(f"convergence plot: {path}")
 
 
-def gain(trials: int, workers: int, int8: bool, top_k: int = 4, sweeps: int = 2) -> dict:
+def gain(trials: int, workers: int, int8: bool, top_k: int = 4, sweeps: int = 2, bert: bool = True) -> dict:
     import onnx
 
     import lpx_tvm
 
     sys.path.insert(0, os.path.dirname(__file__))
-    from e2e import bundled, quantized_resnet50
+    from e2e import bert_base, bundled, model_input, quantized_resnet50
 
     cfg = load_config("tsp")
     out = {}
     cases = [("resnet50", bundled("light_resnet50"), "bf16")]
     if int8:
         cases.append(("resnet50_int8", quantized_resnet50(tempfile.mkdtemp(prefix="lpx_bench_")), "int8"))
+    if bert:
+        cases.append(("bert_base", bert_base(tempfile.mkdtemp(prefix="lpx_bench_")), "fp16"))
     for key, path, precision in cases:
         log = tempfile.mkdtemp(prefix=f"lpx_tune_{key}_")
         mod = import_onnx(path).mod
@@ -205,7 +211,7 @@ def gain(trials: int, workers: int, int8: bool, top_k: int = 4, sweeps: int = 2)
         for which, tl in (("default", None), ("isolated", isolated), ("tuned", log)):
             m = lpx_tvm.compile_model(path, preset="tsp", precision=precision, tuning_log=tl)
             name, shape, dtype = m.inputs[0]
-            m.run({name: np.random.default_rng(0).standard_normal(shape).astype(dtype)})
+            m.run({name: model_input(name, shape, dtype)})
             cycles[which], util[which] = m.report["cycles"], m.report["mxm_utilization"]
         print(f"{key}: {len(tasks)} tasks x {trials} trials in {tune_s:.0f} s; cycles default {cycles['default']:,}, "
               f"isolated {cycles['isolated']:,} ({cycles['default'] / cycles['isolated']:.3f}x), refined "
@@ -222,7 +228,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--trials", type=int, default=16, help="trial budget per search (convergence)")
-    ap.add_argument("--per-iter", type=int, default=2, help="candidates measured per search round")
+    ap.add_argument("--per-iter", type=int, default=1, help="candidates measured per search round")
     ap.add_argument("--plot", default="tuning_convergence.png")
     ap.add_argument("--gain", action="store_true", help="also tune ResNet-50 on tsp (long)")
     ap.add_argument("--int8", action="store_true", help="with --gain: the int8 ResNet-50 too")
@@ -231,12 +237,14 @@ def main(argv=None):
     ap.add_argument("--context-top-k", type=int, default=4, help="isolated records per task tried in context")
     ap.add_argument("--context-sweeps", type=int, default=2)
     ap.add_argument("--gain-only", action="store_true", help="--gain without the convergence part")
+    ap.add_argument("--no-bert", action="store_true", help="with --gain: skip BERT-base")
     args = ap.parse_args(argv)
     out = {} if args.gain_only else convergence(args.seeds, args.trials, args.per_iter, args.plot)
     out.update({"resnet50_tuned_speedup": None, "resnet50_isolated_speedup": None,
-                "resnet50_int8_mxm_utilization": None})
+                "resnet50_int8_mxm_utilization": None, "bert_base_tuned_speedup": None})
     if args.gain or args.gain_only:
-        out.update(gain(args.gain_trials, args.workers, args.int8, args.context_top_k, args.context_sweeps))
+        out.update(gain(args.gain_trials, args.workers, args.int8, args.context_top_k, args.context_sweeps,
+                        bert=not args.no_bert))
     print(json.dumps(out))
 
 

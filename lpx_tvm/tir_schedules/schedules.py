@@ -177,6 +177,14 @@ def apply_tiling(sch: s_tir.Schedule, workload, rows, inner: int, cols: int, ord
     return tile
 
 
+def describe(tiling) -> str:
+    """A tiling in a few words, e.g. ``rows 7, noc, K split 1, packed rows``."""
+    rows = tiling.m if isinstance(tiling, DenseTiling) else tiling.oh
+    k = "K split by rule" if tiling.k_split is None else f"K split {tiling.k_split}"
+    pack = getattr(tiling, "pack", "")
+    return f"rows {rows}, {tiling.order}, {k}" + (f", packed {pack}" if pack else "")
+
+
 def tiling_of(workload, func) -> "DenseTiling | Conv2dTiling":
     """The tiling a scheduled PrimFunc of ``workload`` stands for, read from its tile block."""
     found, stack = [], [func.body]

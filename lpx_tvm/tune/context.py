@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from ..errors import LPXError
 from ..target.config import LPXConfig
 from ..tir_schedules import DenseWorkload, DepthwiseWorkload
+from ..tir_schedules.schedules import describe
 from .database import TuningLog, best_records, tiling_of_record
 from .space import Task, workload_module
 
@@ -94,7 +95,7 @@ class RefineResult:
     default_cycles: int
     isolated_cycles: "int | None"  # every task at its best isolated record (None: rejected by the compiler)
     cycles: int  # the refined choice
-    choices: dict = field(default_factory=dict)  # task name -> "default" or "record i" (rank)
+    choices: dict = field(default_factory=dict)  # task name -> "default" or "record i: <its tiling>" (i: rank)
     evaluations: int = 0  # whole-model compiles and runs (the other evaluations hit the cache)
     wall_s: float = 0.0
     sweeps: int = 0
@@ -193,7 +194,8 @@ def refine_in_context(mod, tasks: list, cfg: LPXConfig, log_dir: str, *, top_k: 
     names = {t.key: t.name for t in order}
     choices = {}
     for key, c in current.items():
-        choices[names[key]] = "default" if c is None else f"record {[r for r, _ in cands[key]].index(c[0]) + 1}"
+        choices[names[key]] = ("default" if c is None else
+                               f"record {[r for r, _ in cands[key]].index(c[0]) + 1}: {describe(c[1])}")
     db.commit_applied(cfg, {workload_module(t, cfg): (current[t.key][0] if current[t.key] else None) for t in order},
                       model=model, cycles=best, default_cycles=default_cycles, isolated_cycles=isolated_cycles)
     return RefineResult(default_cycles, isolated_cycles, best, choices, ctx.evaluations,

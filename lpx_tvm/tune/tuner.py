@@ -20,6 +20,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from ..errors import LPXError
 from ..target.config import LPXConfig
+from .cost_model import LPXCostModel
 from .database import TuningLog, best_records, tiling_of_record, write_meta
 from .measure import LPXBuilder, LPXRunner, TaskFiles, make_pool, one_op_region, task_cycles
 from .space import Task, design_space, workload_module
@@ -82,16 +83,15 @@ def search_strategy(kind: str, trials: int):
     # A small population and few genetic rounds: search overhead, not the simulator,
     # dominates on a small machine.
     return ms.search_strategy.EvolutionarySearch(
-        population_size=64, init_measured_ratio=0.2, init_min_unmeasured=16, genetic_num_iters=2,
+        population_size=16, init_measured_ratio=0.2, init_min_unmeasured=16, genetic_num_iters=1,
         genetic_mutate_prob=0.85, genetic_max_fail_count=4, eps_greedy=0.1)
 
 
-def cost_model(kind: str):
+def cost_model(kind: str, cfg: LPXConfig):
     if kind == "random":
         return ms.cost_model.RandomModel()
-    # Warm-up low (the default 100 means random picks for 100 trials); xgboost with one
-    # thread is much faster than with two on a 2-core machine.
-    return ms.cost_model.XGBModel(num_warmup_samples=4, num_tuning_cores=1)
+    # XGBModel on LPX features, warm-up picks by an analytic estimate (cost_model.py).
+    return LPXCostModel(cfg)
 
 
 def tune(tasks: list, cfg: LPXConfig, log_dir: str, trials: int, *, workers: int = 0,
@@ -148,7 +148,7 @@ def tune(tasks: list, cfg: LPXConfig, log_dir: str, trials: int, *, workers: int
                               work_dir=os.path.join(work_dir, "ms"), max_trials_global=n * len(group),
                               max_trials_per_task=n, num_trials_per_iter=min(trials_per_iter, n),
                               builder=LPXBuilder(files, pool), runner=LPXRunner(cfg, pool), database=db,
-                              cost_model=cost_model(strategy),
+                              cost_model=cost_model(strategy, cfg),
                               measure_callbacks=[ms.measure_callback.AddToDatabase(),
                                                  ms.measure_callback.UpdateCostModel(), _Progress(state)],
                               task_scheduler="gradient" if len(group) > 1 else "round-robin")
