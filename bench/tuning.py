@@ -172,8 +172,6 @@ def _plot(curves: dict, path: str):
 
 
 def gain(trials: int, workers: int, int8: bool, top_k: int = 4, sweeps: int = 2, bert: bool = True) -> dict:
-    import onnx
-
     import lpx_tvm
 
     sys.path.insert(0, os.path.dirname(__file__))
