@@ -199,10 +199,10 @@ class MxmLowering:
         (one row per output pixel; tile k holds taps k*T .. side by side, ``c`` lanes
         each), then one matmul with the packed weight matrix (:meth:`_weight_tensor`).
 
-        Each im2col tile is written one tap at a time: an SXM moves the tap's channels to
-        its lanes (``sxm.pad``: zeros elsewhere, so the lanes past the channels,
-        unspecified in the image, never reach the sum), and the VXM adds the tile written
-        so far; the passes alternate between the SXMs. The padded image is spread over
+        Each im2col tile is written one tap at a time (:meth:`_lane_pass`): an SXM moves
+        the tap's channels to its lanes (``sxm.pad``: zeros elsewhere, so the lanes past
+        the channels, unspecified in the image, never reach the sum), and the VXM adds the
+        tile written so far; the passes alternate between the SXMs. The padded image is spread over
         slices so that passes of different row blocks read through different ports."""
         lanes = self.cfg.lanes
         (sh, sw), (dh, dw) = work.stride, work.dilation
@@ -230,13 +230,9 @@ class MxmLowering:
 
                         for ra, rb in _runs(r1 - r0, lambda r: key(r0 + r)):
                             ra, rb = r0 + ra, r0 + rb
-                            g = self.b.group(f"{op.out}.im2col")
                             src = _one(xp.tensor.window_segments(0, first(i, ra, tap), rb - ra, ow, sh * wp, sw))
-                            v = g.sxm("sxm.pad", g.read(src), unit=passes % n_sxm, before=slot * c, width=c)
                             dst = _one(cols.segments(k, (i * oh + ra) * ow, (i * oh + rb) * ow))
-                            if slot:
-                                v = g.vxm("vxm.add", v, g.read(dst))
-                            g.write(v, dst)
+                            self._lane_pass(f"{op.out}.im2col", src, dst, slot * c, c, passes % n_sxm, add=slot > 0)
                             passes += 1
         order = {"noc": "mnk", "nco": "nmk"}[t.order]
         tiling = DenseTiling(m=t.oh * ow, k=lanes, n=lanes, order=order, k_split=t.k_split)
@@ -274,17 +270,22 @@ class MxmLowering:
 
                     for ra, rb in _runs(need - built, lambda r: key(built + r)):
                         ra, rb = built + ra, built + rb
-                        g = self.b.group(f"{op.out}.rows")
                         src = _one(xp.tensor.window_segments(0, (i * hp + ra) * wp + s * dw, rb - ra, width, wp))
-                        v = g.sxm("sxm.pad", g.read(src), unit=passes % n_sxm, before=s * c, width=c)
                         dst = _one(image.window_segments(0, (i * hp + ra) * wp, rb - ra, width, wp))
-                        if s:
-                            v = g.vxm("vxm.add", v, g.read(dst))
-                        g.write(v, dst)
+                        self._lane_pass(f"{op.out}.rows", src, dst, s * c, c, passes % n_sxm, add=s > 0)
                         passes += 1
                 built = need
-
         return image
+
+    def _lane_pass(self, tag: str, src, dst, before: int, width: int, sxm: int, add: bool):
+        """One pass of a packing: the first ``width`` lanes of ``src`` go to lanes
+        ``before ..`` of ``dst`` (``sxm.pad`` on SXM ``sxm``: zeros in every other lane),
+        added to what ``dst`` holds when ``add``."""
+        g = self.b.group(tag)
+        v = g.sxm("sxm.pad", g.read(src), unit=sxm, before=before, width=width)
+        if add:
+            v = g.vxm("vxm.add", v, g.read(dst))
+        g.write(v, dst)
 
     def _conv_tiles(self, work, t, xp: Stored, per: int = 1, image=None):
         """The tile steps of a (dense or depthwise) convolution's tiling ``t``, with the
