@@ -9,9 +9,8 @@ counts as the budget and its whole wall time), and the same to reach the optimum
 A convergence plot (best cycles over
 the optimum against trials) is written as a PNG.
 
-Gain (``--gain``): ResNet-50 (light_resnet50, bf16; and the int8 ResNet-50 of
-bench/e2e.py with ``--int8``) and BERT-base (fp16, seq 128; not with ``--no-bert``) on
-tsp tuned with ``--gain-trials`` per task, then refined
+Gain (``--gain``): ResNet-50 (light_resnet50, bf16), the int8 ResNet-50 of
+bench/e2e.py and BERT-base (fp16, seq 128) on tsp (``--gain-models`` picks some) tuned with ``--gain-trials`` per task, then refined
 in context (``--context-top-k`` isolated records per task and the default, tried in the
 whole model): default, isolated-tuned (each task's best record measured alone) and
 refined cycles of the whole model, and MXM utilization. ``--gain-only`` skips the
@@ -171,7 +170,10 @@ def _plot(curves: dict, path: str):
     print(f"convergence plot: {path}")
 
 
-def gain(trials: int, workers: int, int8: bool, top_k: int = 4, sweeps: int = 2, bert: bool = True) -> dict:
+GAIN_MODELS = ("resnet50", "resnet50_int8", "bert_base")
+
+
+def gain(trials: int, workers: int, models=GAIN_MODELS, top_k: int = 4, sweeps: int = 2) -> dict:
     import lpx_tvm
 
     sys.path.insert(0, os.path.dirname(__file__))
@@ -179,11 +181,10 @@ def gain(trials: int, workers: int, int8: bool, top_k: int = 4, sweeps: int = 2,
 
     cfg = load_config("tsp")
     out = {}
-    cases = [("resnet50", bundled("light_resnet50"), "bf16")]
-    if int8:
-        cases.append(("resnet50_int8", quantized_resnet50(tempfile.mkdtemp(prefix="lpx_bench_")), "int8"))
-    if bert:
-        cases.append(("bert_base", bert_base(tempfile.mkdtemp(prefix="lpx_bench_")), "fp16"))
+    make = {"resnet50": lambda: (bundled("light_resnet50"), "bf16"),
+            "resnet50_int8": lambda: (quantized_resnet50(tempfile.mkdtemp(prefix="lpx_bench_")), "int8"),
+            "bert_base": lambda: (bert_base(tempfile.mkdtemp(prefix="lpx_bench_")), "fp16")}
+    cases = [(key, *make[key]()) for key in models]
     for key, path, precision in cases:
         log = tempfile.mkdtemp(prefix=f"lpx_tune_{key}_")
         mod = import_onnx(path).mod
@@ -229,20 +230,23 @@ def main(argv=None):
     ap.add_argument("--per-iter", type=int, default=1, help="candidates measured per search round")
     ap.add_argument("--plot", default="tuning_convergence.png")
     ap.add_argument("--gain", action="store_true", help="also tune ResNet-50 on tsp (long)")
-    ap.add_argument("--int8", action="store_true", help="with --gain: the int8 ResNet-50 too")
+    ap.add_argument("--gain-models", default=",".join(GAIN_MODELS),
+                    help=f"with --gain: comma-separated, of {', '.join(GAIN_MODELS)}")
     ap.add_argument("--gain-trials", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--context-top-k", type=int, default=4, help="isolated records per task tried in context")
     ap.add_argument("--context-sweeps", type=int, default=2)
     ap.add_argument("--gain-only", action="store_true", help="--gain without the convergence part")
-    ap.add_argument("--no-bert", action="store_true", help="with --gain: skip BERT-base")
     args = ap.parse_args(argv)
     out = {} if args.gain_only else convergence(args.seeds, args.trials, args.per_iter, args.plot)
     out.update({"resnet50_tuned_speedup": None, "resnet50_isolated_speedup": None,
                 "resnet50_int8_mxm_utilization": None, "bert_base_tuned_speedup": None})
     if args.gain or args.gain_only:
-        out.update(gain(args.gain_trials, args.workers, args.int8, args.context_top_k, args.context_sweeps,
-                        bert=not args.no_bert))
+        models = [m for m in args.gain_models.split(",") if m]
+        unknown = set(models) - set(GAIN_MODELS)
+        if unknown:
+            ap.error(f"--gain-models: unknown {', '.join(sorted(unknown))} (known: {', '.join(GAIN_MODELS)})")
+        out.update(gain(args.gain_trials, args.workers, models, args.context_top_k, args.context_sweeps))
     print(json.dumps(out))
 
 

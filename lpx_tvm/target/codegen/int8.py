@@ -129,6 +129,7 @@ class Int8Lowering:
     # ---- MXM -------------------------------------------------------------------------
     def _qmxm(self, op: RegionOp, is_output: bool, out_dt: DType):
         view = self._mxm_view(op)
+        self.layer_ops[op.out] = op  # a tuning task measures the whole composite
         zx = int(round(_scalar(_step(op, "subtract").args[1])))
         w = np.asarray(view.main.args[1].const).astype(np.int64)
         conv = op.composite == "lpx.qconv2d"

@@ -67,12 +67,14 @@ class MxmLowering:
     # keys a tuned tiling was applied to, in ``tuned_used``.
     mxm_tasks = None
     tuned_used = None
+    layer_ops: dict = {}  # op.out -> the composite a lowering was given, when it lowers a view of it
 
     def _tiling(self, op: RegionOp, work, batches: int = 1):
         """The tiling of one MXM layer: its tuned one if the tuning log has it, else the default."""
         key = (work, op.composite, batches)
         if self.mxm_tasks is not None and not self.offchip:
-            self.mxm_tasks.setdefault(key, []).append(op)
+            # The whole composite (an int8 op's MXM view lacks the epilogue its lowering reads).
+            self.mxm_tasks.setdefault(key, []).append(self.layer_ops.get(op.out, op))
         t = self.tuned.get(key)
         if t is None:
             return default_tiling(self.cfg, work)

@@ -91,6 +91,7 @@ class RegionCompiler(Int8Lowering, MxmLowering, VectorLowering, OffchipLowering)
         self.op_counts = {}
         self._fills = {}
         self._maps = {}
+        self.layer_ops = {}
         self.input_transforms = {} if offchip else self._im2col_inputs(region)
         # Values stored as im2col rows: those inputs, and an int8 stem's quantized input.
         self.im2col_values = dict(self.input_transforms)
