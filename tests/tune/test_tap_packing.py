@@ -18,7 +18,7 @@ from lpx_tvm.tir_schedules import Conv2dTiling, Conv2dWorkload, default_tiling
 from lpx_tvm.tir_schedules.schedules import packed_tiles, packings, taps_per_tile, tiling_of
 from lpx_tvm.tune.measure import task_cycles
 from lpx_tvm.tune.space import LPXFits, fits, space_fn, structures, workload_module
-from lpx_tvm.tune.tuner import extract_tasks
+from lpx_tvm.tune.tuner import extract_tasks, tune
 
 MINI = load_config("mini")
 TSP = load_config("tsp")
@@ -112,16 +112,13 @@ def test_packed_resnet_stage_on_tsp_matches_onnxruntime(pack):
     assert packed_cycles < plain_cycles
 
 
-@pytest.mark.parametrize("pack", ["taps", "rows"])
-def test_packed_int8_convolution_is_bit_identical(tmp_path, pack):
-    """A QDQ convolution (uint8 activations, zero point in the padding) packed and not:
-    the same integers (int32 sums of int8 products are exact in any order)."""
+def qdq_conv(tmp_path, rng):
+    """A QDQ convolution: uint8 activations (zero point in the padding), int8 weights."""
     quantization = pytest.importorskip("onnxruntime.quantization")
     import onnx
 
     src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
     onnx.save(conv_relu(40, 24, 11), src)
-    rng = np.random.default_rng(3)
 
     class Reader(quantization.CalibrationDataReader):
         def __init__(self):
@@ -133,7 +130,17 @@ def test_packed_int8_convolution_is_bit_identical(tmp_path, pack):
     quantization.quantize_static(str(src), str(dst), Reader(), quant_format=quantization.QuantFormat.QDQ,
                                  activation_type=quantization.QuantType.QUInt8,
                                  weight_type=quantization.QuantType.QInt8, per_channel=True)
-    model = onnx.load(dst)
+    return str(dst)
+
+
+@pytest.mark.parametrize("pack", ["taps", "rows"])
+def test_packed_int8_convolution_is_bit_identical(tmp_path, pack):
+    """Packed and not: the same integers (int32 sums of int8 products are exact in any order)."""
+    import onnx
+
+    rng = np.random.default_rng(3)
+    path = qdq_conv(tmp_path, rng)
+    model = onnx.load(path)
     task, tuned = packed_tuning(model, TSP, "int8", pack)
     x = rng.standard_normal((1, 40, 11, 11)).astype(np.float32)
     packed, _ = run(model, TSP, "int8", tuned, x)
@@ -141,5 +148,19 @@ def test_packed_int8_convolution_is_bit_identical(tmp_path, pack):
     np.testing.assert_array_equal(packed, plain)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    want = ort.InferenceSession(str(dst), so).run(None, {"x": x})[0]
+    want = ort.InferenceSession(path, so).run(None, {"x": x})[0]
     assert np.abs(packed - want).max() <= np.abs(want).max() / 100  # within a few output steps
+
+
+def test_int8_layers_are_measured_as_tuning_tasks(tmp_path):
+    """An int8 layer's one-op region holds the whole composite (zero point, bias,
+    requantization): it compiles and runs, and its tuned records are applied."""
+    import onnx
+
+    path = qdq_conv(tmp_path, np.random.default_rng(4))
+    (task,) = extract_tasks(import_onnx(onnx.load(path)).mod, TSP, "int8")
+    assert task.name.endswith("int8_qconv2d")
+    assert task_cycles(task, TSP, None) > 0
+    results = tune([task], TSP, str(tmp_path / "log"), 3, seed=1)
+    assert results[0].error is None and results[0].trials == 3
+    assert results[0].tuned_cycles <= results[0].default_cycles
