@@ -36,6 +36,10 @@ import lpx_tvm
 from lpx_tvm.relax_passes import import_onnx
 
 
+# The test suite's model builders (torch_models.py, transformer_models.py).
+TEST_MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "e2e")
+
+
 def bundled(name: str) -> str:
     return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light", f"{name}.onnx")
 
@@ -44,24 +48,17 @@ def bert_base(folder: str, seq: int = 128) -> str:
     """BERT-base (12 layers, hidden 768, 12 heads) from its transformers config with random
     weights, exported to ONNX (dynamo) in ``folder``: the path. Needs torch and transformers."""
     import torch
-    import transformers
 
-    cfg = transformers.BertConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                                  intermediate_size=3072, vocab_size=30522, max_position_embeddings=512)
+    sys.path.insert(0, TEST_MODELS)
+    from transformer_models import LastHiddenState, bert
+
+    vocab = 30522
     torch.manual_seed(0)
-    encoder = transformers.BertModel(cfg, add_pooling_layer=False).eval()
-
-    class LastHiddenState(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.encoder = encoder
-
-        def forward(self, input_ids):
-            return self.encoder(input_ids=input_ids).last_hidden_state
+    stack = LastHiddenState(bert(768, 12, 12, vocab=vocab, positions=512).eval())
 
     path = os.path.join(folder, "bert_base.onnx")
-    ids = torch.randint(0, cfg.vocab_size, (1, seq))
-    torch.onnx.export(LastHiddenState().eval(), (ids,), path, dynamo=True, input_names=["input_ids"],
+    ids = torch.randint(0, vocab, (1, seq))
+    torch.onnx.export(stack.eval(), (ids,), path, dynamo=True, input_names=["input_ids"],
                       output_names=["last_hidden_state"], verbose=False)
     return path
 
@@ -79,7 +76,7 @@ def quantized_resnet50(folder: str, hw: int = 224) -> str:
     import torch
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "e2e"))
+    sys.path.insert(0, TEST_MODELS)
     from torch_models import randomized, resnet50
 
     torch.manual_seed(0)

@@ -100,15 +100,6 @@ class PrintsShape(torch.nn.Module):
         return self.fc2(torch.relu(h))
 
 
-class LastHiddenState(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids):
-        return self.model(input_ids=input_ids).last_hidden_state
-
-
 def _eager(module, *args):
     with torch.no_grad():
         return module(*args)
@@ -257,21 +248,13 @@ MATMULS = {"bert": 2 * 8, "gpt2": 2 * 6, "bert_base": 12 * 8}
 
 
 def _transformer(name):
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
+    from transformer_models import LastHiddenState, bert, gpt2
+
     torch.manual_seed(0)
-    if name == "bert_base":
-        cfg = transformers.BertConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                                      intermediate_size=3072, vocab_size=1000, max_position_embeddings=SEQ[name])
-        inner = transformers.BertModel(cfg, add_pooling_layer=False)
-    elif name == "bert":
-        cfg = transformers.BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                                      intermediate_size=512, vocab_size=1000, max_position_embeddings=SEQ[name])
-        inner = transformers.BertModel(cfg, add_pooling_layer=False)
-    else:
-        cfg = transformers.GPT2Config(n_embd=128, n_layer=2, n_head=2, vocab_size=1000, n_positions=SEQ[name],
-                                      bos_token_id=0, eos_token_id=0)
-        inner = transformers.GPT2Model(cfg)
-    return LastHiddenState(inner.eval()).eval()
+    make, hidden, layers, heads = {"bert_base": (bert, 768, 12, 12), "bert": (bert, 128, 2, 2),
+                                   "gpt2": (gpt2, 128, 2, 2)}[name]
+    return LastHiddenState(make(hidden, layers, heads, positions=SEQ[name]).eval()).eval()
 
 
 @pytest.fixture(scope="module", params=["bert", "gpt2", "bert_base"])

@@ -16,30 +16,9 @@ import onnxruntime as ort  # noqa: E402
 
 import lpx_tvm  # noqa: E402
 from onnx_macs import cpu_mxm_macs, mxm_macs  # noqa: E402
+from transformer_models import LastHiddenState, bert, gpt2  # noqa: E402
 
 VOCAB = 1000
-
-
-def bert(hidden, layers, heads):
-    cfg = transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                                  intermediate_size=4 * hidden, vocab_size=VOCAB, max_position_embeddings=128)
-    return transformers.BertModel(cfg, add_pooling_layer=False)
-
-
-def gpt2(hidden, layers, heads):
-    cfg = transformers.GPT2Config(n_embd=hidden, n_layer=layers, n_head=heads, vocab_size=VOCAB, n_positions=128)
-    return transformers.GPT2Model(cfg)
-
-
-class LastHiddenState(torch.nn.Module):
-    """The encoder / decoder stack from token ids to its last hidden state."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids):
-        return self.model(input_ids=input_ids).last_hidden_state
 
 
 MODELS = {  # name: (builder, hidden, layers, heads, sequence length)
