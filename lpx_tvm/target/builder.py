@@ -29,7 +29,7 @@ from .layout import coerce, tensor_tiles
 from .program import Binding, Program, SramImage, TensorLayout
 from .scheduler import Reservations
 from .sram_alloc import SramAllocator
-from .timing import mxm_rate, timing, unit_position
+from .timing import mxm_rate, timing, unit_count, unit_position
 
 
 @dataclass(frozen=True)
@@ -527,10 +527,9 @@ class ProgramBuilder:
 
     def nearest_sxm(self, node: Node) -> int:
         pos = unit_position(self.config, _UNIT_OF[node.op.split(".")[0]], node.units[0])
-        n_sxm = sum(1 for k in self.config.floorplan if k == "SXM")
         if pos is None:
             return 0
-        return min(range(n_sxm), key=lambda u: abs(self.config.position("SXM", u) - pos))
+        return min(range(unit_count(self.config, Unit.SXM)), key=lambda u: abs(self.config.position("SXM", u) - pos))
 
     # -- scheduling ------------------------------------------------------------
     def build(self) -> Program:

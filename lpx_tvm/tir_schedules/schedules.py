@@ -65,11 +65,21 @@ def _block_rows(extent: int, limit: int, other_blocks: int, planes: int, min_row
     return max(busy) if busy else min(ok)
 
 
+def cycles_per_vector(cfg: LPXConfig, dtype: str) -> int:
+    """MXM cycles per activation vector of a workload dtype (a TVM dtype name)."""
+    return cfg.mxm_cycles_per_vector[_SHORT.get(dtype, dtype)]
+
+
+def k_split_rule(cfg: LPXConfig, blocks: int) -> int:
+    """The default K split: a layer with fewer output blocks than MXM planes splits each
+    block's reduction over ``planes // blocks`` planes, so every plane multiplies."""
+    return max(1, cfg.mxm_planes // blocks) if blocks else 1
+
+
 def _min_block_pixels(cfg: LPXConfig, dtype: str) -> int:
     """Pixels (activation vectors) whose multiply takes as long as installing one weight
     tile (one vector per MXM row)."""
-    cpv = cfg.mxm_cycles_per_vector[_SHORT.get(dtype, dtype)]
-    return -(-cfg.mxm_rows // cpv)
+    return -(-cfg.mxm_rows // cycles_per_vector(cfg, dtype))
 
 
 _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8", "uint8": "uint8"}

@@ -21,10 +21,11 @@ from tvm.s_tir import meta_schedule as ms
 
 from ..target.config import LPXConfig
 from ..tir_schedules import DenseWorkload, DepthwiseWorkload
-from ..tir_schedules.schedules import taps_per_tile, tiling_of
-from .space import orders, reduction_tiles, task_key_of
+from ..target.isa import Unit
+from ..target.timing import unit_count
+from ..tir_schedules.schedules import cycles_per_vector, k_split_rule, taps_per_tile, tiling_of
+from .space import orders, output_blocks, reduction_tiles, task_key_of
 
-_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8", "uint8": "uint8"}
 NAMES = ("log2_block_rows", "log2_blocks", "blocks_per_plane", "k_split", "reduction_tiles", "log2_installs",
          "log2_mul_cycles", "log2_mul_cycles_per_busy_plane", "install_over_mul", "busy_planes", "pack_taps",
          "pack_rows", "log2_pack_vectors", "order_second", "log2_macs", "log2_estimated_cycles")
@@ -33,7 +34,7 @@ NAMES = ("log2_block_rows", "log2_blocks", "blocks_per_plane", "k_split", "reduc
 def _counts(w, tiling, cfg: LPXConfig, batches: int) -> dict:
     """What a tiling implies on the machine: blocks, tiles, installs, vectors, planes."""
     lanes, planes = cfg.lanes, cfg.mxm_planes
-    rate = cfg.mxm_cycles_per_vector[_SHORT.get(w.dtype, w.dtype)]
+    rate = cycles_per_vector(cfg, w.dtype)
     pack = getattr(tiling, "pack", "")
     if isinstance(w, DenseWorkload):
         rows, pixels, col_tiles = tiling.m, batches * w.M, w.N // lanes
@@ -43,8 +44,8 @@ def _counts(w, tiling, cfg: LPXConfig, batches: int) -> dict:
         col_tiles = (w.C if isinstance(w, DepthwiseWorkload) else w.CO) // lanes
         macs = pixels * w.KH * w.KW * w.C * (1 if isinstance(w, DepthwiseWorkload) else w.CO)
     tiles = reduction_tiles(w, lanes, pack)
-    blocks = -(-pixels // rows) * col_tiles
-    k_split = min(tiling.k_split or max(1, planes // blocks), tiles)
+    blocks = output_blocks(w, tiling.m if isinstance(w, DenseWorkload) else tiling.oh, lanes, batches)
+    k_split = min(tiling.k_split or k_split_rule(cfg, blocks), tiles)
     if pack == "taps":
         pack_vectors = pixels * w.KH * w.KW
     elif pack == "rows":
@@ -69,7 +70,7 @@ def estimated_cycles(w, tiling, cfg: LPXConfig, batches: int = 1) -> float:
     install = lanes + cfg.latency["mxm_install"] + cfg.latency["mem_read"]
     per_part = n["tiles"] / n["k_split"] * max(n["rows"] * n["rate"], install) + lanes + n["rows"]
     mxm = -(-parts // planes) * per_part + n["blocks"] * (n["k_split"] - 1) * n["rows"] / planes
-    n_sxm = max(1, sum(1 for k in cfg.floorplan if k == "SXM"))
+    n_sxm = max(1, unit_count(cfg, Unit.SXM))
     return mxm + n["pack_vectors"] / n_sxm + n["rows"] * n["rate"]
 
 

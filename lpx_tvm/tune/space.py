@@ -36,7 +36,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from ..target.config import LPXConfig
 from ..tir_schedules import Conv2dWorkload, DenseWorkload, DepthwiseWorkload, default_tiling
-from ..tir_schedules.schedules import apply_tiling, packed_tiles, packings, tiling_of
+from ..tir_schedules.schedules import apply_tiling, k_split_rule, packed_tiles, packings, tiling_of
 from ..tir_schedules.workloads import MXM_BLOCK
 
 WORKLOADS = {c.__name__: c for c in (DenseWorkload, Conv2dWorkload, DepthwiseWorkload)}
@@ -164,7 +164,7 @@ def default_decisions(task: Task, cfg: LPXConfig) -> dict:
     w, _, batches = task.key
     t = default_tiling(cfg, w)
     rows = t.m if isinstance(w, DenseWorkload) else t.oh
-    k_split = max(1, cfg.mxm_planes // output_blocks(w, rows, cfg.lanes, batches))
+    k_split = k_split_rule(cfg, output_blocks(w, rows, cfg.lanes, batches))
     return {"order": t.order, "rows": rows, "k_split": k_split, "pack": ""}
 
 

@@ -11,9 +11,10 @@ import numpy as np
 from ...errors import SchedulingError
 from ...tir_schedules import (Conv2dWorkload, DenseTiling, DenseWorkload, DepthwiseWorkload, default_tiling, round_up,
                               schedule, tile_steps)
-from ...tir_schedules.schedules import Conv2dTiling, taps_per_tile
+from ...tir_schedules.schedules import Conv2dTiling, k_split_rule, taps_per_tile
 from ..config import LPXConfig
-from ..isa import DType
+from ..isa import DType, Unit
+from ..timing import unit_count
 from .graph import RegionOp, UnsupportedOnLPX
 from .storage import Stored, StreamedWeights, _chunk_of, _one, _runs
 from .support import block_diagonal, grouped_conv_problem
@@ -108,13 +109,14 @@ class MxmLowering:
                 matrix = w.transpose(2, 3, 1, 0).reshape(-1, co)
                 im2col = args[0].name in self.im2col_values  # one matmul: whole lane tiles
                 align = lanes if cg % lanes == 0 or kh * kw == 1 or im2col else cg
-                pack = "" if im2col else self._tuned_pack(op, args[0].shape, w.shape, a)
+                work = None if im2col else self._conv_workload(args[0].shape, w.shape, a)
+                pack = "" if im2col else self._tuned_pack(op, work)
                 if pack == "rows":
                     align = kw * c  # a kernel row's taps (one reduction tile, or two) never straddle slices
                 elif pack == "taps":
                     # Reduction tile t holds taps t*T .. side by side, c rows each (the lanes
                     # of the on-chip im2col), zero rows after the last tap.
-                    per, taps = taps_per_tile(self._conv_workload(args[0].shape, w.shape, a), lanes, pack), kh * kw
+                    per, taps = taps_per_tile(work, lanes, pack), kh * kw
                     tiles = np.zeros((-(-taps // per) * per, c, co), np.float32)
                     tiles[:taps] = matrix.reshape(taps, c, co)
                     tiles = tiles.reshape(-1, per * c, co)
@@ -162,7 +164,7 @@ class MxmLowering:
         work = self._conv_workload(x.shape, w.shape, a)
         oh, ow = work.OH, work.OW
         t = self._tiling(op, work)
-        pack = t.pack and self._tuned_pack(op, x.shape, w.shape, a)
+        pack = self._tuned_pack(op, work)
         xp = self._padded(x, tuple(a["padding"]), op.out, fill=q.fill if q else 0.0, spread=bool(pack))
         self.macs += n * oh * ow * co * cg * kh * kw  # useful MACs: cg = c / groups
         if pack == "taps":
@@ -189,11 +191,13 @@ class MxmLowering:
                               tuple(attrs["strides"]), tuple(attrs["dilation"]), TVM_DTYPE[self.dtype],
                               channels=c if attrs.get("groups", 1) == 1 else 0)
 
-    def _tuned_pack(self, op: RegionOp, x_shape, w_shape, attrs) -> str:
-        """The tap packing of a convolution's tuned tiling ("": none, or not packed)."""
-        if self.offchip or attrs.get("groups", 1) != 1:
+    def _tuned_pack(self, op: RegionOp, work: Conv2dWorkload) -> str:
+        """The tap packing of a convolution's tuned tiling ("": none; a grouped convolution,
+        whose workload has no channel count, and off-chip bands never pack). The weight
+        placement and the lowering both ask here, so they agree."""
+        if self.offchip or not work.channels:
             return ""
-        t = self.tuned.get((self._conv_workload(x_shape, w_shape, attrs), op.composite, 1))
+        t = self.tuned.get((work, op.composite, 1))
         return getattr(t, "pack", "") if t is not None else ""
 
     def _conv_taps_packed(self, op: RegionOp, xp: Stored, work, t, c: int, co: int, is_output: bool, q=None):
@@ -213,7 +217,7 @@ class MxmLowering:
         per = taps_per_tile(work, lanes, "taps")
         tiles = [taps[i:i + per] for i in range(0, len(taps), per)]
         rows = work.N * oh * ow
-        n_sxm = sum(1 for k in self.cfg.floorplan if k == "SXM")
+        n_sxm = unit_count(self.cfg, Unit.SXM)
         cols = self._temp(self.b.tensor(f"{op.out}.im2col", (rows, len(tiles) * lanes), xp.tensor.layout.dtype,
                                         row_align=ow, spread=self.spread,
                                         avoid=[sl for sl, _ in xp.tensor.layout.tiles]))  # read side by side
@@ -255,7 +259,7 @@ class MxmLowering:
         lanes = self.cfg.lanes
         (sh, _), (dh, dw) = work.stride, work.dilation
         hp, wp, oh = work.Hp, work.Wp, work.OH
-        n_sxm = sum(1 for k in self.cfg.floorplan if k == "SXM")
+        n_sxm = unit_count(self.cfg, Unit.SXM)
         image = self._temp(self.b.tensor(f"{op.out}.rows", (work.N * hp * wp, lanes), xp.tensor.layout.dtype,
                                          row_align=wp, spread=self.spread,
                                          avoid=[sl for sl, _ in xp.tensor.layout.tiles]))  # read side by side
@@ -401,7 +405,7 @@ class MxmLowering:
         for k in keys:
             count[k] = count.get(k, 0) + 1
         if split is None:
-            split = max(1, self.cfg.mxm_planes // len(count)) if count else 1
+            split = k_split_rule(self.cfg, len(count))
         seen, out = {}, []
         for k in keys:
             n = count[k]
