@@ -38,7 +38,7 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from lpx_tvm.relax_passes import import_onnx
-from lpx_tvm.target.config import load_config
+from lpx_tvm.machine.config import load_config
 from lpx_tvm.tir_schedules import DenseTiling, DenseWorkload
 from lpx_tvm.tir_schedules.schedules import Conv2dTiling
 from lpx_tvm.tune.measure import task_cycles

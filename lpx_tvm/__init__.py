@@ -10,7 +10,7 @@ from .build import build
 from .errors import LPXError
 from .frontends import DynamoBackend, dynamo_backend, from_torch, import_torch
 from .model import compile_model, load
-from .target.config import LPXConfig, load_config
+from .machine.config import LPXConfig, load_config
 
 __version__ = "0.1.0"
 __all__ = [

@@ -22,7 +22,7 @@ from .relax_passes.qdq import FoldQDQ, has_qdq
 from .runtime.executable import LPXExecutable
 from .target.codegen import RegionCompiler
 from .target.codegen.outline import lpx_functions, outline_regions
-from .target.config import load_config
+from .machine.config import load_config
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 TARGET_TAG = "lpx"

@@ -33,8 +33,8 @@ def _disasm_args(p: argparse.ArgumentParser) -> None:
 
 
 def _disasm(args) -> int:
-    from .target.asm import format_program
-    from .target.encoding import load_program
+    from .machine.asm import format_program
+    from .machine.encoding import load_program
 
     _write_text(format_program(load_program(args.file)), args.output)
     return 0
@@ -49,8 +49,8 @@ def _asm_args(p: argparse.ArgumentParser) -> None:
 
 def _asm(args) -> int:
     from .errors import EncodingError
-    from .target.asm import parse_program
-    from .target.encoding import save_program
+    from .machine.asm import parse_program
+    from .machine.encoding import save_program
 
     try:
         with open(args.file, encoding="utf-8") as f:
@@ -84,7 +84,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 
 def _program_preset(prog, preset):
     from .errors import ProgramError
-    from .target.config import PRESETS, load_config
+    from .machine.config import PRESETS, load_config
 
     if preset is not None:
         return load_config(preset)
@@ -151,7 +151,7 @@ def _run_program(args) -> int:
 
     from .sim import Simulator
     from .sim.report import save_report, summarize
-    from .target.encoding import load_program
+    from .machine.encoding import load_program
 
     prog = load_program(args.model)
     cfg = _program_preset(prog, args.preset)
@@ -240,7 +240,7 @@ def _tune(args) -> int:
     from rich.table import Table
 
     from .relax_passes import import_onnx
-    from .target.config import load_config
+    from .machine.config import load_config
     from .tune.tuner import extract_tasks, tune
 
     cfg = load_config(args.preset)
@@ -320,7 +320,7 @@ def _kernel(args) -> int:
 
     from . import kernels
     from .errors import ProgramError
-    from .target.encoding import save_program
+    from .machine.encoding import save_program
 
     need = 3 if args.name == "gemm" else 2
     if len(args.shape) != need:
@@ -375,7 +375,7 @@ def _demo(args) -> int:
     from . import compile_model
     from .errors import LPXError
 
-    from .target.config import load_config
+    from .machine.config import load_config
 
     path = _bundled_model(args.model)
     cfg = load_config(args.preset)

@@ -48,7 +48,7 @@ def program_hash(prog) -> str:
     try:
         from lpx_tvm.machine.encoding import encode_program
     except ImportError:
-        from lpx_tvm.target.encoding import encode_program
+        from lpx_tvm.machine.encoding import encode_program
 
     canon = dataclasses.replace(prog, name=_canonical(prog.name),
                                 instrs=[dataclasses.replace(i, tag=_canonical(i.tag)) for i in prog.instrs])

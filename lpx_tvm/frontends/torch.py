@@ -110,7 +110,7 @@ def from_torch(module, example_inputs, preset="tsp", precision="fp16"):
 def check_options(preset, precision):
     """Fail before exporting when the preset or precision is invalid."""
     from ..build import PRECISIONS
-    from ..target.config import load_config
+    from ..machine.config import load_config
 
     if precision not in PRECISIONS:
         raise LPXError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")

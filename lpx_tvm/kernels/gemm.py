@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import SchedulingError
 from ..target.builder import ProgramBuilder
-from ..target.isa import DType
+from ..machine.isa import DType
 
 _ACC = {DType.INT8: DType.INT32, DType.UINT8: DType.INT32, DType.FP16: DType.FP32,
         DType.BF16: DType.FP32, DType.FP32: DType.FP32}

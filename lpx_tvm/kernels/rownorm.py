@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import SchedulingError
 from ..target.builder import ProgramBuilder
-from ..target.isa import DType
+from ..machine.isa import DType
 
 F32 = DType.FP32
 

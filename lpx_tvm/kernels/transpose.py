@@ -8,7 +8,7 @@ in the matching rows of Y's column tile.
 from __future__ import annotations
 
 from ..target.builder import ProgramBuilder
-from ..target.isa import DType
+from ..machine.isa import DType
 
 
 def transpose(config, rows: int, cols: int, dtype="fp16", *, name: str = "transpose"):

@@ -11,7 +11,7 @@ import contextlib
 import contextvars
 from dataclasses import dataclass, field
 
-from ..target.config import LPXConfig, load_config
+from ..machine.config import LPXConfig, load_config
 from .errors import PartitionError
 
 __all__ = [

@@ -24,8 +24,8 @@ from tvm import relax
 
 from ..errors import LPXError
 from ..target.codegen import CompiledRegion
-from ..target.config import parse_config
-from ..target.encoding import load_program, save_program
+from ..machine.config import parse_config
+from ..machine.encoding import load_program, save_program
 from .executable import LPXExecutable
 
 FORMAT = "lpx-artifact"

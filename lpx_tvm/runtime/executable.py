@@ -25,7 +25,7 @@ from tvm import relax
 
 from ..sim import Simulator
 from ..target.codegen import CompiledRegion
-from ..target.config import LPXConfig
+from ..machine.config import LPXConfig
 
 REGION_PREFIX = "lpx.region."
 

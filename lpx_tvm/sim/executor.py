@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..target.isa import VXM_BINARY, VXM_TRANSCENDENTAL
-from ..target.layout import read_tensor, tensor_tiles
+from ..machine.isa import VXM_BINARY, VXM_TRANSCENDENTAL
+from ..machine.layout import read_tensor, tensor_tiles
 from . import numerics as nx
 from .memory import Banked
 from .mxm import Accumulators

@@ -1,7 +1,7 @@
 """SRAM and accumulator storage with per-line timestamps for race checks.
 
 A vector of dtype width ``w`` bytes occupies ``w`` consecutive lines holding its
-little-endian bytes in order, lane 0 first (see ``target/layout.py``). Every line remembers the cycle it was last written and last read,
+little-endian bytes in order, lane 0 first (see ``machine/layout.py``). Every line remembers the cycle it was last written and last read,
 and by which instruction, so the simulator can tell when running instructions in
 issue order would differ from the hardware's cycle-by-cycle order: such a schedule is
 a race, reported as a hazard instead of giving a silently different answer.

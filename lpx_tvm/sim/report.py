@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 
-from ..target.config import LPXConfig
-from ..target.timing import unit_count
-from ..target.isa import Unit
+from ..machine.config import LPXConfig
+from ..machine.timing import unit_count
+from ..machine.isa import Unit
 from .simulator import SimResult
 
 # Port kinds whose utilization the report shows, with the unit count they divide by.

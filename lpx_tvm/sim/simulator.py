@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ProgramError, ScheduleHazard
-from ..target import timing as tm
-from ..target.config import MXM_DTYPES, LPXConfig, load_config
-from ..target.isa import ISA_VERSION, NOPS, VXM_BINARY, VXM_REDUCE, VXM_TRANSCENDENTAL, DType, Instr, Unit, queue_name
-from ..target.layout import check_layout, coerce
-from ..target.program import Program
+from ..machine import timing as tm
+from ..machine.config import MXM_DTYPES, LPXConfig, load_config
+from ..machine.isa import ISA_VERSION, NOPS, VXM_BINARY, VXM_REDUCE, VXM_TRANSCENDENTAL, DType, Instr, Unit, queue_name
+from ..machine.layout import check_layout, coerce
+from ..machine.program import Program
 from . import blas
 from . import numerics as nx
 from .counters import Counters, port_name

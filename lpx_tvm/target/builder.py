@@ -23,13 +23,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..errors import SchedulingError, SramFull
-from .config import LPXConfig, load_config
-from .isa import DType, Instr, Stream, Unit
-from .layout import coerce, tensor_tiles
-from .program import Binding, Program, SramImage, TensorLayout
+from ..machine.config import LPXConfig, load_config
+from ..machine.isa import DType, Instr, Stream, Unit
+from ..machine.layout import coerce, tensor_tiles
+from ..machine.program import Binding, Program, SramImage, TensorLayout
 from .scheduler import Reservations
 from .sram_alloc import SramAllocator
-from .timing import mxm_rate, timing, unit_count, unit_position
+from ..machine.timing import mxm_rate, timing, unit_count, unit_position
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class SramTensor:
 class OffchipTensor:
     """A tensor in off-chip memory from byte ``offset``, column tile after column tile:
     row ``r`` of tile ``j`` is the vector at ``offset + (j * rows + r) * vector_bytes``
-    (the layout of an off-chip :class:`~lpx_tvm.target.program.Binding`)."""
+    (the layout of an off-chip :class:`~lpx_tvm.machine.program.Binding`)."""
 
     name: str
     layout: TensorLayout

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from tvm import s_tir
 
-from ..target.config import LPXConfig
+from ..machine.config import LPXConfig
 from .workloads import MXM_BLOCK, Conv2dWorkload, DenseWorkload, DepthwiseWorkload
 
 MXM_TILE = "lpx.mxm_tile"  # value of the block annotation ``lpx_intrin``

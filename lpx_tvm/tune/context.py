@@ -23,7 +23,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from ..errors import LPXError
-from ..target.config import LPXConfig
+from ..machine.config import LPXConfig
 from ..tir_schedules import DenseWorkload, DepthwiseWorkload
 from ..tir_schedules.schedules import describe
 from .database import TuningLog, best_records, tiling_of_record

@@ -13,7 +13,7 @@ import numpy as np
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from ..target.config import LPXConfig
+from ..machine.config import LPXConfig
 from ..tir_schedules.schedules import tiling_of
 from .features import LPXFeatures, estimated_cycles
 from .space import task_key_of

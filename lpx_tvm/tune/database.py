@@ -34,7 +34,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from ..errors import LPXError
-from ..target.config import LPXConfig
+from ..machine.config import LPXConfig
 from ..tir_schedules.schedules import tiling_of
 from .space import task_key_of
 

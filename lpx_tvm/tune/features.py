@@ -19,10 +19,10 @@ import tvm
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from ..target.config import LPXConfig
+from ..machine.config import LPXConfig
 from ..tir_schedules import DenseWorkload, DepthwiseWorkload
-from ..target.isa import Unit
-from ..target.timing import unit_count
+from ..machine.isa import Unit
+from ..machine.timing import unit_count
 from ..tir_schedules.schedules import cycles_per_vector, k_split_rule, taps_per_tile, tiling_of
 from .space import orders, output_blocks, reduction_tiles, task_key_of
 

@@ -23,7 +23,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from ..errors import LPXError
 from ..target.codegen.graph import Operand, Region
-from ..target.config import LPXConfig
+from ..machine.config import LPXConfig
 from ..tir_schedules.schedules import tiling_of
 from .space import Task, task_key_of
 
@@ -80,7 +80,7 @@ def _load_task(path: str):
 
 def build_candidate(task_path: str, tiling, out_dir: str) -> str:
     """Compile one candidate into ``out_dir``/candidate.lpx (runs in a worker)."""
-    from ..target.encoding import save_program
+    from ..machine.encoding import save_program
 
     task, cfg = _load_task(task_path)
     program = compile_task(task, cfg, tiling)
@@ -91,7 +91,7 @@ def build_candidate(task_path: str, tiling, out_dir: str) -> str:
 
 def build_candidate_bytes(task_bytes: bytes, tiling) -> bytes:
     """Compile one candidate and return its program binary (a Ray worker sees no local files)."""
-    from ..target.encoding import save_program
+    from ..machine.encoding import save_program
 
     task, cfg = pickle.loads(task_bytes)
     with tempfile.TemporaryDirectory(prefix="lpx_cand_") as d:
@@ -111,7 +111,7 @@ def run_candidate_bytes(program: bytes, cfg) -> int:
 
 def run_candidate(program_path: str, cfg) -> int:
     """Simulate one built candidate, timing only; its cycle count (runs in a worker)."""
-    from ..target.encoding import load_program
+    from ..machine.encoding import load_program
 
     return simulate_cycles(load_program(program_path), cfg)
 

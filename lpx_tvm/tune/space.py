@@ -34,7 +34,7 @@ from tvm import s_tir
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from ..target.config import LPXConfig
+from ..machine.config import LPXConfig
 from ..tir_schedules import Conv2dWorkload, DenseWorkload, DepthwiseWorkload, default_tiling
 from ..tir_schedules.schedules import apply_tiling, k_split_rule, packed_tiles, packings, tiling_of
 from ..tir_schedules.workloads import MXM_BLOCK

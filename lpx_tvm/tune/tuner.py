@@ -19,7 +19,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from ..errors import LPXError
-from ..target.config import LPXConfig
+from ..machine.config import LPXConfig
 from .cost_model import LPXCostModel
 from .database import TuningLog, best_records, tiling_of_record, write_meta
 from .measure import LPXBuilder, LPXRunner, TaskFiles, make_pool, one_op_region, task_cycles

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import lpx_tvm
 from lpx_tvm.errors import LPXError
-from lpx_tvm.target.isa import DType
+from lpx_tvm.machine.isa import DType
 
 ort = pytest.importorskip("onnxruntime")
 quantization = pytest.importorskip("onnxruntime.quantization")

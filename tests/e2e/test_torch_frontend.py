@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 import lpx_tvm  # noqa: E402
 from lpx_tvm.errors import LPXError  # noqa: E402
 from lpx_tvm.relax_passes import ModelError, canonicalize, partition_for_lpx  # noqa: E402
-from lpx_tvm.target.config import load_config  # noqa: E402
+from lpx_tvm.machine.config import load_config  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -6,7 +6,7 @@ import tvm.testing
 
 from lpx_tvm.kernels import gemm, layernorm, softmax, transpose
 from lpx_tvm.sim import Simulator
-from lpx_tvm.target.config import load_config
+from lpx_tvm.machine.config import load_config
 
 preset = tvm.testing.parameter("mini", "tsp")
 

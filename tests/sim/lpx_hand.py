@@ -13,9 +13,9 @@ import ml_dtypes
 import numpy as np
 
 from lpx_tvm.sim import Simulator
-from lpx_tvm.target.config import load_config
-from lpx_tvm.target.isa import DType, Instr, Stream
-from lpx_tvm.target.program import Binding, Program, TensorLayout
+from lpx_tvm.machine.config import load_config
+from lpx_tvm.machine.isa import DType, Instr, Stream
+from lpx_tvm.machine.program import Binding, Program, TensorLayout
 
 BF16 = ml_dtypes.bfloat16
 

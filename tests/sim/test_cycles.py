@@ -15,7 +15,7 @@ import pytest
 from lpx_tvm.errors import ScheduleHazard
 from lpx_tvm.sim import Simulator
 from lpx_tvm.target.builder import ProgramBuilder
-from lpx_tvm.target.isa import DType
+from lpx_tvm.machine.isa import DType
 
 from lpx_hand import E, Hand, W
 

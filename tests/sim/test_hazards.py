@@ -14,8 +14,8 @@ import pytest
 
 from lpx_tvm.errors import ProgramError, ScheduleHazard
 from lpx_tvm.sim import Simulator
-from lpx_tvm.target.isa import DType, Stream
-from lpx_tvm.target.program import Binding, SramImage, TensorLayout
+from lpx_tvm.machine.isa import DType, Stream
+from lpx_tvm.machine.program import Binding, SramImage, TensorLayout
 
 from lpx_hand import E, Hand, W
 

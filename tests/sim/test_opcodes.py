@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from scipy import special
 
-from lpx_tvm.target.encoding import decode_program, encode_program
-from lpx_tvm.target.isa import OPS, DType
+from lpx_tvm.machine.encoding import decode_program, encode_program
+from lpx_tvm.machine.isa import OPS, DType
 
 from lpx_hand import BF16, E, Hand, W, assert_same_float, clip_int, f64, round_to, same_float, wrap_int32
 
@@ -168,7 +168,7 @@ def test_vector_lines_hold_the_vector_bytes_in_order(dtype):
 def test_initial_image_in_documented_byte_order_reads_back():
     """An SRAM image written by hand in the documented byte order is the expected int32 tensor."""
     from lpx_tvm.sim import Simulator
-    from lpx_tvm.target.program import SramImage
+    from lpx_tvm.machine.program import SramImage
     values = RNG.integers(-2**31, 2**31, (3, LANES)).astype(np.int32)
     image = values.astype("<i4").tobytes()  # row after row, lane 0 first, little-endian
     h = Hand()

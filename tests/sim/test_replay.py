@@ -20,8 +20,8 @@ from lpx_tvm.errors import ProgramError, ScheduleHazard
 from lpx_tvm.sim import Simulator
 from lpx_tvm.sim import simulator as simmod
 from lpx_tvm.target.builder import ProgramBuilder
-from lpx_tvm.target.isa import DType
-from lpx_tvm.target.program import Binding, SramImage, TensorLayout
+from lpx_tvm.machine.isa import DType
+from lpx_tvm.machine.program import Binding, SramImage, TensorLayout
 
 from lpx_hand import E, Hand, W, assert_same_result
 

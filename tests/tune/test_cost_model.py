@@ -7,7 +7,7 @@ from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 
 from lpx_tvm.relax_passes import import_onnx
-from lpx_tvm.target.config import load_config
+from lpx_tvm.machine.config import load_config
 from lpx_tvm.tir_schedules import Conv2dTiling
 from lpx_tvm.tir_schedules.schedules import tiling_of
 from lpx_tvm.tune.cost_model import LPXCostModel

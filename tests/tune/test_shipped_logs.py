@@ -9,7 +9,7 @@ import pytest
 from lpx_tvm import compile_model
 from lpx_tvm.cli import _bundled_model, main
 from lpx_tvm.relax_passes import import_onnx
-from lpx_tvm.target.config import load_config
+from lpx_tvm.machine.config import load_config
 from lpx_tvm.tune.database import SHIPPED_DIR, TuningLog, load_tuned, read_meta, shipped_log, shipped_logs
 
 TSP = load_config("tsp")

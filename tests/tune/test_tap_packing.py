@@ -13,7 +13,7 @@ from tvm import s_tir
 from lpx_tvm.build import lower_for_lpx
 from lpx_tvm.relax_passes import import_onnx
 from lpx_tvm.runtime.executable import LPXExecutable
-from lpx_tvm.target.config import load_config
+from lpx_tvm.machine.config import load_config
 from lpx_tvm.tir_schedules import Conv2dTiling, Conv2dWorkload, default_tiling
 from lpx_tvm.tir_schedules.schedules import packed_tiles, packings, taps_per_tile, tiling_of
 from lpx_tvm.tune.measure import task_cycles

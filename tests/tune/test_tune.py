@@ -13,7 +13,7 @@ from tvm import s_tir
 
 import lpx_tvm
 from lpx_tvm.relax_passes import import_onnx
-from lpx_tvm.target.config import load_config
+from lpx_tvm.machine.config import load_config
 from lpx_tvm.tir_schedules import Conv2dTiling, DenseTiling, DenseWorkload, DepthwiseWorkload, default_tiling
 from lpx_tvm.tir_schedules.schedules import tiling_of
 from lpx_tvm.tune.database import (RECORDS, TuningLog, TuningLogError, TuningLogWarning, best_records, load_tuned)

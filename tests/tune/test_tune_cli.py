@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 
 from lpx_tvm.cli import main
-from lpx_tvm.target.config import load_config
+from lpx_tvm.machine.config import load_config
 from lpx_tvm.tune.database import TuningLog, read_meta
 
 from test_tune import matmul_model

@@ -9,7 +9,7 @@ from onnx import helper
 
 import lpx_tvm
 from lpx_tvm.relax_passes import import_onnx
-from lpx_tvm.target.config import load_config
+from lpx_tvm.machine.config import load_config
 from lpx_tvm.tune import extract_tasks, refine_in_context, tune
 from lpx_tvm.tune.context import ModelContext
 from lpx_tvm.tune.database import APPLIED, TuningLog, TuningLogWarning, best_records, load_tuned, tiling_of_record

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..isa import DType
+from ...machine.isa import DType
 from .graph import RegionOp, Step, UnsupportedOnLPX
 from .storage import Stored
 

@@ -12,9 +12,9 @@ from ...errors import SchedulingError
 from ...tir_schedules import (Conv2dWorkload, DenseTiling, DenseWorkload, DepthwiseWorkload, default_tiling, round_up,
                               schedule, tile_steps)
 from ...tir_schedules.schedules import Conv2dTiling, k_split_rule, taps_per_tile
-from ..config import LPXConfig
-from ..isa import DType, Unit
-from ..timing import unit_count
+from ...machine.config import LPXConfig
+from ...machine.isa import DType, Unit
+from ...machine.timing import unit_count
 from .graph import RegionOp, UnsupportedOnLPX
 from .storage import Stored, StreamedWeights, _chunk_of, _one, _runs
 from .support import block_diagonal, grouped_conv_problem

@@ -23,9 +23,9 @@ import numpy as np
 
 from ...errors import SramFull
 from ..builder import OffchipTensor, ProgramBuilder
-from ..config import LPXConfig
-from ..isa import DType
-from ..program import Program
+from ...machine.config import LPXConfig
+from ...machine.isa import DType
+from ...machine.program import Program
 from .graph import Operand, Region, RegionOp, UnsupportedOnLPX, read_region
 from .int8 import Int8Lowering, relax_dtype
 from .mxm import MxmLowering, _Planes

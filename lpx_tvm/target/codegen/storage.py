@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..builder import ProgramBuilder, SramTensor
-from ..isa import DType
+from ...machine.isa import DType
 from .graph import UnsupportedOnLPX
 
 

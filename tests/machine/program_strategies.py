@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from lpx_tvm.target.encoding import f32_from_bits
-from lpx_tvm.target.isa import OPS, DType, Instr, Stream
-from lpx_tvm.target.program import Binding, Program, SramImage, TensorLayout
+from lpx_tvm.machine.encoding import f32_from_bits
+from lpx_tvm.machine.isa import OPS, DType, Instr, Stream
+from lpx_tvm.machine.program import Binding, Program, SramImage, TensorLayout
 
 streams = st.builds(Stream, st.sampled_from("EW"), st.integers(0, 63))
 finite_or_inf_f32 = st.floats(width=32, allow_nan=False)  # -0.0, subnormals, +-inf

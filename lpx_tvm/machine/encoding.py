@@ -18,7 +18,7 @@ import zlib
 import numpy as np
 
 from ..errors import EncodingError, ProgramError
-from .isa import FIELDS, ISA_VERSION, OPS, OPS_BY_CODE, DType, Instr, Stream
+from .isa import FIELDS, ISA_VERSION, OPS, OPS_BY_CODE, DType, Instr, Stream, f32_bits, f32_from_bits  # noqa: F401
 from .program import Binding, Program, SramImage, TensorLayout
 
 MAGIC = b"LPXPROG\0"
@@ -47,35 +47,6 @@ INT_RANGES = {
 # Order of the generic fields in the instruction record (after op, unit, tag, cycle, count).
 _SLOTS = ("dtype", "out_dtype", "src0", "src1", "dst", "buf", "slice", "addr", "stride", "imm", "aux0", "aux1")
 assert set(_SLOTS) == set(FIELDS)
-
-
-# ---- scalar helpers shared with the assembler ------------------------------------
-
-def f32_bits(value: float) -> int:
-    """Raw IEEE-754 binary32 bits of ``value``, rounded to nearest.
-
-    NaN payloads carried by a Python float made with :func:`f32_from_bits` are kept
-    bit for bit (signalling NaNs included). A finite value too large for float32
-    raises :class:`EncodingError`.
-    """
-    value = float(value)
-    if value != value:
-        (b64,) = struct.unpack("<Q", struct.pack("<d", value))
-        mantissa = (b64 >> 29) & 0x7FFFFF or 0x400000
-        return ((b64 >> 63) << 31) | 0x7F800000 | mantissa
-    try:
-        (bits,) = struct.unpack("<I", struct.pack("<f", value))
-    except OverflowError:
-        raise EncodingError(f"value {value!r} is too large for float32") from None
-    return bits
-
-
-def f32_from_bits(bits: int) -> float:
-    """The Python float holding binary32 ``bits`` exactly (NaN payloads included)."""
-    if bits & 0x7F800000 == 0x7F800000 and bits & 0x7FFFFF:
-        b64 = ((bits >> 31) << 63) | (0x7FF << 52) | ((bits & 0x7FFFFF) << 29)
-        return struct.unpack("<d", struct.pack("<Q", b64))[0]
-    return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
 def check_config_hash(text: str) -> bytes:

@@ -278,7 +278,7 @@ def parse_config(data: dict, source: str = "<config>") -> LPXConfig:
 
 
 def preset_path(name: str):
-    return resources.files("lpx_tvm.target").joinpath("presets", f"{name}.json")
+    return resources.files("lpx_tvm.machine").joinpath("presets", f"{name}.json")
 
 
 def load_config(preset_or_path: "str | os.PathLike | LPXConfig | None" = None) -> LPXConfig:

@@ -1,7 +1,7 @@
 """Readable LPX assembly: one instruction per line, plus directives for a whole Program.
 
 An instruction line is ``@<cycle> <mnemonic> <unit_name>=<unit> count=<count>`` followed
-by the opcode's fields as ``name=value`` in the order :data:`~lpx_tvm.target.isa.OPS`
+by the opcode's fields as ``name=value`` in the order :data:`~lpx_tvm.machine.isa.OPS`
 declares, and ``; <tag>`` when the instruction has a tag::
 
     @120 mem.read slice=12 count=64 addr=256 stride=2 dtype=fp16 dst=E3 ; conv1
@@ -20,13 +20,11 @@ import json
 import numpy as np
 
 from ..errors import EncodingError, ProgramError
-from .encoding import (check_config_hash, f32_bits, f32_from_bits, table_from_json,
-                       table_to_json)
-from .isa import _DEFAULTS, ISA_VERSION, OPS, DType, Instr, Stream
+from .encoding import check_config_hash, table_from_json, table_to_json
+from .isa import (_DEFAULTS, _DTYPES, _STREAMS, ISA_VERSION, OPS, DType, Instr, Stream, f32_bits, f32_from_bits,
+                  format_f32, format_instr)  # noqa: F401 (format_instr: part of the assembler's API)
 from .program import Binding, Program, SramImage, TensorLayout
 
-_STREAMS = ("src0", "src1", "dst")
-_DTYPES = ("dtype", "out_dtype")
 _DATA_CHUNK = 48  # bytes per .data line (64 base64 characters)
 _QNAN = 0x7FC00000
 
@@ -36,17 +34,6 @@ def _json(obj) -> str:
 
 
 # ---- values -----------------------------------------------------------------------
-
-def format_f32(value: float) -> str:
-    """Shortest text that reads back as the same float32: ``0.1``, ``-0.0``, ``inf``,
-    ``nan:0x7fc00001`` (NaNs as raw bits, so payloads survive)."""
-    bits = f32_bits(value)
-    if bits & 0x7F800000 == 0x7F800000:
-        if bits & 0x7FFFFF:
-            return f"nan:0x{bits:08x}"
-        return "-inf" if bits >> 31 else "inf"
-    return str(np.float32(f32_from_bits(bits)))
-
 
 def parse_f32(text: str) -> float:
     """Parse a float written by :func:`format_f32` (or any decimal), rounded to float32."""
@@ -76,19 +63,6 @@ def _parse_int(text: str, what: str) -> int:
         raise EncodingError(f"bad integer {text!r} for {what}") from None
 
 
-def _format_value(name: str, value) -> str:
-    if name in _STREAMS:
-        return "-" if value is None else str(value)
-    if name in _DTYPES:
-        return DType(value).short
-    if name == "imm":
-        try:
-            return format_f32(value)
-        except EncodingError:
-            return repr(value)
-    return str(value)
-
-
 def _parse_value(name: str, text: str):
     if name in _STREAMS:
         if text == "-":
@@ -108,19 +82,6 @@ def _parse_value(name: str, text: str):
     return _parse_int(text, name)
 
 
-def _is_default(name: str, value) -> bool:
-    if name == "imm":
-        return f32_bits(value) == 0
-    return value == _DEFAULTS[name]
-
-
-def _format_tag(tag: str) -> str:
-    """Tags are written raw unless they could not read back so (then as a JSON string)."""
-    if tag != tag.strip() or tag.startswith('"') or not tag.isprintable():
-        return json.dumps(tag)
-    return tag
-
-
 def _parse_tag(text: str) -> str:
     text = text.strip()
     if text.startswith('"'):
@@ -135,32 +96,6 @@ def _parse_tag(text: str) -> str:
 
 
 # ---- instructions -----------------------------------------------------------------
-
-def format_instr(ins: Instr) -> str:
-    """One assembly line for ``ins``.
-
-    Optional fields left at their default are omitted; mandatory ones are always
-    written. Fields the opcode does not use but that are set anyway are shown as
-    ``!field=value`` so the line stays informative; :func:`parse_instr` rejects them.
-    """
-    spec = OPS[ins.op]
-    parts = [f"@{ins.cycle}", ins.op, f"{spec.unit_name}={ins.unit}", f"count={ins.count}"]
-    for asm_name, name in spec.fields:
-        value = getattr(ins, name)
-        if name in spec.optional:
-            try:
-                if _is_default(name, value):
-                    continue
-            except EncodingError:
-                pass
-        parts.append(f"{asm_name}={_format_value(name, value)}")
-    for name in ins.unused_fields_set():
-        parts.append(f"!{name}={_format_value(name, getattr(ins, name))}")
-    line = " ".join(parts)
-    if ins.tag:
-        line += " ; " + _format_tag(ins.tag)
-    return line
-
 
 def _line_error(problem: str, line: str, lineno) -> EncodingError:
     where = f"line {lineno}: " if lineno is not None else ""

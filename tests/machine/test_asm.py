@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 
 from lpx_tvm.cli import main
 from lpx_tvm.errors import EncodingError
-from lpx_tvm.target.asm import format_instr, format_program, parse_instr, parse_program
-from lpx_tvm.target.config import load_config
-from lpx_tvm.target.encoding import encode_program, f32_bits, f32_from_bits, load_program
-from lpx_tvm.target.isa import OPS, DType, Instr, Stream
-from lpx_tvm.target.program import Program, SramImage
+from lpx_tvm.machine.asm import format_instr, format_program, parse_instr, parse_program
+from lpx_tvm.machine.config import load_config
+from lpx_tvm.machine.encoding import encode_program, f32_bits, f32_from_bits, load_program
+from lpx_tvm.machine.isa import OPS, DType, Instr, Stream
+from lpx_tvm.machine.program import Program, SramImage
 
 from program_strategies import instrs, nan_f32, programs
 

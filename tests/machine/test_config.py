@@ -8,7 +8,7 @@ import json
 import pytest
 
 from lpx_tvm.errors import ConfigError
-from lpx_tvm.target.config import LATENCY_FIELDS, MXM_DTYPES, PRESETS, load_config, parse_config, preset_path
+from lpx_tvm.machine.config import LATENCY_FIELDS, MXM_DTYPES, PRESETS, load_config, parse_config, preset_path
 
 MIB = 1024 * 1024
 

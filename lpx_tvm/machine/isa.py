@@ -9,11 +9,15 @@ declared once in :data:`OPS`; the encoder, the assembler and the simulator all r
 from __future__ import annotations
 
 import enum
+import json
+import struct
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import ml_dtypes
 import numpy as np
+
+from ..errors import EncodingError
 
 ISA_VERSION = 1
 
@@ -278,11 +282,107 @@ class Instr:
         return replace(self, cycle=self.cycle + delta)
 
     def __str__(self):
-        from .asm import format_instr  # local import: asm depends on this module
-
         return format_instr(self)
 
 
 def queue_name(queue: tuple) -> str:
     unit, index = queue
     return f"{unit.name.lower()}{index}"
+
+
+# ---- float32 immediates ---------------------------------------------------------
+
+def f32_bits(value: float) -> int:
+    """Raw IEEE-754 binary32 bits of ``value``, rounded to nearest.
+
+    NaN payloads carried by a Python float made with :func:`f32_from_bits` are kept
+    bit for bit (signalling NaNs included). A finite value too large for float32
+    raises :class:`EncodingError`.
+    """
+    value = float(value)
+    if value != value:
+        (b64,) = struct.unpack("<Q", struct.pack("<d", value))
+        mantissa = (b64 >> 29) & 0x7FFFFF or 0x400000
+        return ((b64 >> 63) << 31) | 0x7F800000 | mantissa
+    try:
+        (bits,) = struct.unpack("<I", struct.pack("<f", value))
+    except OverflowError:
+        raise EncodingError(f"value {value!r} is too large for float32") from None
+    return bits
+
+
+def f32_from_bits(bits: int) -> float:
+    """The Python float holding binary32 ``bits`` exactly (NaN payloads included)."""
+    if bits & 0x7F800000 == 0x7F800000 and bits & 0x7FFFFF:
+        b64 = ((bits >> 31) << 63) | (0x7FF << 52) | ((bits & 0x7FFFFF) << 29)
+        return struct.unpack("<d", struct.pack("<Q", b64))[0]
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+# ---- one instruction as assembly text (lpx_tvm.machine.asm reads it back) ---------
+
+_STREAMS = ("src0", "src1", "dst")
+_DTYPES = ("dtype", "out_dtype")
+
+
+def format_f32(value: float) -> str:
+    """Shortest text that reads back as the same float32: ``0.1``, ``-0.0``, ``inf``,
+    ``nan:0x7fc00001`` (NaNs as raw bits, so payloads survive)."""
+    bits = f32_bits(value)
+    if bits & 0x7F800000 == 0x7F800000:
+        if bits & 0x7FFFFF:
+            return f"nan:0x{bits:08x}"
+        return "-inf" if bits >> 31 else "inf"
+    return str(np.float32(f32_from_bits(bits)))
+
+
+def _format_value(name: str, value) -> str:
+    if name in _STREAMS:
+        return "-" if value is None else str(value)
+    if name in _DTYPES:
+        return DType(value).short
+    if name == "imm":
+        try:
+            return format_f32(value)
+        except EncodingError:
+            return repr(value)
+    return str(value)
+
+
+def _is_default(name: str, value) -> bool:
+    if name == "imm":
+        return f32_bits(value) == 0
+    return value == _DEFAULTS[name]
+
+
+def _format_tag(tag: str) -> str:
+    """Tags are written raw unless they could not read back so (then as a JSON string)."""
+    if tag != tag.strip() or tag.startswith('"') or not tag.isprintable():
+        return json.dumps(tag)
+    return tag
+
+
+def format_instr(ins: Instr) -> str:
+    """One assembly line for ``ins``.
+
+    Optional fields left at their default are omitted; mandatory ones are always
+    written. Fields the opcode does not use but that are set anyway are shown as
+    ``!field=value`` so the line stays informative; :func:`parse_instr` rejects them.
+    """
+    spec = OPS[ins.op]
+    parts = [f"@{ins.cycle}", ins.op, f"{spec.unit_name}={ins.unit}", f"count={ins.count}"]
+    for asm_name, name in spec.fields:
+        value = getattr(ins, name)
+        if name in spec.optional:
+            try:
+                if _is_default(name, value):
+                    continue
+            except EncodingError:
+                pass
+        parts.append(f"{asm_name}={_format_value(name, value)}")
+    for name in ins.unused_fields_set():
+        parts.append(f"!{name}={_format_value(name, getattr(ins, name))}")
+    line = " ".join(parts)
+    if ins.tag:
+        line += " ; " + _format_tag(ins.tag)
+    return line

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from lpx_tvm.cli import main
 from lpx_tvm.errors import EncodingError
-from lpx_tvm.target.encoding import (HEADER_SIZE, INSTR_SIZE, decode_instrs, decode_program,
+from lpx_tvm.machine.encoding import (HEADER_SIZE, INSTR_SIZE, decode_instrs, decode_program,
                                      encode_instrs, encode_program, f32_bits, f32_from_bits,
                                      load_program, save_program, tag_table)
-from lpx_tvm.target.isa import ISA_VERSION, OPS, DType, Instr, Stream
-from lpx_tvm.target.program import Binding, Program, SramImage, TensorLayout
+from lpx_tvm.machine.isa import ISA_VERSION, OPS, DType, Instr, Stream
+from lpx_tvm.machine.program import Binding, Program, SramImage, TensorLayout
 
 from program_strategies import instrs, nan_f32, programs
 
@@ -284,7 +284,7 @@ def test_load_names_file(tmp_path):
 # ---- the command line -------------------------------------------------------------
 
 def test_cli_disasm(tmp_path, capsys):
-    from lpx_tvm.target.asm import parse_program
+    from lpx_tvm.machine.asm import parse_program
 
     path = tmp_path / "p.lpx"
     save_program(sample_program(), path)
