@@ -17,20 +17,19 @@ import tvm
 from tvm import relax
 
 from .errors import LPXError
+from .precision import Precision
 from .relax_passes import canonicalize, partition_for_lpx
 from .relax_passes.qdq import FoldQDQ, has_qdq
 from .runtime.executable import LPXExecutable
-from .target.codegen import RegionCompiler
+from .target.codegen import TilingPolicy, compile_region
 from .target.codegen.outline import lpx_functions, outline_regions
 from .machine.config import load_config
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 TARGET_TAG = "lpx"
 
 
 def _check(precision):
-    if precision not in PRECISIONS:
-        raise LPXError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    Precision.parse(precision)
 
 
 def partition_model(mod, cfg, precision: str):
@@ -55,14 +54,16 @@ def lower_for_lpx(mod, cfg, precision: str, tuned=None, tasks=None, tuned_used=N
     ``tuned_used``. ``tasks``: a dict that collects every MXM layer (tuning tasks).
     """
     mod, offload = partition_model(mod, cfg, precision)
-    compiler = RegionCompiler(cfg, precision)
-    compiler.tuned = tuned or {}
-    compiler.tuned_used = tuned_used
-    compiler.mxm_tasks = tasks
+    policy = TilingPolicy(tuned or {})
     # Extern-call names are global in the process: a per-build tag keeps two models apart.
     tag = uuid.uuid4().hex[:8]
     names = {fn: f"{tag}_{i}" for i, fn in enumerate(sorted(lpx_functions(mod)))}
-    regions = {names[fn]: compiler.compile(names[fn], func) for fn, func in lpx_functions(mod).items()}
+    regions = {names[fn]: compile_region(cfg, precision, names[fn], func, policy)
+               for fn, func in lpx_functions(mod).items()}
+    if tasks is not None:
+        tasks.update(policy.tasks)
+    if tuned_used is not None:
+        tuned_used.update(policy.used)
     return outline_regions(mod, names), regions, offload
 
 

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from . import __version__
+from .precision import Precision
 from .errors import LPXError
 
 PROG = "lpx-tvm"
@@ -77,7 +78,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", help="Chrome/Perfetto trace JSON to write (program binaries)")
     p.add_argument("--preset", default=None, help="machine: tsp, mini, lp30 or a JSON file (default: tsp; a "
                                                    "program or artifact runs on the machine it was built for)")
-    p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "int8"])
+    p.add_argument("--precision", default="fp16", choices=Precision.names())
     p.add_argument("--timing-only", action="store_true", help="program binaries: skip the arithmetic")
     p.add_argument("--tuning-log", help="tuning log folder (lpx-tvm tune) whose schedules to use")
 
@@ -173,7 +174,7 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="an .onnx model")
     p.add_argument("-o", "--output", required=True, help="artifact folder to write")
     p.add_argument("--preset", default="tsp", help="tsp, mini, lp30 or a JSON machine file")
-    p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "int8"])
+    p.add_argument("--precision", default="fp16", choices=Precision.names())
     p.add_argument("--tuning-log", help="tuning log folder (lpx-tvm tune) whose schedules to use")
 
 
@@ -214,7 +215,7 @@ def _print_model_report(rep: dict) -> None:
 def _tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="an .onnx model or a model bundled with onnx (light_resnet50, ...)")
     p.add_argument("--preset", default="tsp", help="tsp, mini, lp30 or a JSON machine file")
-    p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "int8"])
+    p.add_argument("--precision", default="fp16", choices=Precision.names())
     p.add_argument("--trials", type=int, default=64, help="measured candidates per task (default 64)")
     p.add_argument("--log", required=True, help="tuning log folder to write (a rerun resumes it)")
     p.add_argument("--workers", type=int, default=0,
@@ -341,7 +342,7 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="light_resnet50",
                    help="a model bundled with the onnx package (light_resnet50, light_squeezenet, ...) or an .onnx file")
     p.add_argument("--preset", default="tsp")
-    p.add_argument("--precision", default="bf16", choices=["fp32", "fp16", "bf16"],
+    p.add_argument("--precision", default="bf16", choices=[p for p in Precision.names() if p != Precision.INT8],
                    help="bf16 by default: the bundled light models' constant weights push activations past "
                         "fp16's range, and bf16 keeps fp32's exponent")
     p.add_argument("--no-tuning-log", dest="tuning_log", action="store_false",

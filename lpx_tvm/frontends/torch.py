@@ -109,11 +109,10 @@ def from_torch(module, example_inputs, preset="tsp", precision="fp16"):
 
 def check_options(preset, precision):
     """Fail before exporting when the preset or precision is invalid."""
-    from ..build import PRECISIONS
+    from ..precision import Precision
     from ..machine.config import load_config
 
-    if precision not in PRECISIONS:
-        raise LPXError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    Precision.parse(precision)
     load_config(preset)
 
 

@@ -12,10 +12,10 @@ import contextvars
 from dataclasses import dataclass, field
 
 from ..machine.config import LPXConfig, load_config
+from ..precision import Precision
 from .errors import PartitionError
 
 __all__ = [
-    "PRECISIONS",
     "CheckSettings",
     "Rejection",
     "RejectionLog",
@@ -23,8 +23,6 @@ __all__ = [
     "current_settings",
 ]
 
-# Bytes per activation element on the machine, by compile precision.
-PRECISIONS = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
 
 
 @dataclass(frozen=True)
@@ -72,16 +70,16 @@ class CheckSettings:
 
     @property
     def activation_bytes(self) -> int:
-        return PRECISIONS[self.precision]
+        return Precision(self.precision).value_bytes
 
 
 _SETTINGS: contextvars.ContextVar = contextvars.ContextVar("lpx_check_settings", default=None)
 
 
 def _validated_precision(precision: str) -> str:
-    if precision not in PRECISIONS:
+    if precision not in Precision.names():
         raise PartitionError(
-            f"precision {precision!r} is not one of {', '.join(sorted(PRECISIONS))}"
+            f"precision {precision!r} is not one of {', '.join(sorted(Precision.names()))}"
         )
     return precision
 

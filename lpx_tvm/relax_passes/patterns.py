@@ -49,7 +49,6 @@ from tvm.relax.dpl.pattern import is_op, wildcard
 
 from ..target.codegen.support import binary_operands_problem, grouped_conv_problem, reshape_keeps_storage
 from .check_context import (
-    PRECISIONS,
     CheckSettings,
     Rejection,
     RejectionLog,
@@ -59,7 +58,6 @@ from .check_context import (
 
 __all__ = [
     "PATTERN_PREFIX",
-    "PRECISIONS",
     "SUPPORTED_DTYPES",
     "CheckSettings",
     "Rejection",

@@ -23,7 +23,7 @@ import tvm
 from tvm import relax
 
 from ..errors import LPXError
-from ..target.codegen import CompiledRegion
+from .region import CompiledRegion
 from ..machine.config import parse_config
 from ..machine.encoding import load_program, save_program
 from .executable import LPXExecutable

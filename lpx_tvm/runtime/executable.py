@@ -24,7 +24,7 @@ import tvm
 from tvm import relax
 
 from ..sim import Simulator
-from ..target.codegen import CompiledRegion
+from .region import CompiledRegion
 from ..machine.config import LPXConfig
 
 REGION_PREFIX = "lpx.region."

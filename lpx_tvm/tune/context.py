@@ -61,7 +61,7 @@ class ModelContext:
         self.eval_s = 0.0
 
     def _region_cycles(self, i: int, tuned: dict) -> int:
-        from ..target.codegen import RegionCompiler
+        from ..target.codegen import TilingPolicy, compile_region
         from .measure import simulate_cycles
 
         keys = self.region_keys[i]
@@ -69,18 +69,15 @@ class ModelContext:
         if keys is not None and ck in self.cache:
             return self.cache[ck]
         t = time.perf_counter()
-        compiler = RegionCompiler(self.cfg, self.precision)
-        compiler.tuned = tuned
-        compiler.tuned_used = set()
-        compiler.mxm_tasks = seen = {}
-        region = compiler.compile(f"ctx_{i}", self.funcs[i])
+        policy = TilingPolicy(tuned)
+        region = compile_region(self.cfg, self.precision, f"ctx_{i}", self.funcs[i], policy)
         cycles = simulate_cycles(region.program, self.cfg)
         self.evaluations += 1
         self.eval_s += time.perf_counter() - t
         if keys is None:
             # Off-chip (band) layers are not collected as tasks, but a tuned tiling still
             # reaches them: key the cache by every task key the compiler looked up or applied.
-            self.region_keys[i] = keys = set(seen) | set(compiler.tuned_used)
+            self.region_keys[i] = keys = set(policy.tasks) | policy.used
             ck = (i, tuple(sorted(((repr(k), tuned.get(k)) for k in keys), key=repr)))
         self.cache[ck] = cycles
         return cycles

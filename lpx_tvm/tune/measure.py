@@ -46,16 +46,13 @@ def one_op_region(op) -> Region:
 
 def compile_task(task: Task, cfg: LPXConfig, tiling=None):
     """The Program of the task's one-op region, with ``tiling`` (None: the default)."""
-    from ..target.codegen import RegionCompiler
+    from ..target.codegen import TilingPolicy, compile_region
 
-    compiler = RegionCompiler(cfg, task.precision)
-    compiler.tuned = {} if tiling is None else {task.key: tiling}
-    compiler.tuned_used = set()
-    compiler.mxm_tasks = {}
-    compiled = compiler._compile(task.region, offchip=False)
-    if task.key not in compiler.mxm_tasks:
+    policy = TilingPolicy({} if tiling is None else {task.key: tiling})
+    compiled = compile_region(cfg, task.precision, task.region.name, task.region, policy, offchip=False)
+    if task.key not in policy.tasks:
         raise MeasureError(f"task {task.name}: its one-op region compiles to another workload")
-    if tiling is not None and task.key not in compiler.tuned_used:
+    if tiling is not None and task.key not in policy.used:
         raise MeasureError(f"task {task.name}: the candidate's tiling was not applied")
     return compiled.program
 

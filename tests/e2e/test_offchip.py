@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from relax_modules import Attention
 
 import lpx_tvm
-from lpx_tvm.target.codegen import RegionCompiler
+from lpx_tvm.target.codegen.region import RegionCompiler
 
 RNG = np.random.default_rng(3)
 

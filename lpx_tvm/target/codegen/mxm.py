@@ -61,27 +61,14 @@ class _Planes:
 class MxmLowering:
     """Methods of :class:`~lpx_tvm.target.codegen.region.RegionCompiler` for MXM ops."""
 
-    # Tuned tilings by (workload, composite, batches) (:func:`lpx_tvm.tune.database.load_tuned`);
-    # layers without one use default_tiling.
-    tuned: dict = {}
-    # When a dict: every on-chip MXM layer's key -> [RegionOp, ...] (tuning tasks), and the
-    # keys a tuned tiling was applied to, in ``tuned_used``.
-    mxm_tasks = None
-    tuned_used = None
     layer_ops: dict = {}  # op.out -> the composite a lowering was given, when it lowers a view of it
 
     def _tiling(self, op: RegionOp, work, batches: int = 1):
         """The tiling of one MXM layer: its tuned one if the tuning log has it, else the default."""
-        key = (work, op.composite, batches)
-        if self.mxm_tasks is not None and not self.offchip:
-            # The whole composite (an int8 op's MXM view lacks the epilogue its lowering reads).
-            self.mxm_tasks.setdefault(key, []).append(self.layer_ops.get(op.out, op))
-        t = self.tuned.get(key)
-        if t is None:
-            return default_tiling(self.cfg, work)
-        if self.tuned_used is not None:
-            self.tuned_used.add(key)
-        return t
+        # The task is the whole composite (an int8 op's MXM view lacks the epilogue its
+        # lowering reads); off-chip bands are not tuning tasks.
+        return self.policy.tiling((work, op.composite, batches), self.layer_ops.get(op.out, op),
+                                  lambda: default_tiling(self.cfg, work), record=not self.offchip)
 
     def _weight_tensor(self, op: RegionOp):
         """The MXM weight matrix of an op, as its lowering reads it (None for vector ops):
@@ -197,7 +184,7 @@ class MxmLowering:
         placement and the lowering both ask here, so they agree."""
         if self.offchip or not work.channels:
             return ""
-        t = self.tuned.get((work, op.composite, 1))
+        t = self.policy.peek((work, op.composite, 1))
         return getattr(t, "pack", "") if t is not None else ""
 
     def _conv_taps_packed(self, op: RegionOp, xp: Stored, work, t, c: int, co: int, is_output: bool, q=None):

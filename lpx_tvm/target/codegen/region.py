@@ -17,11 +17,12 @@ All groups of the region go to one ProgramBuilder, whose list scheduler times th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
 from ...errors import SramFull
+from ...precision import Precision
 from ..builder import OffchipTensor, ProgramBuilder
 from ...machine.config import LPXConfig
 from ...machine.isa import DType
@@ -29,24 +30,30 @@ from ...machine.program import Program
 from .graph import Operand, Region, RegionOp, UnsupportedOnLPX, read_region
 from .int8 import Int8Lowering, relax_dtype
 from .mxm import MxmLowering, _Planes
+from ...runtime.region import CompiledRegion
 from .offchip import OffchipLowering, Spilled
+from .policy import TilingPolicy
 from .storage import Stored, StreamedWeights, _chunk_of, _one, _row_align, _runs, _slices, stored_shape
 from .vector import VectorLowering
 
-PRECISION_DTYPE = {"fp32": DType.FP32, "fp16": DType.FP16, "bf16": DType.BF16, "int8": DType.INT8}
+PRECISION_DTYPE = {Precision.FP32: DType.FP32, Precision.FP16: DType.FP16, Precision.BF16: DType.BF16,
+                   Precision.INT8: DType.INT8}
 
 
-@dataclass
-class CompiledRegion:
-    name: str
-    program: Program
-    inputs: list  # [(param name, logical shape)]
-    outputs: list  # [(binding name, logical shape)]
-    macs: int = 0
-    ops: dict = field(default_factory=dict)  # relax op -> count, for reports
-    weight_bytes: int = 0  # all MXM weights, resident or streamed
-    streamed_bytes: int = 0  # the part kept off chip and loaded over the DMA path
-    input_transforms: dict = field(default_factory=dict)  # param -> host-side layout (im2col)
+def compile_region(cfg: LPXConfig, precision: str, name: str, func, policy: "TilingPolicy | None" = None, *,
+                   offchip: bool = True) -> CompiledRegion:
+    """Compile one LPX region into one Program.
+
+    ``func``: the partitioned Relax function (or a :class:`Region` already read from one);
+    ``policy``: the tilings of its MXM layers (None: every layer at its default), which
+    records the layers it was asked about; ``offchip``: whether a region whose activations
+    do not fit the SRAM may keep them off chip (else :class:`SramFull` is raised).
+    """
+    compiler = RegionCompiler(cfg, precision, policy)
+    region = func if isinstance(func, Region) else read_region(name, func)
+    if not offchip:
+        return compiler._compile(region, offchip=False)
+    return compiler.compile(region)
 
 
 class RegionCompiler(Int8Lowering, MxmLowering, VectorLowering, OffchipLowering):
@@ -57,16 +64,16 @@ class RegionCompiler(Int8Lowering, MxmLowering, VectorLowering, OffchipLowering)
     spread = 8
     weight_spread = 8
 
-    def __init__(self, config: LPXConfig, precision: str = "fp16"):
+    def __init__(self, config: LPXConfig, precision: str = "fp16", policy: "TilingPolicy | None" = None):
         if precision not in PRECISION_DTYPE:
             raise UnsupportedOnLPX(f"precision {precision!r} (expected fp32, fp16, bf16 or int8)")
         self.cfg = config
+        self.policy = policy if policy is not None else TilingPolicy()
         self.dtype = PRECISION_DTYPE[precision]
         self.int8 = precision == "int8"  # values keep their own dtypes: int8, uint8, float32 at the edges
         self.acc = DType.INT32 if self.int8 else DType.FP32
 
-    def compile(self, name: str, func) -> CompiledRegion:
-        region = read_region(name, func)
+    def compile(self, region: Region) -> CompiledRegion:
         try:
             return self._compile(region, offchip=False)
         except SramFull:
