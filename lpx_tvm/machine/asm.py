@@ -17,7 +17,6 @@ import base64
 import binascii
 import json
 
-import numpy as np
 
 from ..errors import EncodingError, ProgramError
 from .encoding import check_config_hash, table_from_json, table_to_json

@@ -10,24 +10,23 @@ Example: copy a tensor through the VXM, adding one::
     program = b.build()
 
 Each ``group`` is rigid (its instructions are tied by streams); ``build`` places the
-groups at exact cycles with :mod:`lpx_tvm.target.scheduler` and allocates streams.
+groups at exact cycles with :mod:`lpx_tvm.target.placer` and allocates streams.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ..errors import SchedulingError, SramFull
 from ..machine.config import LPXConfig, load_config
-from ..machine.isa import DType, Instr, Stream, Unit
+from ..machine.isa import DType, Instr, Unit
 from ..machine.layout import coerce, tensor_tiles
 from ..machine.program import Binding, Program, SramImage, TensorLayout
-from .scheduler import Reservations
+from .placer import UNIT_OF_PREFIX, Placer
 from .sram_alloc import SramAllocator
 from ..machine.timing import mxm_rate, timing, unit_count, unit_position
 
@@ -526,14 +525,14 @@ class ProgramBuilder:
         self._groups.append("sync")
 
     def nearest_sxm(self, node: Node) -> int:
-        pos = unit_position(self.config, _UNIT_OF[node.op.split(".")[0]], node.units[0])
+        pos = unit_position(self.config, UNIT_OF_PREFIX[node.op.split(".")[0]], node.units[0])
         if pos is None:
             return 0
         return min(range(unit_count(self.config, Unit.SXM)), key=lambda u: abs(self.config.position("SXM", u) - pos))
 
     # -- scheduling ------------------------------------------------------------
     def build(self) -> Program:
-        placer = _Placer(self.config)
+        placer = Placer(self.config)
         instrs = []
         for g in self._groups:
             if g == "sync":
@@ -544,162 +543,3 @@ class ProgramBuilder:
         return Program(self.config.hash, instrs, sram_init=list(self._images), host_init=bytes(self._host),
                        host_bytes=self._host_end, bindings=list(self._bindings), tables=list(self._tables),
                        symbols=dict(self._symbols), name=self.name)
-
-
-_UNIT_OF = {"mem": Unit.MEM, "dma": Unit.DMA, "mxm": Unit.MXM, "vxm": Unit.VXM, "sxm": Unit.SXM,
-            "c2c": Unit.C2C, "icu": Unit.ICU}
-
-
-class _Placer:
-    """Places groups one after another at their earliest valid cycle."""
-
-    def __init__(self, cfg: LPXConfig):
-        self.cfg = cfg
-        self.res = Reservations()
-        self.barrier = 0
-        self.max_done = 0
-
-    def sync(self) -> int:
-        t = max(self.max_done, self.barrier)
-        self.barrier = t
-        return t
-
-    def _timing(self, node: Node, unit: int):
-        tm = node.timings.get(unit)
-        if tm is None:
-            tm = node.timings[unit] = timing(self.cfg, node.probe(unit), mxm_weights=node.weights)
-        return tm
-
-    def _position(self, node: Node) -> int:
-        return unit_position(self.cfg, _UNIT_OF[node.op.split(".")[0]], node.units[0])
-
-    def _solve(self, g: Group):
-        """Fix every node's offset from the stream timing equalities; check consistency."""
-        nodes = g.nodes
-        adj = defaultdict(list)
-        for c in nodes:
-            pc = self._position(c)
-            for _, v in c.inputs:
-                p = v.node
-                d = self._timing(p, p.units[0]).emit + abs(pc - self._position(p)) + v.offset
-                adj[p].append((c, d))
-                adj[c].append((p, -d))
-        off = {nodes[0]: 0}
-        queue = deque([nodes[0]])
-        while queue:
-            a = queue.popleft()
-            for b, d in adj[a]:
-                if b not in off:
-                    off[b] = off[a] + d
-                    queue.append(b)
-                elif off[b] != off[a] + d:
-                    raise SchedulingError(
-                        f"group {g.tag!r}: {b.op} would need its operands at two different cycles "
-                        f"(paths differ by {off[b] - off[a] - d} cycles); read the operand again instead")
-        if len(off) != len(nodes):
-            raise SchedulingError(f"group {g.tag!r}: instructions not connected by streams belong in "
-                                  "separate groups")
-        base = min(off.values())
-        for n in nodes:
-            n.offset = off[n] - base
-
-    def _direction(self, v: Value) -> "str | None":
-        pp = self._position(v.node)
-        dirs = {"E" if self._position(c) > pp else "W" for c, _ in v.consumers if self._position(c) != pp}
-        if len(dirs) > 1:
-            raise SchedulingError(f"{v.node.op}: its value has consumers both east and west of it")
-        return dirs.pop() if dirs else None
-
-    def place(self, g: Group) -> list:
-        self._solve(g)
-        effects = [(k, lo, hi, kind, n.offset + a, n.offset + b, n.offset)
-                   for n in g.nodes for (k, lo, hi, kind, a, b) in n.effects]
-        values = [n.out for n in g.nodes if n.out is not None]
-        dirs = {id(v): self._direction(v) for v in values}
-        t = max(self.res.lower_bound(effects), self.barrier)
-        while True:
-            plan, bump = self._try(g, values, dirs, t)
-            if plan is not None:
-                break
-            t = max(t + 1, bump)
-        units, streams = plan
-        return self._commit(g, effects, values, units, streams, t)
-
-    def _try(self, g: Group, values, dirs, t: int):
-        """Units and streams for the group at ``t``, or (None, next cycle worth trying)."""
-        local = defaultdict(list)
-        units = {}
-        for n in g.nodes:
-            best = None
-            for u in n.units:
-                tm_ = self._timing(n, u)
-                a, b = t + n.offset, t + n.offset + tm_.occupancy
-                if any(la < b and a < lb for port in tm_.ports for la, lb in local[port]):
-                    continue  # taken by another instruction of this group whatever t is
-                ends = [e for port in tm_.ports if tm_.occupancy
-                        for e in [self.res.ports[port].conflict(a, b)] if e is not None]
-                if not ends:
-                    units[n] = u
-                    for port in tm_.ports:
-                        local[port].append((a, b))
-                    break
-                best = max(ends) if best is None else min(best, max(ends))
-            else:
-                if best is None:
-                    raise SchedulingError(
-                        f"group {g.tag!r}: {n.op} on unit {n.units[0]} overlaps another instruction of the "
-                        "same group on the same port; read from another slice or split the group")
-                return None, best - n.offset
-        streams = {}
-        local_s = defaultdict(list)
-        for v in values:
-            best = None
-            for dr in ([dirs[id(v)]] if dirs[id(v)] else ["E", "W"]):
-                d0, n = self._dinterval(v, units, t, dr)
-                for sid in range(self.cfg.streams_east if dr == "E" else self.cfg.streams_west):
-                    key = (dr, sid)
-                    if any(la < d0 + n and d0 < lb for la, lb in local_s[key]):
-                        continue
-                    e = self.res.streams[key].conflict(d0, d0 + n)
-                    if e is None:
-                        streams[id(v)] = Stream(dr, sid)
-                        local_s[key].append((d0, d0 + n))
-                        break
-                    best = (e - d0) if best is None else min(best, e - d0)
-                if id(v) in streams:
-                    break
-            if id(v) not in streams:
-                if best is None:
-                    raise SchedulingError(f"group {g.tag!r} needs more simultaneous streams than the machine has")
-                return None, t + best
-        return (units, streams), None
-
-    def _dinterval(self, v: Value, units, t: int, direction: str):
-        p = v.node
-        tm_ = self._timing(p, units[p])
-        first = t + p.offset + tm_.emit
-        sign = 1 if direction == "E" else -1
-        return first - sign * tm_.position, tm_.emit_count
-
-    def _commit(self, g, effects, values, units, streams, t) -> list:
-        out = []
-        for n in g.nodes:
-            u = units[n]
-            tm_ = self._timing(n, u)
-            start = t + n.offset
-            for port in tm_.ports:
-                if tm_.occupancy:
-                    self.res.ports[port].add(start, start + tm_.occupancy)
-            self.max_done = max(self.max_done, tm_.done + start)
-            kw = dict(n.fields)
-            for f, v in n.inputs:
-                kw[f] = streams[id(v.base or v)]
-            if n.out is not None:
-                kw["dst"] = streams[id(n.out)]
-            out.append(Instr(n.op, start, unit=u, count=n.count, tag=g.tag, **kw))
-        for v in values:
-            s = streams[id(v)]
-            d0, cnt = self._dinterval(v, units, t, s.dir)
-            self.res.streams[(s.dir, s.id)].add(d0, d0 + cnt)
-        self.res.record(effects, t)
-        return out

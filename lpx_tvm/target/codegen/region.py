@@ -26,7 +26,6 @@ from ...precision import Precision
 from ..builder import OffchipTensor, ProgramBuilder
 from ...machine.config import LPXConfig
 from ...machine.isa import DType
-from ...machine.program import Program
 from .graph import Operand, Region, RegionOp, UnsupportedOnLPX, read_region
 from .int8 import Int8Lowering, relax_dtype
 from .mxm import MxmLowering, _Planes

@@ -1,17 +1,7 @@
-"""The static list scheduler: places rigid instruction groups at exact cycles.
-
-A group is a small dataflow graph whose instructions are tied together by streams.
-Streams do not buffer, so once the group's first instruction issues, every other one
-issues at a fixed offset (producer issue + latency + hops). The scheduler therefore
-places whole groups: in program order, each at the earliest cycle where
-
-- its dependencies through state (SRAM lines, MXM weight buffers, accumulator rows,
-  links) are met, with the exact read/write windows the simulator checks,
-- every port it uses is free (a choice among equivalent units, e.g. VXM ALUs),
-- each of its stream values finds a free stream register in its direction.
-
-Later groups fill gaps left by earlier ones (backfilling), which is what overlaps weight
-installs with streaming and keeps the MXM planes busy.
+"""Reservation tables of the static scheduler: busy intervals of every port, stream
+register and piece of state (SRAM line ranges, MXM weight buffers, accumulator rows,
+links) with the read/write windows the simulator checks. :mod:`lpx_tvm.target.placer`
+asks them where a group fits and records it once placed.
 """
 
 from __future__ import annotations
