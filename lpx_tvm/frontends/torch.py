@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import LPXError
 from ..relax_passes.errors import ModelError
 
 __all__ = ["ImportedTorch", "from_torch", "import_torch"]
