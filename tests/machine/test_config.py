@@ -1,14 +1,22 @@
-"""Machine configs: the bundled presets, derived numbers, the hash, and invalid fields."""
+"""Machine configs: the bundled presets, derived numbers, the hash, invalid keys, the published schema."""
 
 from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from lpx_tvm.errors import ConfigError
 from lpx_tvm.machine.config import LATENCY_FIELDS, MXM_DTYPES, PRESETS, load_config, parse_config, preset_path
+from lpx_tvm.machine.schema import (
+    DOCS_BEGIN, DOCS_END, FLOORPLAN_ENTRY, MachineFile, docs_with_schema, machine_json_schema,
+    machine_schema_markdown, schema_json_text,
+)
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 MIB = 1024 * 1024
 
@@ -73,6 +81,21 @@ def test_lp30_derived_numbers():
     assert cfg.sram_bytes == 160 * 3125120 == 500019200
     assert cfg.lines_per_slice == 9766
     assert 2 * cfg.peak_macs_per_cycle * cfg.clock_hz == pytest.approx(1.2288e15)
+
+
+# Every program embeds its machine's hash, so these may never change (the program hashes in
+# tests/program_hashes.json rest on them).
+PRESET_HASHES = {
+    "tsp": "251c8d379005fcaf216e4b1347584f5c",
+    "mini": "cacdf7b64fd049f42d161a7e4e79e69f",
+    "lp30": "b038bfb8e2210ef1275cbe00c59341e6",
+}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_hashes_unchanged(name):
+    assert load_config(name).hash == PRESET_HASHES[name]
+    assert parse_config(preset_json(name), "copy").hash == PRESET_HASHES[name]
 
 
 def test_hash_is_stable_and_distinguishes_presets():
@@ -166,57 +189,135 @@ def mutate(path, value=None, delete=False):
 
 
 INVALID = [
-    # (path, value or "DELETE", words that must appear in the message)
-    (("lanes",), "DELETE", ["cfg.lanes", "missing field"]),
-    (("mem", "slice_bytes"), "DELETE", ["cfg.mem.slice_bytes", "missing"]),
-    (("latency", "vxm_reduce"), "DELETE", ["cfg.latency.vxm_reduce", "missing"]),
-    (("mxm", "cycles_per_vector", "bf16"), "DELETE", ["cfg.mxm.cycles_per_vector.bf16", "missing"]),
-    (("offchip",), "DELETE", ["cfg.offchip", "missing"]),
-    (("name",), "DELETE", ["cfg.name", "missing"]),
-    (("lanes",), "16", ["cfg.lanes", "integer"]),
-    (("lanes",), 16.0, ["cfg.lanes", "integer"]),
-    (("lanes",), True, ["cfg.lanes", "integer"]),
-    (("clock_hz",), "fast", ["cfg.clock_hz", "finite number"]),
-    (("clock_hz",), float("inf"), ["cfg.clock_hz", "finite number"]),
-    (("name",), "", ["cfg.name", "non-empty string"]),
-    (("name",), 3, ["cfg.name", "non-empty string"]),
-    (("mem",), [1], ["cfg.mem", "expected an object"]),
-    (("lanes",), -16, ["cfg.lanes", "must be >= 1"]),
-    (("lanes",), 0, ["cfg.lanes", ">= 1"]),
-    (("clock_hz",), -9e8, ["cfg.clock_hz", "must be > 0"]),
-    (("offchip", "bytes_per_s"), 0, ["cfg.offchip.bytes_per_s", "must be > 0"]),
-    (("latency", "mem_read"), 0, ["cfg.latency.mem_read", ">= 1"]),
-    (("mxm", "acc_rows"), -1, ["cfg.mxm.acc_rows", ">= 1"]),
-    (("mem", "read_ports"), 2, ["cfg.mem.read_ports", "<= 1"]),
-    (("streams", "east"), 64, ["cfg.streams.east", "<= 63"]),
-    (("lanes",), 5000, ["cfg.lanes", "<= 4096"]),
-    (("superlanes",), 3, ["cfg.lanes", "multiple of superlanes=3"]),
-    (("mem", "slices"), 9, ["cfg.floorplan", "8 MEM positions", "mem.slices=9"]),
-    (("mxm", "planes"), 3, ["cfg.floorplan", "2 MXM positions", "mxm.planes=3"]),
-    (("floorplan",), ["MXM", "MEM*4", "MEM*4", "SXM", "MXM"], ["cfg.floorplan", "exactly one VXM"]),
-    (("floorplan",), ["MXM", "MEM*4", "VXM", "MEM*4", "MXM"], ["cfg.floorplan", "at least one SXM"]),
-    (("floorplan",), ["MXM", "SXM", "MEM*4", "VXM", "MEM*4", "SXM", "TPU"], ["cfg.floorplan[6]", "unknown unit kind"]),
-    (("floorplan",), ["MXM", "SXM", "MEM*x", "VXM", "MEM*4", "SXM", "MXM"], ["cfg.floorplan[2]", "repeat count"]),
-    (("floorplan",), ["MXM", "SXM", "MEM*0", "VXM", "MEM*4", "SXM", "MXM"], ["cfg.floorplan[2]", ">= 1"]),
-    (("floorplan",), ["MXM", "SXM", 4, "VXM", "MEM*4", "SXM", "MXM"], ["cfg.floorplan[2]", "expected a string"]),
-    (("floorplan",), [], ["cfg.floorplan", "non-empty list"]),
-    (("floorplan",), "MXM,MEM", ["cfg.floorplan", "non-empty list"]),
-    (("latency", "mem_raed"), 2, ["cfg.latency", "unknown field", "mem_raed"]),
-    (("mem", "slice_bytes"), 65540, ["cfg.mem.slice_bytes", "not a multiple of lanes=16"]),
-    (("mxm", "rows"), 17, ["cfg.mxm", "rows=17", "lanes=16"]),
-    (("mxm", "cols"), 32, ["cfg.mxm", "cols=32"]),
-    (("mxm", "cycles_per_vector", "fp32"), 0, ["cfg.mxm.cycles_per_vector.fp32", ">= 1"]),
-    (("c2c", "latency_cycles"), 1.5, ["cfg.c2c.latency_cycles", "integer"]),
+    # (path, value or "DELETE", the exact one-line message after "cfg: ")
+    (("clock_hzz",), 9e8, "unknown key 'clock_hzz' (did you mean 'clock_hz'?)"),
+    (("mxm", "planez"), 2, "unknown key 'mxm.planez' (did you mean 'mxm.planes'?)"),
+    (("mxm", "cycles_per_vector", "fp8"), 1, "unknown key 'mxm.cycles_per_vector.fp8'"),
+    (("latency", "mem_raed"), 2, "unknown key 'latency.mem_raed' (did you mean 'latency.mem_read'?)"),
+    (("zzz",), 1, "unknown key 'zzz'"),
+    (("lanes",), "DELETE", "missing key 'lanes'"),
+    (("mem", "slice_bytes"), "DELETE", "missing key 'mem.slice_bytes'"),
+    (("latency", "vxm_reduce"), "DELETE", "missing key 'latency.vxm_reduce'"),
+    (("mxm", "cycles_per_vector", "bf16"), "DELETE", "missing key 'mxm.cycles_per_vector.bf16'"),
+    (("offchip",), "DELETE", "missing key 'offchip'"),
+    (("name",), "DELETE", "missing key 'name'"),
+    (("lanes",), "16", "key 'lanes': expected an integer, got the string \"16\""),
+    (("lanes",), 16.0, "key 'lanes': expected an integer, got the number 16.0"),
+    (("lanes",), 16.5, "key 'lanes': expected an integer, got the number 16.5"),
+    (("lanes",), True, "key 'lanes': expected an integer, got the boolean true"),
+    (("lanes",), None, "key 'lanes': expected an integer, got null"),
+    (("c2c", "latency_cycles"), 1.5, "key 'c2c.latency_cycles': expected an integer, got the number 1.5"),
+    (("clock_hz",), "fast", "key 'clock_hz': expected a number, got the string \"fast\""),
+    (("clock_hz",), True, "key 'clock_hz': expected a number, got the boolean true"),
+    (("clock_hz",), float("inf"), "key 'clock_hz': expected a finite number, got the number Infinity"),
+    (("clock_hz",), float("nan"), "key 'clock_hz': expected a finite number, got the number NaN"),
+    (("name",), "", "key 'name': must not be empty"),
+    (("name",), 3, "key 'name': expected a string, got the number 3"),
+    (("description",), ["x"], "key 'description': expected a string, got the list [\"x\"]"),
+    (("assumptions",), "x", "key 'assumptions': expected a list, got the string \"x\""),
+    (("mem",), [1], "key 'mem': expected an object, got the list [1]"),
+    (("mxm", "cycles_per_vector"), 4, "key 'mxm.cycles_per_vector': expected an object, got the number 4"),
+    (("lanes",), -16, "key 'lanes': must be >= 1, got -16"),
+    (("lanes",), 0, "key 'lanes': must be >= 1, got 0"),
+    (("lanes",), 5000, "key 'lanes': must be <= 4096, got 5000"),
+    (("clock_hz",), -9e8, "key 'clock_hz': must be > 0, got -900000000.0"),
+    (("clock_hz",), 0, "key 'clock_hz': must be > 0, got 0"),
+    (("offchip", "bytes_per_s"), 0, "key 'offchip.bytes_per_s': must be > 0, got 0"),
+    (("latency", "mem_read"), 0, "key 'latency.mem_read': must be >= 1, got 0"),
+    (("latency", "mem_read"), 100001, "key 'latency.mem_read': must be <= 100000, got 100001"),
+    (("mxm", "acc_rows"), 1, "key 'mxm.acc_rows': must be >= 2, got 1"),
+    (("mem", "read_ports"), 2, "key 'mem.read_ports': must be <= 1, got 2"),
+    (("streams", "east"), 64, "key 'streams.east': must be <= 63, got 64"),
+    (("mxm", "cycles_per_vector", "fp32"), 0, "key 'mxm.cycles_per_vector.fp32': must be >= 1, got 0"),
+    (("superlanes",), 3, "key 'superlanes': 3 does not divide lanes=16"),
+    (("mem", "slices"), 9, "key 'floorplan': has 8 MEM positions but mem.slices=9"),
+    (("mxm", "planes"), 3, "key 'floorplan': has 2 MXM positions but mxm.planes=3"),
+    (("floorplan",), ["MXM", "MEM*4", "MEM*4", "SXM", "MXM"], "key 'floorplan': needs exactly one VXM, has 0"),
+    (("floorplan",), ["MXM", "MEM*4", "VXM", "MEM*4", "MXM"], "key 'floorplan': needs at least one SXM"),
+    (("floorplan",), ["MXM", "SXM", "MEM*4", "VXM", "MEM*4", "SXM", "TPU"],
+     "key 'floorplan[6]': unknown unit kind 'TPU' (MXM, SXM, MEM or VXM)"),
+    (("floorplan",), ["MXM", "SXM", "MEM*x", "VXM", "MEM*4", "SXM", "MXM"],
+     "key 'floorplan[2]': bad repeat count in 'MEM*x' (write KIND*n with n >= 1)"),
+    (("floorplan",), ["MXM", "SXM", "MEM*0", "VXM", "MEM*4", "SXM", "MXM"],
+     "key 'floorplan[2]': bad repeat count in 'MEM*0' (write KIND*n with n >= 1)"),
+    (("floorplan",), ["MXM", "SXM", 4, "VXM", "MEM*4", "SXM", "MXM"],
+     "key 'floorplan[2]': expected a string, got the number 4"),
+    (("floorplan",), [], "key 'floorplan': must not be empty"),
+    (("floorplan",), "MXM,MEM", "key 'floorplan': expected a list, got the string \"MXM,MEM\""),
+    (("mem", "slice_bytes"), 65540, "key 'mem.slice_bytes': 65540 is not a multiple of lanes=16"),
+    (("mxm", "rows"), 17, "key 'mxm.rows': 17 exceeds lanes=16"),
+    (("mxm", "cols"), 32, "key 'mxm.cols': 32 exceeds lanes=16"),
 ]
 
 
-@pytest.mark.parametrize("path, value, words", INVALID, ids=[".".join(p) + f"={v!r}" for p, v, _ in INVALID])
-def test_invalid_field_names_the_field(path, value, words):
+@pytest.mark.parametrize("path, value, message", INVALID, ids=[".".join(p) + f"={v!r}" for p, v, _ in INVALID])
+def test_invalid_key_is_one_line_naming_the_key(path, value, message):
     data = mutate(path, delete=True) if value == "DELETE" else mutate(path, value)
     with pytest.raises(ConfigError) as e:
         parse_config(data, "cfg")
-    for w in words:
-        assert w in str(e.value), (w, str(e.value))
+    assert str(e.value) == f"cfg: {message}"
+
+
+def test_every_problem_is_its_own_line():
+    data = mutate(("clock_hzz",), 1)
+    data["mxm"]["planez"] = 2
+    del data["lanes"]
+    data["mem"]["slices"] = "8"
+    with pytest.raises(ConfigError) as e:
+        parse_config(data, "machine file two.json")
+    assert sorted(str(e.value).splitlines()) == sorted([
+        "machine file two.json: unknown key 'clock_hzz' (did you mean 'clock_hz'?)",
+        "machine file two.json: unknown key 'mxm.planez' (did you mean 'mxm.planes'?)",
+        "machine file two.json: missing key 'lanes'",
+        "machine file two.json: key 'mem.slices': expected an integer, got the string \"8\"",
+    ])
+
+
+def test_broken_relations_are_each_a_line():
+    data = mutate(("superlanes",), 3)
+    data["mxm"]["rows"] = 17
+    with pytest.raises(ConfigError) as e:
+        parse_config(data, "cfg")
+    assert str(e.value).splitlines() == ["cfg: key 'superlanes': 3 does not divide lanes=16",
+                                         "cfg: key 'mxm.rows': 17 exceeds lanes=16"]
+
+
+def test_too_many_lines_per_slice():
+    data = mutate(("mem", "slice_bytes"), 16 * 2**31)  # 2^31 lines of 16 bytes
+    with pytest.raises(ConfigError) as e:
+        parse_config(data, "cfg")
+    assert str(e.value) == "cfg: key 'mem.slice_bytes': 2147483648 lines per slice do not fit 32-bit addresses"
+    data["mem"]["slice_bytes"] = 16 * (2**31 - 1)  # the most that fits (the floorplan still matches)
+    assert parse_config(data).lines_per_slice == 2**31 - 1
+
+
+def test_descriptive_keys_are_optional():
+    data = preset_json("mini")
+    for key in ("description", "assumptions", "sources"):
+        data.pop(key, None)
+    cfg = parse_config(data)
+    assert cfg.hash == PRESET_HASHES["mini"]
+
+
+def test_number_keys_take_json_integers_and_floats():
+    data = preset_json("mini")
+    data["clock_hz"] = 9e8
+    data["c2c"]["bytes_per_s"] = 1.4e10
+    cfg = parse_config(data)
+    assert cfg.clock_hz == 9e8 and isinstance(cfg.clock_hz, float)
+    assert cfg.c2c_bytes_per_s == 1.4e10
+    assert load_config("mini").offchip_bytes_per_s == 32e9 and isinstance(load_config("mini").offchip_bytes_per_s,
+                                                                           float)
+
+
+def test_unknown_key_in_a_user_file_names_file_and_key(tmp_path):
+    data = preset_json("tsp")
+    data["mxm"]["planez"] = 4
+    path = tmp_path / "tsp_custom.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value) == f"machine file {path}: unknown key 'mxm.planez' (did you mean 'mxm.planes'?)"
 
 
 def test_invalid_user_file_names_the_file(tmp_path):
@@ -225,7 +326,7 @@ def test_invalid_user_file_names_the_file(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ConfigError) as e:
         load_config(path)
-    assert str(path) + ".mem.slice_bytes" in str(e.value)
+    assert str(e.value) == f"machine file {path}: key 'mem.slice_bytes': 100 is not a multiple of lanes=16"
 
 
 def test_parse_does_not_keep_a_reference_to_the_input():
@@ -240,3 +341,74 @@ def test_config_is_frozen():
     cfg = load_config("mini")
     with pytest.raises(Exception):
         cfg.lanes = 32
+
+
+# ---- the published schema ---------------------------------------------------------
+
+
+def test_docs_table_matches_the_model():
+    page = (DOCS / "machine.md").read_text()
+    assert page.count(DOCS_BEGIN) == 1 and page.count(DOCS_END) == 1
+    assert page == docs_with_schema(page), (
+        'docs/machine.md is out of date: run lpx_tvm.machine.schema.write_docs("docs")')
+
+
+def test_schema_file_matches_the_model():
+    assert (DOCS / "machine.schema.json").read_text() == schema_json_text(), (
+        'docs/machine.schema.json is out of date: run lpx_tvm.machine.schema.write_docs("docs")')
+
+
+def _leaf_paths(model, prefix=""):
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            yield from _leaf_paths(ann, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}"
+
+
+def _json_paths(obj, prefix=""):
+    for key, value in obj.items():
+        if isinstance(value, dict):
+            yield from _json_paths(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def test_docs_table_has_a_row_for_every_key():
+    table = machine_schema_markdown()
+    for path in _leaf_paths(MachineFile):
+        assert f"| `{path}` |" in table, path
+    # and the tsp preset (which has every key) has no key the table lacks
+    assert set(_json_paths(preset_json("tsp"))) == set(_leaf_paths(MachineFile))
+
+
+def test_docs_table_rows():
+    table = machine_schema_markdown().splitlines()
+    assert "| `lanes` | integer | 1..4096 | elements of a vector, one per lane | lanes |" in table
+    assert "| `clock_hz` | number | > 0 | clock frequency | Hz |" in table
+    assert ("| `mem.slice_bytes` | integer | >= 1; a multiple of `lanes`; at most 2^31 - 1 lines of `lanes` "
+            "bytes (32-bit addresses) | capacity of one slice | bytes |") in table
+    assert "| `mem.read_ports` | integer | exactly 1 | read ports per slice (`mem.read`, `mem.gather`) | ports |" in table
+    assert ("| `sources` | list of string (optional, default `[]`) |  | publications the numbers come from "
+            "(not in the config hash) |  |") in table
+
+
+def test_json_schema_refuses_unknown_keys_everywhere():
+    schema = machine_json_schema()
+    assert schema["additionalProperties"] is False
+    assert all(d["additionalProperties"] is False for d in schema["$defs"].values())
+    assert schema["properties"]["floorplan"]["items"]["pattern"] == FLOORPLAN_ENTRY
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_valid_under_the_published_schema(name):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((DOCS / "machine.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    assert list(validator.iter_errors(preset_json(name))) == []
+    bad = preset_json(name)
+    bad["mxm"]["planez"] = 4
+    bad["lanes"] = "320"
+    assert sorted(e.json_path for e in validator.iter_errors(bad)) == ["$.lanes", "$.mxm"]
