@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections import Counter
 
 import tvm
 from tvm import relax
@@ -89,14 +90,20 @@ def lower_regions(mod: tvm.IRModule, cfg: LPXConfig, precision: str, names: dict
     """{name: CompiledRegion} of the module's LPX regions (``names`` from
     :func:`region_names`), each with its layer-name table (docs/report.md)."""
     policy = TilingPolicy() if policy is None else policy
+    funcs = sorted(lpx_functions(mod).items())
+    known = [region_layer_names(func) for _, func in funcs]
+    # Structurally equal composites share one definition, and with it the source name of
+    # the first: a name more than one layer carries is not trusted.
+    uses = Counter(name for table in known for name in table.values())
     regions = {}
-    for i, (fn, func) in enumerate(sorted(lpx_functions(mod).items())):
+    for i, (fn, func) in enumerate(funcs):
         region = compile_region(cfg, precision, names[fn], func, policy)
-        known = region_layer_names(func)
         # Every layer tag gets a name: the source's, else the tag in its region (by index,
         # which, unlike the region's name, is the same in every build).
-        table = {layer: known.get(layer) or f"region{i}/{layer}"
-                 for layer in dict.fromkeys(layer_of(ins.tag) for ins in region.program.instrs)}
+        table = {}
+        for layer in dict.fromkeys(layer_of(ins.tag) for ins in region.program.instrs):
+            name = known[i].get(layer)
+            table[layer] = name if name is not None and uses[name] == 1 else f"region{i}/{layer}"
         regions[names[fn]] = dataclasses.replace(region, layer_names=table)
     return regions
 
