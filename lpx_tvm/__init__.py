@@ -6,10 +6,9 @@ PyTorch models come in through :func:`from_torch` and ``torch.compile(m, backend
 (see docs/pytorch.md); torch is optional and imported only when they are used.
 """
 
-from .build import build
+from .api import build, compile_model, load
 from .errors import LPXError
 from .frontends import DynamoBackend, dynamo_backend, from_torch, import_torch
-from .model import compile_model, load
 from .machine.config import LPXConfig, load_config
 
 __version__ = "0.1.0"

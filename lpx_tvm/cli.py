@@ -129,9 +129,7 @@ def _run(args) -> int:
         np.savez(args.outputs, **outputs)
     report = model.report
     if args.report:
-        from .sim.report import save_report
-
-        save_report(report, args.report)
+        report.save(args.report)
     _print_model_report(report)
     return 0
 
@@ -148,23 +146,27 @@ def _load_model(args):
 
 
 def _run_program(args) -> int:
+    import time
+
     import numpy as np
 
-    from .sim import Simulator
-    from .sim.report import save_report, summarize
     from .machine.encoding import load_program
+    from .runtime.report import program_report
+    from .sim import Simulator
 
     prog = load_program(args.model)
     cfg = _program_preset(prog, args.preset)
     inputs = _load_npz(args.inputs) if args.inputs else {}
+    t = time.perf_counter()
     result = Simulator(cfg).run(prog, inputs, timing_only=args.timing_only, trace=bool(args.trace))
+    report = program_report(result, prog, time.perf_counter() - t)
     if args.outputs and not args.timing_only:
         np.savez(args.outputs, **result.outputs)
     if args.report:
-        save_report(summarize(result), args.report)
+        report.save(args.report)
     if args.trace:
         result.trace.save(args.trace)
-    _print_summary(summarize(result))
+    _print_program_report(report)
     return 0
 
 
@@ -188,23 +190,23 @@ def _compile(args) -> int:
     return 0
 
 
-def _print_model_report(rep: dict) -> None:
+def _print_model_report(rep) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    top = Table(title=f"model on {rep['preset']} ({rep['precision']})", show_header=False)
-    top.add_row("cycles", f"{rep['cycles']:,}")
-    top.add_row("latency", f"{rep['latency_s'] * 1e3:,.3f} ms")
-    top.add_row("MACs on LPX", f"{rep['macs']:,}")
-    top.add_row("MXM utilization", f"{rep['mxm_utilization']:.1%}")
-    top.add_row("simulator wall time", f"{rep['sim_wall_s']:.2f} s")
-    top.add_row("CPU ops wall time", f"{rep['cpu_wall_s']:.2f} s")
+    top = Table(title=f"model on {rep.preset} ({rep.precision})", show_header=False)
+    top.add_row("cycles", f"{rep.cycles:,}")
+    top.add_row("latency", f"{rep.latency_s * 1e3:,.3f} ms")
+    top.add_row("MACs on LPX", f"{rep.macs:,}")
+    top.add_row("MXM utilization", f"{rep.mxm_utilization:.1%}")
+    top.add_row("simulator wall time", f"{rep.sim_wall_s:.2f} s")
+    top.add_row("CPU ops wall time", f"{rep.cpu_wall_s:.2f} s")
     console.print(top)
     off = Table(title="offload")
     for col in ("op", "on LPX", "on CPU"):
         off.add_column(col, justify="left" if col == "op" else "right")
-    lpx, cpu = rep["offload"].get("lpx", {}), rep["offload"].get("cpu", {})
+    lpx, cpu = rep.offload.lpx, rep.offload.cpu
     for op in sorted(set(lpx) | set(cpu)):
         off.add_row(op, str(lpx.get(op, 0)), str(cpu.get(op, 0)))
     console.print(off)
@@ -422,37 +424,37 @@ def _print_tuned(model, path: str, log: str, cfg, precision: str) -> None:
     from .relax_passes import import_onnx
     from .tune.context import ModelContext
 
-    tuning = model.report["tuning"] or {}
+    report = model.report
+    tuning = report.tuning or {}
     tuned, default = len(tuning.get("tuned_layers", [])), len(tuning.get("default_layers", []))
-    cycles = model.report["cycles"]
+    cycles = report.cycles
     base = ModelContext(import_onnx(path).mod, cfg, precision).cycles({})
     print(f"  tuned: shipped log lpx_tvm/tuning_logs/{os.path.basename(log)}, {tuned} of {tuned + default} "
           f"distinct MXM layers (tuning tasks) on a tuned schedule; {cycles:,} cycles vs {base:,} with the "
           f"default schedules ({base / cycles:.3f}x; --no-tuning-log runs the defaults)")
 
 
-def _print_summary(rep: dict) -> None:
+def _print_program_report(rep) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    top = Table(title=f"LPX run on {rep['preset']}", show_header=False)
-    top.add_row("cycles", f"{rep['cycles']:,}")
-    top.add_row("latency", f"{rep['latency_s'] * 1e6:,.1f} us")
-    top.add_row("MACs", f"{rep['macs']:,}")
-    top.add_row(f"MXM utilization ({rep['mxm_dtype']} peak)", f"{rep['mxm_utilization']:.1%}")
-    top.add_row("effective TOPS", f"{rep['effective_tops']:.1f}")
-    top.add_row("SRAM read / written", f"{rep['sram_bytes_read']:,} / {rep['sram_bytes_written']:,} B")
-    for kind, u in rep["unit_utilization"].items():
-        if u:
-            top.add_row(f"{kind} busy", f"{u:.1%}")
+    top = Table(title=f"LPX run on {rep.preset}", show_header=False)
+    top.add_row("cycles", f"{rep.cycles:,}")
+    top.add_row("latency", f"{rep.latency_s * 1e6:,.1f} us")
+    top.add_row("MACs", f"{rep.macs:,}")
+    dtypes = "/".join(rep.mxm_dtypes) or "no MXM"
+    top.add_row(f"MXM utilization ({dtypes})", f"{rep.mxm_utilization:.1%}")
+    top.add_row("SRAM bytes (read + written)", f"{rep.sram_bytes:,}")
+    if rep.offchip_bytes:
+        top.add_row("off-chip bytes", f"{rep.offchip_bytes:,}")
     console.print(top)
-    layers = Table(title="per tag")
-    for col in ("tag", "instructions", "span cycles", "busy cycles", "MACs", "SRAM bytes"):
-        layers.add_column(col, justify="left" if col == "tag" else "right")
-    for row in rep["layers"]:
-        layers.add_row(row["name"], f"{row['instructions']:,}", f"{row['cycles']:,}", f"{row['busy_cycles']:,}",
-                       f"{row['macs']:,}", f"{row['sram_bytes']:,}")
+    layers = Table(title="per layer (each cycle counted once: docs/report.md)")
+    for col in ("layer", "instructions", "cycles", "share", "MACs"):
+        layers.add_column(col, justify="left" if col == "layer" else "right")
+    for row in rep.layers:
+        share = row.cycles / rep.cycles if rep.cycles else 0.0
+        layers.add_row(row.name, f"{row.instructions:,}", f"{row.cycles:,}", f"{share:.1%}", f"{row.macs:,}")
     console.print(layers)
 
 

@@ -105,7 +105,7 @@ class LPXGraph:
 
     @property
     def models(self) -> dict:
-        """Input signature -> :class:`lpx_tvm.model.CompiledModel`."""
+        """Input signature -> :class:`lpx_tvm.runtime.compiled_model.CompiledModel`."""
         return {key: c.model for key, c in self._compiled.items()}
 
     @property
@@ -153,8 +153,7 @@ class LPXGraph:
         return tuple(sig)
 
     def _compile(self, args):
-        from ..build import build
-        from ..model import CompiledModel
+        from ..pipeline import compile_model
         from .torch import ImportedTorch
 
         torch = require_torch()
@@ -171,8 +170,7 @@ class LPXGraph:
         inputs = [(f"input_{k}", tuple(int(d) for d in t.shape), numpy_dtype(t.dtype)) for k, t in enumerate(tensors)]
         outputs = [f"output_{k}" for k in range(sum(kind == "tensor" for kind, _ in wrapper.leaves))]
         imported = ImportedTorch(mod=mod, inputs=inputs, outputs=outputs, exported_program=exported)
-        exe = build(mod, preset=self.preset, precision=self.precision)
-        model = CompiledModel(exe, imported, exe.config.name, self.precision)
+        model = compile_model(imported, self.preset, self.precision)
         return _Compiled(model, wrapper.leaves, wrapper.out_spec)
 
 

@@ -1,4 +1,4 @@
-"""PyTorch models in: ``torch.export`` -> Relax -> :func:`lpx_tvm.build`.
+"""PyTorch models in: ``torch.export`` -> Relax -> :func:`lpx_tvm.pipeline.compile_model`.
 
 ``from_torch(module, example_inputs)`` exports the module with the example inputs'
 static shapes, imports the exported program with TVM's
@@ -93,17 +93,14 @@ def import_torch(module, example_inputs) -> ImportedTorch:
 def from_torch(module, example_inputs, preset="tsp", precision="fp16"):
     """Compile a PyTorch module for LPX.
 
-    Returns a :class:`lpx_tvm.model.CompiledModel`: ``run(inputs)`` takes
+    Returns a :class:`lpx_tvm.runtime.compiled_model.CompiledModel`: ``run(inputs)`` takes
     ``{name: array}`` or a list of arrays in input order and returns
     ``{"output_0": array, ...}``; ``report`` is the last run's report.
     """
-    from ..build import build
-    from ..model import CompiledModel
+    from ..pipeline import compile_model
 
     check_options(preset, precision)
-    imported = import_torch(module, example_inputs)
-    exe = build(imported.mod, preset=preset, precision=precision)
-    return CompiledModel(exe, imported, exe.config.name, precision)
+    return compile_model(import_torch(module, example_inputs), preset, precision)
 
 
 def check_options(preset, precision):

@@ -174,17 +174,19 @@ def _given_shape(name, shape, declared, where):
 
 def _from_onnx(proto, inputs, where):
     import tvm
-    from tvm.relax.frontend.onnx import from_onnx
+    from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
+
+    from ..layer_names import attach
 
     shape_dict = {name: list(shape) for name, shape, _ in inputs}
     dtype_dict = {name: dtype for name, _, dtype in inputs}
     try:
         with warnings.catch_warnings():
-            # The importer re-runs the ONNX checker and warns on shapes we already pinned.
             warnings.simplefilter("ignore")
-            return from_onnx(
-                proto, shape_dict=shape_dict, dtype_dict=dtype_dict, keep_params_in_input=False
-            )
+            # tvm.relax.frontend.onnx.from_onnx, keeping the importer: its table of ONNX
+            # values gives each node's result, so the report can name layers by node.
+            importer = ONNXGraphImporter(shape_dict, dtype_dict, keep_params_in_input=False, sanitize=True)
+            mod = importer.from_onnx(proto.graph, _opset(proto) or 1)
     except tvm.error.OpNotImplemented as e:
         ops = str(e).split(":", 1)[-1].splitlines()[0].strip()
         ops = ", ".join(sorted(op.strip() for op in ops.split(",") if op.strip()))
@@ -195,6 +197,10 @@ def _from_onnx(proto, inputs, where):
         raise ModelError(
             f"{where}: TVM's ONNX importer failed: {type(e).__name__}: {_first_line(e)}"
         ) from None
+    values = importer._nodes  # ONNX value name -> Relax expression
+    results = [(node.name or node.output[0], values[out]) for node in proto.graph.node
+               for out in node.output if out in values]
+    return attach(mod, results)
 
 
 def _opset(proto):

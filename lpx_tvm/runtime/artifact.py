@@ -3,8 +3,9 @@
 Layout of ``NAME/`` (see docs/artifact.md):
 
 - ``manifest.json``: format version, the machine config (whole, so a user's own machine
-  file need not travel beside it), precision, model inputs and outputs, regions, the
-  offload report;
+  file need not travel beside it), precision, model inputs and outputs, regions (with
+  their layer names), the offload report and the tuning summary (in the form the
+  report has them, :mod:`.report`);
 - ``cpu.so``: the Relax VM executable (CPU ops and the extern calls to the regions);
 - ``regions/<region>.lpx``: each region's LPX program binary.
 
@@ -23,10 +24,11 @@ import tvm
 from tvm import relax
 
 from ..errors import LPXError
-from .region import CompiledRegion
 from ..machine.config import parse_config
 from ..machine.encoding import load_program, save_program
 from .executable import LPXExecutable
+from .region import CompiledRegion
+from .report import Offload
 
 FORMAT = "lpx-artifact"
 VERSION = 1
@@ -36,9 +38,9 @@ class ArtifactError(LPXError):
     """A missing, incomplete or incompatible artifact."""
 
 
-def save_artifact(model, path: str):
-    """Write a :class:`~lpx_tvm.model.CompiledModel` to the folder ``path``."""
-    exe: LPXExecutable = model.executable
+def save_artifact(exe: LPXExecutable, inputs: list, outputs: list, path: str):
+    """Write an executable and its model's ``inputs`` ``[(name, shape, dtype)]`` and
+    ``outputs`` (names) to the folder ``path``."""
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
@@ -52,11 +54,11 @@ def save_artifact(model, path: str):
             regions.append({"name": name, "inputs": [[n, list(s)] for n, s in r.inputs],
                             "outputs": [[n, list(s)] for n, s in r.outputs], "macs": r.macs, "ops": r.ops,
                             "weight_bytes": r.weight_bytes, "streamed_bytes": r.streamed_bytes,
-                            "input_transforms": r.input_transforms})
+                            "input_transforms": r.input_transforms, "layer_names": r.layer_names})
         manifest = {
             "format": FORMAT, "version": VERSION, "config": exe.config.to_json(), "precision": exe.precision,
-            "inputs": [[n, list(s), str(d)] for n, s, d in model.inputs], "outputs": list(model.outputs),
-            "regions": regions, "offload": exe.offload.to_json() if exe.offload is not None else {},
+            "inputs": [[n, list(s), str(d)] for n, s, d in inputs], "outputs": list(outputs),
+            "regions": regions, "offload": (exe.offload or Offload()).to_json(), "tuning": exe.tuning,
         }
         with open(os.path.join(tmp, "manifest.json"), "w") as f:
             json.dump(manifest, f, indent=1)
@@ -68,18 +70,8 @@ def save_artifact(model, path: str):
         raise
 
 
-class _Offload:
-    def __init__(self, data):
-        self._data = data
-
-    def to_json(self):
-        return self._data
-
-
-def load_artifact(path: str):
-    """Read an artifact folder back into a runnable :class:`~lpx_tvm.model.CompiledModel`."""
-    from ..model import CompiledModel, ImportedSignature
-
+def load_artifact(path: str) -> tuple:
+    """Read an artifact folder back: ``(executable, inputs, outputs)``, runnable."""
     manifest_path = os.path.join(path, "manifest.json")
     if not os.path.isfile(manifest_path):
         raise ArtifactError(f"{path}: not an LPX artifact (no manifest.json)")
@@ -98,11 +90,11 @@ def load_artifact(path: str):
         regions[r["name"]] = CompiledRegion(r["name"], prog, [(n, tuple(s)) for n, s in r["inputs"]],
                                             [(n, tuple(s)) for n, s in r["outputs"]], r["macs"], r["ops"],
                                             r.get("weight_bytes", 0), r.get("streamed_bytes", 0),
-                                            r.get("input_transforms", {}))
+                                            r.get("input_transforms", {}), r.get("layer_names", {}))
     so = os.path.join(path, "cpu.so")
     if not os.path.isfile(so):
         raise ArtifactError(f"{path}: missing cpu.so")
     vm_exec = relax.VMExecutable(tvm.runtime.load_module(so))
-    exe = LPXExecutable(vm_exec, regions, cfg, manifest["precision"], _Offload(manifest["offload"]))
-    sig = ImportedSignature([(n, tuple(s), d) for n, s, d in manifest["inputs"]], manifest["outputs"])
-    return CompiledModel(exe, sig, cfg.name, manifest["precision"])
+    exe = LPXExecutable(vm_exec, regions, cfg, manifest["precision"], Offload.from_json(manifest["offload"]),
+                        manifest.get("tuning"))
+    return exe, [(n, tuple(s), d) for n, s, d in manifest["inputs"]], manifest["outputs"]

@@ -12,22 +12,28 @@ simulator of its own, as a chip loads a program: its schedule is verified (a pro
 that breaks a timing rule fails there) and its initial SRAM image (the weights) is put
 in place. Every run then replays the verified program and restores only the SRAM lines
 the previous run changed (docs/design.md, "Verify once, replay").
+
+The executable is made whole by whoever makes it (the pipeline, or an artifact being
+loaded): its regions, machine, precision, offload report and tuning summary are
+constructor data; what follows from them (the MXM dtypes, each region's per-layer
+cycles) is computed here.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import tvm
 from tvm import relax
 
-from ..sim import Simulator
-from .region import CompiledRegion
 from ..machine.config import LPXConfig
-
-REGION_PREFIX = "lpx.region."
+from ..sim import Simulator
+from .region import REGION_PREFIX, CompiledRegion
+from .report import Layer, Offload, layer_cycles, layer_instructions, layer_of, mxm_dtypes
 
 
 @dataclass
@@ -42,7 +48,8 @@ class RunStats:
     region_calls: int = 0
     sim_wall_s: float = 0.0
     total_wall_s: float = 0.0
-    layers: dict = field(default_factory=dict)  # tag -> {"cycles", "macs"}
+    calls: Counter = field(default_factory=Counter)  # region name -> calls
+    layer_macs: Counter = field(default_factory=Counter)  # (region name, layer tag) -> MACs
     sram_bytes: int = 0
     offchip_bytes: int = 0
 
@@ -76,12 +83,30 @@ def from_storage(arr: np.ndarray) -> np.ndarray:
 
 
 class LPXExecutable:
-    def __init__(self, vm_exec, regions: dict, config: LPXConfig, precision: str, offload=None):
+    """A VM executable with its LPX regions, for one machine and precision.
+
+    Parameters
+    ----------
+    vm_exec : tvm.relax.VMExecutable or None
+        The CPU part, with extern calls to the regions (None: regions only, for a VM
+        built elsewhere, as ``tvm.compile(..., relax_pipeline="lpx")`` does).
+    regions : dict of str to CompiledRegion
+    config : LPXConfig
+    precision : str
+    offload : Offload, optional
+        What ran on LPX and what on the CPU.
+    tuning : dict, optional
+        With a tuning log: ``{"log", "tuned_layers", "default_layers"}``.
+    """
+
+    def __init__(self, vm_exec, regions: dict, config: LPXConfig, precision: str,
+                 offload: "Offload | None" = None, tuning: "dict | None" = None):
         self.vm_exec = vm_exec
         self.regions = regions  # name -> CompiledRegion
         self.config = config
         self.precision = precision
         self.offload = offload
+        self.tuning = tuning
         self.stats = RunStats()
         # One simulator per region: each keeps its program's image loaded between runs.
         self._sims = {}
@@ -116,11 +141,40 @@ class LPXExecutable:
         s.sim_wall_s += wall
         s.sram_bytes += c.sram_bytes_read + c.sram_bytes_written
         s.offchip_bytes += c.offchip_bytes_read + c.offchip_bytes_written
+        s.calls[region.name] += 1
         for tag, t in c.by_tag.items():
-            layer = tag.split(".")[0]
-            d = s.layers.setdefault(f"{region.name}/{layer}", {"cycles": 0, "macs": 0})
-            d["cycles"] += t.span_cycles
-            d["macs"] += t.macs
+            if t.macs:
+                s.layer_macs[region.name, layer_of(tag)] += t.macs
+
+    @cached_property
+    def mxm_dtypes(self) -> list:
+        """The activation dtypes the regions' MXM multiplies (int8 / uint8: the int8 rate)."""
+        return mxm_dtypes(r.program for r in self.regions.values())
+
+    @cached_property
+    def _region_layers(self) -> dict:
+        # The schedule is static: one run's attribution holds for every run of a region.
+        return {name: (layer_cycles(self.config, r.program), layer_instructions(r.program))
+                for name, r in self.regions.items()}
+
+    def layers(self) -> list:
+        """Per-layer numbers of the last run (:class:`~lpx_tvm.runtime.report.Layer`), by
+        stable layer name, in the order the regions first ran; their cycles add up to
+        ``stats.cycles`` (docs/report.md)."""
+        rows = {}
+        s = self.stats
+        for name, calls in s.calls.items():
+            region = self.regions[name]
+            cycles, counts = self._region_layers[name]
+            for tag, n in cycles.items():
+                # A tag without a known name stays apart per region (tags repeat across regions).
+                key = region.layer_names.get(tag) or (tag if tag.startswith("(") else f"{name}/{tag}")
+                row = rows.setdefault(key, Layer(key))
+                row.cycles += n * calls
+                row.instructions += counts.get(tag, 0) * calls
+                row.macs += s.layer_macs.get((name, tag), 0)
+        idle = [r for r in rows.values() if r.name.startswith("(")]
+        return [r for r in rows.values() if not r.name.startswith("(")] + idle
 
     def vm(self, device=None) -> relax.VirtualMachine:
         self.register()

@@ -1,10 +1,14 @@
-"""What the compiler hands the runtime for one LPX region."""
+"""What the compiler hands the runtime for one LPX region, and the name it is called by."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from ..machine.program import Program
+
+# The VM calls region NAME as the packed function REGION_PREFIX + NAME (an extern call
+# the pipeline's outline stage writes and the executable registers).
+REGION_PREFIX = "lpx.region."
 
 
 @dataclass
@@ -20,3 +24,6 @@ class CompiledRegion:
     weight_bytes: int = 0  # all MXM weights, resident or streamed
     streamed_bytes: int = 0  # the part kept off chip and loaded over the DMA path
     input_transforms: dict = field(default_factory=dict)  # param -> host-side layout (im2col)
+    # Layer tag (an instruction tag up to its first ".") -> the stable layer name the
+    # report shows (ONNX node name, torch module path); see docs/report.md.
+    layer_names: dict = field(default_factory=dict)

@@ -49,11 +49,11 @@ class ModelContext:
     compiled again."""
 
     def __init__(self, mod, cfg: LPXConfig, precision: str):
-        from ..build import partition_model
+        from ..pipeline import canonicalize_model, partition
         from ..target.codegen.outline import lpx_functions
 
         self.cfg, self.precision = cfg, precision
-        mod, _ = partition_model(mod, cfg, precision)
+        mod, _ = partition(canonicalize_model(mod, precision), cfg, precision)
         self.funcs = [func for _, func in sorted(lpx_functions(mod).items())]
         self.region_keys = [None] * len(self.funcs)  # task keys of each region (known after one compile)
         self.cache = {}

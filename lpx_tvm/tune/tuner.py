@@ -20,6 +20,8 @@ from tvm.s_tir import meta_schedule as ms
 
 from ..errors import LPXError
 from ..machine.config import LPXConfig
+from ..pipeline import lower
+from ..target.codegen import TilingPolicy
 from .cost_model import LPXCostModel
 from .database import TuningLog, best_records, tiling_of_record, write_meta
 from .measure import LPXBuilder, LPXRunner, TaskFiles, make_pool, one_op_region, task_cycles
@@ -30,11 +32,9 @@ TARGET = {"kind": "llvm", "keys": ["lpx", "cpu"]}
 
 def extract_tasks(mod, cfg: LPXConfig, precision: str) -> list:
     """The distinct MXM layers of a Relax module's LPX regions, each with how often it appears."""
-    from ..build import lower_for_lpx
-
-    seen = {}
-    lower_for_lpx(mod, cfg, precision, tasks=seen)
-    return [Task(key, one_op_region(ops[0]), precision, weight=len(ops)) for key, ops in seen.items()]
+    policy = TilingPolicy()
+    lower(mod, cfg, precision, policy)
+    return [Task(key, one_op_region(ops[0]), precision, weight=len(ops)) for key, ops in policy.tasks.items()]
 
 
 @dataclass

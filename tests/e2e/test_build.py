@@ -10,7 +10,7 @@ from tvm.script import relax as R
 from onnx import TensorProto, helper, numpy_helper
 
 import lpx_tvm
-from lpx_tvm.model import InputError
+from lpx_tvm.runtime.compiled_model import InputError
 from relax_modules import Attention
 
 RNG = np.random.default_rng(0)

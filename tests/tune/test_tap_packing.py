@@ -6,13 +6,12 @@ import dataclasses
 import numpy as np
 import onnxruntime as ort
 import pytest
-import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import s_tir
 
-from lpx_tvm.build import lower_for_lpx
+from lpx_tvm.pipeline import build_executable, lower
+from lpx_tvm.target.codegen import TilingPolicy
 from lpx_tvm.relax_passes import import_onnx
-from lpx_tvm.runtime.executable import LPXExecutable
 from lpx_tvm.machine.config import load_config
 from lpx_tvm.tir_schedules import Conv2dTiling, Conv2dWorkload, default_tiling
 from lpx_tvm.tir_schedules.schedules import packed_tiles, packings, taps_per_tile, tiling_of
@@ -39,8 +38,8 @@ def conv_relu(c, co, hw, stride=1, seed=0):
 
 def run(model, cfg, precision, tuned, x):
     """Outputs and cycles of the model compiled with ``tuned`` tilings (by task key)."""
-    cpu_mod, regions, offload = lower_for_lpx(import_onnx(model).mod, cfg, precision, tuned=tuned)
-    exe = LPXExecutable(tvm.compile(cpu_mod, target="llvm"), regions, cfg, precision, offload)
+    cpu_mod, regions, offload = lower(import_onnx(model).mod, cfg, precision, TilingPolicy(tuned))
+    exe = build_executable(cpu_mod, regions, cfg, precision, offload)
     return exe.run([x])[0], exe.stats.cycles
 
 

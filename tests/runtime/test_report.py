@@ -1,0 +1,102 @@
+"""The one report: per-layer cycle attribution (each cycle counted once) and its JSON form."""
+
+import numpy as np
+import pytest
+
+from lpx_tvm.kernels import gemm, softmax
+from lpx_tvm.machine.config import load_config
+from lpx_tvm.machine.isa import Instr
+from lpx_tvm.machine.program import Program
+from lpx_tvm.runtime.report import (IDLE, Layer, Offload, Report, ReportError, layer_cycles, owned_cycles,
+                                    program_report)
+from lpx_tvm.sim import Simulator
+
+MINI = load_config("mini")
+
+
+def _hand_program() -> Program:
+    """No-ops (in flight over [issue, issue + count)) on five queues:
+
+    a.x  mem  [0, 10)   the oldest from 0: owns 0..9                 -> a: 10
+    b    vxm  [2, 6)    inside a.x: owns nothing                     -> b: 0
+    c    sxm  [8, 15)   owns 10..14 (a.x still in flight before 10)  -> c: 5
+    (nothing in flight over 15..19)                                   -> idle: 5
+    a.y  dma  [20, 23)  starts with d, earlier in program order      -> a: +3
+    d    mxm  [20, 25)  owns 23..24                                   -> d: 2
+    """
+    instrs = [Instr("mem.nop", 0, count=10, tag="a.x"), Instr("vxm.nop", 2, count=4, tag="b"),
+              Instr("sxm.nop", 8, count=7, tag="c"), Instr("dma.nop", 20, count=3, tag="a.y"),
+              Instr("mxm.nop", 20, count=5, tag="d")]
+    return Program(MINI.hash, instrs=instrs, name="hand")
+
+
+def test_hand_made_program_attribution():
+    prog = _hand_program()
+    got = layer_cycles(MINI, prog)
+    assert got == {"a": 13, "b": 0, "c": 5, "d": 2, IDLE: 5}
+    assert sum(got.values()) == Simulator(MINI).run(prog, {}, timing_only=True).cycles == 25
+
+
+def _brute_force(issue, done):
+    """Owner of every cycle by a loop over cycles: the earliest-issued interval in flight."""
+    owned, idle = np.zeros(len(issue), dtype=np.int64), 0
+    order = sorted(range(len(issue)), key=lambda i: (issue[i], i))
+    for t in range(int(max(done))):
+        owner = next((i for i in order if issue[i] <= t < done[i]), None)
+        if owner is None:
+            idle += 1
+        else:
+            owned[owner] += 1
+    return owned, idle
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_interval_attribution_matches_a_per_cycle_loop(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 30))
+    issue = rng.integers(0, 200, n)
+    done = issue + rng.integers(0, 40, n)  # some zero-length intervals
+    if done.max() == 0:
+        done[0] = 1
+    owned, idle = owned_cycles(issue, done)
+    want_owned, want_idle = _brute_force(issue, done)
+    np.testing.assert_array_equal(owned, want_owned)
+    assert idle == want_idle
+    assert owned.sum() + idle == done.max()
+
+
+@pytest.mark.parametrize("prog", [
+    gemm("mini", 40, 48, 36, "fp16", bias=np.linspace(-1, 1, 36), relu=True),
+    gemm("mini", 24, 40, 20, "int8"),
+    softmax("mini", 24, 16, "fp16"),
+], ids=["gemm_fp16", "gemm_int8", "softmax"])
+def test_layer_cycles_add_up_to_the_simulated_cycles(prog):
+    cycles = Simulator(MINI).run(prog, {}, timing_only=True).cycles
+    assert sum(layer_cycles(MINI, prog).values()) == cycles
+
+
+def test_program_report_reads_the_simulator():
+    prog = gemm("mini", 24, 40, 20, "int8")
+    result = Simulator(MINI).run(prog, {}, timing_only=True)
+    rep = program_report(result, prog)
+    assert rep.cycles == result.cycles == sum(layer.cycles for layer in rep.layers)
+    assert rep.macs == 24 * 40 * 20 == sum(layer.macs for layer in rep.layers)
+    assert rep.mxm_dtypes == ["int8"] and rep.precision is None
+    assert sum(layer.instructions for layer in rep.layers) == len(prog.instrs)
+
+
+def test_report_json_round_trip_and_schema_checks(tmp_path):
+    rep = Report(preset="mini", precision="fp32", cycles=25, latency_s=25 / 900e6, macs=7, mxm_utilization=0.5,
+                 mxm_dtypes=["fp32"], offload=Offload(lpx={"nn.conv2d": 1}, cpu={"cos": 1}, reasons={"cos": ["x"]}),
+                 layers=[Layer("conv", 20, 7, 3), Layer(IDLE, 5)], tuning={"log": "l", "tuned_layers": [],
+                                                                          "default_layers": ["t"]})
+    path = tmp_path / "r.json"
+    rep.save(path)
+    back = Report.load(path)
+    assert back == rep
+    assert back["offload"]["lpx"] == {"nn.conv2d": 1} and back["layers"][0] == {"name": "conv", "cycles": 20,
+                                                                                "macs": 7, "instructions": 3}
+    with pytest.raises(ReportError, match="schema version 0"):
+        Report.from_json({**rep.to_json(), "schema_version": 0})
+    with pytest.raises(ReportError, match="mxm_dtype'"):
+        Report.from_json({**rep.to_json(), "mxm_dtype": "int8"})
