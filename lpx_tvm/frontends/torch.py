@@ -113,16 +113,18 @@ def check_options(preset, precision):
 
 
 def exported_to_relax(exported, name: str):
-    """An ``ExportedProgram`` to a Relax module whose weights are constants."""
-    from tvm.relax.frontend.torch import from_exported_program
+    """An ``ExportedProgram`` to a Relax module whose weights are constants, its calls
+    named by the torch module they came from (see :func:`layer_name`)."""
+    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
+
+    from ..layer_names import attach
 
     try:
-        return from_exported_program(
-            exported,
-            keep_params_as_input=False,
-            unwrap_unit_return_tuple=True,
-            custom_convert_map=CONVERT_MAP,
-        )
+        # tvm.relax.frontend.torch.from_exported_program, keeping the importer: its table
+        # of fx nodes gives each node's result, so the report can name layers by module.
+        exported = exported.run_decompositions()
+        importer = ExportedProgramImporter()
+        mod = importer.from_exported_program(exported, False, True, False, CONVERT_MAP)
     except AssertionError as e:
         text = first_line(e)
         if text.startswith("Unsupported function types"):
@@ -133,6 +135,21 @@ def exported_to_relax(exported, name: str):
         raise ModelError(
             f"{name}: TVM's PyTorch importer failed: {type(e).__name__}: {first_line(e)}"
         ) from None
+    results = [(layer_name(node), importer.env[node]) for node in exported.graph.nodes
+               if node.op == "call_function" and node in importer.env]
+    return attach(mod, results)
+
+
+def layer_name(node) -> str:
+    """The name a torch fx node's layer takes in reports: the path of the module that ran
+    it (``layer1.0.conv1``); for an op a module of the user's own calls in ``forward``,
+    that path and the op (``layer1.0:add``); for one at the top level, the op."""
+    stack = list((node.meta.get("nn_module_stack") or {}).values())
+    if not stack:
+        return node.name
+    path, kind = stack[-1]
+    kind = kind if isinstance(kind, str) else f"{kind.__module__}.{kind.__qualname__}"
+    return path if kind.startswith("torch.nn.") else f"{path}:{node.name}"
 
 
 def _cumsum(node, importer):

@@ -179,7 +179,8 @@ def _folded_value(producer, weight, axis, out_rank, scale, shift):
 
     def make(visit, builder):
         data = visit(producer.args[0])
-        call = relax.Call(producer.op, [data, new_weight], producer.attrs)
+        # The producer's span names its layer in reports (lpx_tvm/layer_names.py).
+        call = relax.Call(producer.op, [data, new_weight], producer.attrs, producer.ty_args, producer.span)
         if bias is None:
             return call
         return relax.op.add(builder.emit(call), bias)

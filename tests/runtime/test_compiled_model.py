@@ -58,3 +58,31 @@ def test_artifact_keeps_the_report(x, tmp_path):
         a.pop(wall), b.pop(wall)
     assert a == b
     assert loaded.executable.offload.lpx == model.executable.offload.lpx
+
+
+def test_torch_layers_are_named_by_module_path():
+    """A torch model's layers take the path of the module that ran them; a convolution
+    whose weights absorbed a BatchNorm keeps its own name."""
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+    torch.manual_seed(0)
+    module = nn.Sequential(Block()).eval()
+    module[0].bn.running_mean.uniform_(-1, 1)
+    module[0].bn.running_var.uniform_(0.5, 2)
+    xt = torch.randn(1, 3, 8, 8)
+    model = lpx_tvm.from_torch(module, (xt,), preset="mini", precision="fp32")
+    got = list(model.run([xt.numpy()]).values())[0]
+    np.testing.assert_allclose(got, module(xt).detach().numpy(), rtol=1e-4, atol=1e-4)
+    rep = model.report
+    names = [layer.name for layer in rep.layers]
+    assert sum(layer.cycles for layer in rep.layers) == rep.cycles
+    assert names[0] == "0.conv" and "0.fc" in names and "0:mean" in names, names
