@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from tvm.relax.dpl.pattern import is_op, wildcard
 
-from ..target.codegen.support import grouped_conv_problem
+from ..target.codegen.rules import grouped_conv_problem
 from .check_context import current_settings
 
 INT_DTYPES = ("int8", "uint8")

@@ -47,7 +47,7 @@ from tvm.relax.backend.pattern_registry import register_patterns
 from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl.pattern import is_op, wildcard
 
-from ..target.codegen.support import binary_operands_problem, grouped_conv_problem, reshape_keeps_storage
+from ..target.codegen.rules import binary_operands_problem, grouped_conv_problem, reshape_keeps_storage
 from .check_context import (
     CheckSettings,
     Rejection,

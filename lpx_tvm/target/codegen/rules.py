@@ -59,6 +59,12 @@ def grouped_conv_problem(groups: int, cin: int, cout: int) -> "str | None":
     return None
 
 
+def is_depthwise(groups: int, channels: int, w_shape: tuple) -> bool:
+    """Whether a conv2d with ``groups`` over ``channels`` inputs and an OIHW weight of
+    ``w_shape`` is depthwise (one input channel per group, one output channel each)."""
+    return groups != 1 and groups == channels == w_shape[0] and w_shape[1] == 1
+
+
 def block_diagonal(w, groups: int):
     """The dense (CO, C, KH, KW) weight of a grouped conv's (CO, C / groups, KH, KW) weight:
     output channels of group g read input channels of group g only, zeros elsewhere."""
