@@ -35,8 +35,8 @@ class LoweringContext:
 
     Attributes
     ----------
-    cfg, options, policy
-        The machine, the SRAM knobs, and the tilings of the MXM layers (the policy
+    cfg, precision, options, policy
+        The machine, the precision compiled at, the SRAM knobs, and the tilings of the MXM layers (the policy
         records the layers it is asked about).
     dtype, int8, acc
         The stored dtype of float values, whether the region is a QDQ model's integer
@@ -64,6 +64,7 @@ class LoweringContext:
     """
 
     cfg: LPXConfig
+    precision: str
     dtype: DType
     int8: bool
     acc: DType
@@ -90,8 +91,9 @@ class LoweringContext:
         """A new context (and a new program builder) for one compile of region ``name``."""
         check_precision(precision)
         int8 = precision == Precision.INT8
-        return cls(cfg, PRECISION_DTYPE[precision], int8, DType.INT32 if int8 else DType.FP32, options, policy,
-                   offchip, band_share, ProgramBuilder(cfg, name), Planes(cfg))
+        acc = DType.INT32 if int8 else DType.FP32
+        return cls(cfg, str(precision), PRECISION_DTYPE[precision], int8, acc, options, policy, offchip, band_share,
+                   ProgramBuilder(cfg, name), Planes(cfg))
 
     def value(self, operand: Operand) -> Stored:
         """The stored value of a tensor operand."""

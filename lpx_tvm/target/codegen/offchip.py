@@ -19,7 +19,7 @@ from .context import LoweringContext
 from .graph import Operand, RegionOp, UnsupportedOnLPX
 from .passes import finish
 from .registry import lower
-from .rules import reshape_keeps_storage
+from .rules import activation_row_problem, reshape_keeps_storage
 from .storage import Stored, row_align, stored_shape
 
 WINDOW_OPS = ("nn.conv2d", "nn.max_pool2d", "nn.avg_pool2d")
@@ -58,10 +58,14 @@ def lower_by_bands(ctx: LoweringContext, op: RegionOp, is_output: bool):
             raise UnsupportedOnLPX(f"reshape {x.shape} -> {op.shape} moves data between lanes")
         ctx.values[op.out] = Spilled(x.tensor, tuple(op.shape))
         return
-    y = Spilled(ctx.builder.offchip(op.out, stored_shape(op.shape), ctx.dtype,
-                                    role="output" if is_output else None), op.shape)
     tensors = list({a.name: a for s in [op.main] + op.epilogue for a in s.args
                     if not a.is_const and a.name in ctx.values}.values())
+    for shape in [a.shape for a in tensors] + [op.shape]:
+        problem = activation_row_problem(shape, ctx.dtype.itemsize, ctx.cfg, ctx.precision)
+        if problem:  # not even one row of it fits a band
+            raise UnsupportedOnLPX(problem)
+    y = Spilled(ctx.builder.offchip(op.out, stored_shape(op.shape), ctx.dtype,
+                                    role="output" if is_output else None), op.shape)
     bands = 0
     for band_op, loads, store in _bands(ctx, op, tensors):
         out = _run_band(ctx, band_op, loads, op.out)

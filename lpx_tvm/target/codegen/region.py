@@ -25,7 +25,7 @@ from dataclasses import replace
 from ...errors import SramFull
 from ...machine.config import LPXConfig
 from ...runtime.region import CompiledRegion
-from . import lowerings  # noqa: F401  (registers every lowering)
+from .lowerings import FAMILIES  # noqa: F401  (importing them registers every lowering)
 from .context import LoweringContext, check_precision
 from .graph import Region, read_region
 from .im2col import float_image_stems, int8_image_stems

@@ -11,7 +11,7 @@ from ..graph import RegionOp, UnsupportedOnLPX
 from ..lanes import lane_map, move_lanes
 from ..passes import write_rows
 from ..registry import register_lowering
-from ..rules import reshape_keeps_storage
+from ..rules import concat_axis_problem, reshape_keeps_storage
 from ..storage import Stored, chunk_of, one, runs
 from ..values import copy_value, new_value, whole_groups
 
@@ -97,9 +97,9 @@ def lower_concat(ctx: LoweringContext, op: RegionOp, is_output: bool):
     axis = axis[0] if isinstance(axis, list) else axis
     parts = [ctx.value(v) for v in op.main.args]
     rank = len(op.shape)
-    axis = axis + rank if axis < 0 else axis
-    if axis != (1 if rank == 4 else rank - 1):
-        raise UnsupportedOnLPX(f"concat along axis {axis} of a rank-{rank} tensor")
+    problem = concat_axis_problem(axis, rank)
+    if problem:
+        raise UnsupportedOnLPX(problem)
     lanes = ctx.cfg.lanes
     y = new_value(ctx, op.out, op.shape, is_output, avoid=parts)
     rows = y.tensor.layout.rows

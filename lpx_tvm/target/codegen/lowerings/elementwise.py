@@ -11,6 +11,7 @@ from ..epilogue import apply_epilogue, epilogue_steps
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..passes import finish, rowwise
 from ..registry import register_lowering
+from ..rules import binary_operands_problem, constant_broadcast
 from ..storage import Stored, chunk_of, one, row_align, runs, slices_of, stored_shape
 from ..values import apart, clashes, copy_value, new_value
 
@@ -23,31 +24,30 @@ BINARY_VXM = {"add": "vxm.add", "subtract": "vxm.sub", "multiply": "vxm.mul"}
 
 @register_lowering(*BINARY_VXM)
 def lower_binary(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """``x op y`` of two values of one shape, or of a value and a constant that is a
+    scalar, one value per channel or a full tensor (:func:`..rules.constant_broadcast`)."""
     a, b = op.main.args
-    if a.is_const and not b.is_const:
-        if op.main.op == "subtract":
-            raise UnsupportedOnLPX("constant minus tensor")
+    problem = binary_operands_problem(op.main.op, a.shape, b.shape, a.is_const, b.is_const, op.shape)
+    if problem:
+        raise UnsupportedOnLPX(problem)
+    if a.is_const:  # constant + tensor, constant * tensor: the tensor goes first
         a, b = b, a
     x = ctx.value(a)
-    if tuple(x.shape) != tuple(op.shape):
-        raise UnsupportedOnLPX("broadcast that enlarges the first operand")
     vop = BINARY_VXM[op.main.op]
     clips = [e for e in epilogue_steps(ctx, op, x.tensor.layout.cols) if e[0] == "clip"]
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
     tag = f"{op.out}.{op.main.op}"
     if not b.is_const:
-        other = ctx.value(b)
-        if tuple(other.shape) != tuple(x.shape):
-            raise UnsupportedOnLPX(f"broadcast of {other.shape} to {x.shape}")
-        other = apart(ctx, other, x, op.out)
+        other = apart(ctx, ctx.value(b), x, op.out)
         rowwise(ctx, tag, [x, other], y, lambda g, vs: apply_epilogue(g, g.vxm(vop, vs[0], vs[1]), clips, 0, 0))
         ctx.values[op.out] = y
         return
     cv = np.asarray(b.const, np.float32)
-    if cv.size == 1:
+    kind = constant_broadcast(x.shape, cv.shape)
+    if kind == "scalar":
         imm = float(cv.reshape(-1)[0])
         rowwise(ctx, tag, [x], y, lambda g, vs: apply_epilogue(g, g.vxm(vop, vs[0], imm=imm), clips, 0, 0))
-    elif _per_channel(cv, x.shape):
+    elif kind == "channel":
         row = ctx.temp(ctx.builder.constant(f"{op.out}.operand", cv.reshape(1, -1), ctx.dtype,
                                             avoid=slices_of([x, y])))
         rows = x.tensor.layout.rows
@@ -57,22 +57,13 @@ def lower_binary(ctx: LoweringContext, op: RegionOp, is_output: bool):
                 g = ctx.builder.group(tag)
                 v = g.vxm(vop, g.read(one(x.tensor.segments(j, r0, r1))), g.read(row.tile(j).repeat(r1 - r0)))
                 finish(g, apply_epilogue(g, v, clips, j, r1 - r0), one(y.tensor.segments(j, r0, r1)))
-    elif cv.shape == tuple(x.shape):
+    else:  # the value's own shape
         arr = cv.transpose(0, 2, 3, 1) if x.nhwc else cv
         full = Stored(ctx.temp(ctx.builder.tensor(f"{op.out}.operand", stored_shape(cv.shape), ctx.dtype,
                                                   data=arr, avoid=slices_of([x]), row_align=row_align(cv.shape))),
                       cv.shape)
         rowwise(ctx, tag, [x, full], y, lambda g, vs: apply_epilogue(g, g.vxm(vop, vs[0], vs[1]), clips, 0, 0))
-    else:
-        raise UnsupportedOnLPX(f"broadcast of a constant of shape {cv.shape} to {x.shape}")
     ctx.values[op.out] = y
-
-
-def _per_channel(cv: np.ndarray, shape: tuple) -> bool:
-    """True when ``cv`` broadcasts along the stored channel axis only."""
-    if len(shape) == 4:
-        return cv.size == shape[1] and (cv.ndim < 3 or cv.shape[-1] == cv.shape[-2] == 1)
-    return cv.size == shape[-1] and cv.shape[-1] == shape[-1]
 
 
 @register_lowering("nn.relu", "sigmoid", "tanh", "erf", "nn.gelu", "nn.gelu_tanh", "nn.silu", "clip")

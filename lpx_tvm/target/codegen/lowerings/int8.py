@@ -29,6 +29,7 @@ from ..mxm_tiles import matmul, pixel_sums
 from ..passes import rowwise, write_rows
 from ..quant import QEpilogue, mxm_view, relax_dtype, scalar, step_of
 from ..registry import register_lowering
+from ..rules import spatial_mean_problem
 from ..storage import Stored
 from ..values import apart, new_value
 from .conv2d import lower_conv2d
@@ -139,8 +140,9 @@ def lower_qglobal_avg_pool(ctx: LoweringContext, op: RegionOp, is_output: bool):
     out_dt = relax_dtype(op.dtype)
     dq, mean, qs = op.main, step_of(op, "mean"), step_of(op, "quantize")
     x = ctx.value(dq.args[0])
-    if len(x.shape) != 4 or sorted(ax % 4 for ax in mean.attrs.get("axis", [])) != [2, 3]:
-        raise UnsupportedOnLPX("mean over axes other than the spatial ones of a 4-D tensor")
+    problem = spatial_mean_problem(len(x.shape), mean.attrs.get("axis", []))
+    if problem:
+        raise UnsupportedOnLPX(problem)
     sx, zx = scalar(dq.args[1]), _zero_point(dq.args[2])
     sy, zy = scalar(qs.args[1]), _zero_point(qs.args[2])
     hw = x.shape[2] * x.shape[3]

@@ -11,6 +11,7 @@ from ..mxm_tiles import pixel_sums
 from ..padding import padded
 from ..passes import finish, write_rows
 from ..registry import register_lowering
+from ..rules import spatial_mean_problem
 from ..storage import Stored, chunk_of, one, runs, slices_of
 from ..values import apart, new_value
 
@@ -89,8 +90,9 @@ def lower_global_avg_pool(ctx: LoweringContext, op: RegionOp, is_output: bool):
     column of 1/(H*W)."""
     a = op.main.attrs
     x = ctx.value(op.main.args[0])
-    if len(x.shape) != 4 or sorted(ax % 4 for ax in a.get("axis", [])) != [2, 3]:
-        raise UnsupportedOnLPX("mean over axes other than the spatial ones of a 4-D tensor")
+    problem = spatial_mean_problem(len(x.shape), a.get("axis", []))
+    if problem:
+        raise UnsupportedOnLPX(problem)
     hw = x.shape[2] * x.shape[3]
     column = ctx.temp(ctx.builder.constant(f"{op.out}.scale", np.full((ctx.cfg.lanes, 1), 1.0 / hw, np.float32),
                                            ctx.dtype))
