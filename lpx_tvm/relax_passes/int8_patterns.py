@@ -27,39 +27,25 @@ from __future__ import annotations
 
 from tvm.relax.dpl.pattern import is_op, wildcard
 
-from ..target.codegen.support import grouped_conv_problem
+from ..target.codegen.rules import activation_row_problem, grouped_conv_problem, spatial_mean_problem
 from .check_context import current_settings
+from .pattern_utils import expr_shape, is_const, make_check, static_shape
 
 INT_DTYPES = ("int8", "uint8")
 
 
-def _p():
-    from . import patterns  # the shared helpers (patterns imports this module lazily)
-
-    return patterns
-
-
 def _int_type_problem(expr, settings, dtypes=INT_DTYPES):
-    p = _p()
     ty = expr.ty
     if not hasattr(ty, "dtype") or ty.dtype not in dtypes:
         return f"dtype {getattr(ty, 'dtype', ty)} is not {' or '.join(dtypes)} in an int8 build"
-    shape = p._shape(ty)
+    shape = static_shape(ty)
     if shape is None:
         return f"dynamic shape {ty.shape}: LPX schedules are static and need static shapes"
-    cfg = settings.config
-    lanes = cfg.lanes
-    row = shape[3] * -(-shape[1] // lanes) * lanes if len(shape) == 4 else \
-        -(-(shape[-1] if shape else 1) // lanes) * lanes
-    nbytes = row * (1 if ty.dtype in INT_DTYPES else 4)
-    if nbytes * 8 > cfg.sram_bytes:
-        return f"one row of activation {shape} needs {nbytes} bytes, more than 1/8 of the {cfg.name} SRAM"
-    return None
+    return activation_row_problem(shape, 1 if ty.dtype in INT_DTYPES else 4, settings.config, settings.precision)
 
 
 def _scalar_const(expr) -> bool:
-    p = _p()
-    return p._is_const(expr) and expr.value.numpy().size == 1
+    return is_const(expr) and expr.value.numpy().size == 1
 
 
 def _int_rule(*keys):
@@ -73,30 +59,29 @@ def _int_rule(*keys):
 
 
 def _qmxm_rule(a, settings):
-    p = _p()
     root, x, w, q = a["root"], a["input"], a["weight"], a["quantize"]
     for expr in (x, q):
         problem = _int_type_problem(expr, settings)
         if problem:
             return root, problem
-    if not (p._is_const(w) and w.ty.dtype == "int8"):
+    if not (is_const(w) and w.ty.dtype == "int8"):
         return root, "the weight is not an int8 constant"
-    if not (_scalar_const(a["zp_in"]) and _scalar_const(a["zp_out"]) and p._is_const(a["bias"])
-            and p._is_const(a["scale"])):
+    if not (_scalar_const(a["zp_in"]) and _scalar_const(a["zp_out"]) and is_const(a["bias"])
+            and is_const(a["scale"])):
         return root, "zero points, bias and requantization scale must be constants"
-    channels = p._expr_shape(root)[1 if root.op.name == "relax.nn.conv2d" else -1]
+    channels = expr_shape(root)[1 if root.op.name == "relax.nn.conv2d" else -1]
     if a["scale"].value.numpy().size not in (1, channels) or a["bias"].value.numpy().size not in (1, channels):
         return root, "the requantization scale and bias are not one value per output channel"
     if root.op.name == "relax.nn.conv2d":
         attrs = root.attrs
         if (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW"):
             return root, "LPX convolution takes NCHW activations and OIHW weights"
-        groups, cin, cout = int(attrs.groups), p._expr_shape(x)[1], p._expr_shape(w)[0]
+        groups, cin, cout = int(attrs.groups), expr_shape(x)[1], expr_shape(w)[0]
         problem = grouped_conv_problem(groups, cin, cout) if groups != 1 else None
         if problem:
             return root, problem
     else:
-        if len(p._expr_shape(w)) != 2 or len(p._expr_shape(x)) < 2:
+        if len(expr_shape(w)) != 2 or len(expr_shape(x)) < 2:
             return root, "LPX dense takes a 2-D (K, N) weight and an input of rank >= 2"
     return None
 
@@ -112,20 +97,16 @@ def _scales_rule(*keys):
 
 
 def _qadd_rule(a, settings):
-    p = _p()
-    if p._expr_shape(a["lhs"]) != p._expr_shape(a["rhs"]):
+    if expr_shape(a["lhs"]) != expr_shape(a["rhs"]):
         return a["root"], "broadcasting quantized add"
     return None
 
 
 def _qgap_rule(a, settings):
-    p = _p()
     mean = a["root"]
-    rank = len(p._expr_shape(a["input"]))
-    axes = sorted(int(x) % rank for x in (mean.attrs.axis or range(rank)))
-    if rank != 4 or axes != [2, 3]:
-        return mean, "only the spatial mean (global average pooling) of a 4-D value"
-    return None
+    rank = len(expr_shape(a["input"]))
+    problem = spatial_mean_problem(rank, mean.attrs.axis or range(rank))
+    return (mean, problem) if problem else None
 
 
 def _qpool_rule(a, settings):
@@ -194,9 +175,8 @@ def _unary(op):
     return root, {"input": x, "root": root}
 
 
-def int8_pattern_table(make_check) -> list:
-    """The int8 patterns as ``(name, pattern, annotations, check)``, lowest priority first.
-    ``make_check(name, rules)`` is the float patterns' check builder."""
+def int8_pattern_table() -> list:
+    """The int8 patterns as ``(name, pattern, annotations, check)``, lowest priority first."""
 
     def only_int8(name, rules):
         check = make_check(name, rules)

@@ -44,16 +44,33 @@ import math
 import tvm
 from tvm import relax
 from tvm.relax.backend.pattern_registry import register_patterns
-from tvm.relax.backend.utils import has_leaking_intermediate_variables
 from tvm.relax.dpl.pattern import is_op, wildcard
 
-from ..target.codegen.support import binary_operands_problem, grouped_conv_problem, reshape_keeps_storage
+from ..target.codegen.rules import (
+    activation_row_problem,
+    binary_operands_problem,
+    concat_axis_problem,
+    grouped_conv_problem,
+    reshape_keeps_storage,
+    spatial_mean_problem,
+)
 from .check_context import (
     CheckSettings,
     Rejection,
     RejectionLog,
     check_settings,
     current_settings,
+)
+from .int8_patterns import int8_pattern_table
+from .pattern_utils import (
+    PATTERN_PREFIX,
+    clip_bounds,
+    expr_shape,
+    is_const,
+    make_check,
+    op_name,
+    scalar_value,
+    static_shape,
 )
 
 __all__ = [
@@ -68,52 +85,10 @@ __all__ = [
     "pattern_table",
 ]
 
-PATTERN_PREFIX = "lpx."
-
 # Tensor dtypes a graph may carry into LPX; the MXM multiplies them at ``precision``.
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
 
 _ACTIVATIONS = {"relu": "relax.nn.relu", "clip": "relax.clip"}
-
-
-# ---- facts about expressions --------------------------------------------------------
-
-
-def _op_name(call) -> str:
-    return call.op.name.removeprefix("relax.")
-
-
-def _is_const(expr) -> bool:
-    return isinstance(expr, tvm.ir.GenericConst) and isinstance(expr.ty, relax.TensorType)
-
-
-def _shape(ty) -> tuple | None:
-    """Static shape of a TensorType as ints, or None if the rank or a dim is unknown."""
-    if ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    values = ty.shape.values
-    if not all(isinstance(v, tvm.tirx.IntImm) for v in values):
-        return None
-    return tuple(int(v) for v in values)
-
-
-def _expr_shape(expr) -> tuple | None:
-    return _shape(expr.ty) if isinstance(expr.ty, relax.TensorType) else None
-
-
-def _scalar(value) -> float | None:
-    """A clip bound as a float, or None when it is not a compile-time scalar."""
-    if isinstance(value, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
-        return float(value.value)
-    if _is_const(value) and value.value.numpy().size == 1:
-        return float(value.value.numpy().reshape(()))
-    return None
-
-
-def clip_bounds(call) -> tuple | None:
-    """(min, max) of a ``relax.clip`` call, or None when they are not constants."""
-    lo, hi = _scalar(call.args[1]), _scalar(call.args[2])
-    return None if lo is None or hi is None else (lo, hi)
 
 
 # ---- rules: each returns None, or (the op to blame, a one-line reason) ---------------
@@ -126,25 +101,11 @@ def _type_problem(ty, settings, activation=True) -> str | None:
         return f"dtype {ty.dtype} is not supported on LPX (float32, float16 or bfloat16)"
     if settings.precision == "int8":
         return f"a {ty.dtype} op in an int8 build: LPX runs the quantized ops of a QDQ model"
-    shape = _shape(ty)
+    shape = static_shape(ty)
     if shape is None:
         return f"dynamic shape {ty.shape}: LPX schedules are static and need static shapes"
     if activation:
-        # Activations larger than the SRAM stay off chip and run in bands of whole image
-        # rows (rows of a matrix): one row, its channels padded to whole lane tiles, must
-        # leave room for the window around it.
-        cfg = settings.config
-        lanes = cfg.lanes
-        if len(shape) == 4:
-            row = shape[3] * -(-shape[1] // lanes) * lanes
-        else:
-            row = -(-(shape[-1] if shape else 1) // lanes) * lanes
-        nbytes = row * settings.activation_bytes
-        if nbytes * 8 > cfg.sram_bytes:
-            return (
-                f"one row of activation {shape} needs {nbytes} bytes at {settings.precision}, more than "
-                f"1/8 of the {cfg.name} SRAM ({cfg.sram_bytes} bytes), the least a band must leave"
-            )
+        return activation_row_problem(shape, settings.activation_bytes, settings.config, settings.precision)
     return None
 
 
@@ -156,11 +117,11 @@ def _tensors_problem(op, operands, settings):
     """
     for expr in [*operands, op]:
         if isinstance(expr, relax.Tuple):
-            fields = [(f.ty, not _is_const(f)) for f in expr.fields]
+            fields = [(f.ty, not is_const(f)) for f in expr.fields]
         elif isinstance(expr.ty, relax.TupleType):
             fields = [(ty, True) for ty in expr.ty.fields]
         else:
-            fields = [(expr.ty, not _is_const(expr))]
+            fields = [(expr.ty, not is_const(expr))]
         for ty, activation in fields:
             problem = _type_problem(ty, settings, activation)
             if problem:
@@ -181,11 +142,11 @@ def _conv2d_rule(a, settings):
             f"layouts data={layouts[0]} weight={layouts[1]} out={layouts[2]}: "
             "LPX convolution takes NCHW activations and OIHW weights"
         )
-    if not _is_const(weight):
+    if not is_const(weight):
         return conv, (
             "weight is not a constant: LPX keeps conv weights in SRAM, fixed at compile time"
         )
-    groups, cin, cout = int(attrs.groups), _expr_shape(data)[1], _expr_shape(weight)[0]
+    groups, cin, cout = int(attrs.groups), expr_shape(data)[1], expr_shape(weight)[0]
     problem = grouped_conv_problem(groups, cin, cout) if groups != 1 else None
     return (conv, problem) if problem else None
 
@@ -196,19 +157,19 @@ def _dense_rule(a, settings):
     found = found or _same_dtype_problem(matmul, data, weight, ("input", "weight"))
     if found:
         return found
-    if not _is_const(weight):
+    if not is_const(weight):
         # Activation x activation: B is installed from SRAM like a weight matrix.
-        lhs, rhs = _expr_shape(data), _expr_shape(weight)
+        lhs, rhs = expr_shape(data), expr_shape(weight)
         if len(lhs) != len(rhs) or len(lhs) not in (2, 3) or lhs[:-2] != rhs[:-2]:
             return matmul, (
                 f"runtime matmul operands {lhs} x {rhs}: LPX multiplies 2-D matrices, or 3-D "
                 "batches of equal size (4-D values are stored NHWC; broadcasts move data between lanes)"
             )
         return None
-    if len(_expr_shape(weight)) != 2:
-        rank = len(_expr_shape(weight))
+    if len(expr_shape(weight)) != 2:
+        rank = len(expr_shape(weight))
         return matmul, f"weight of rank {rank}: LPX dense takes a 2-D (K, N) weight"
-    if len(_expr_shape(data)) < 2:
+    if len(expr_shape(data)) < 2:
         return matmul, "input of rank 1: LPX dense takes an input of rank >= 2"
     return None
 
@@ -218,16 +179,16 @@ def _bias_rule(channel_shapes):
 
     def rule(a, settings):
         add, bias = a["bias_add"], a["bias"]
-        channels = _expr_shape(a["root"])[1 if a["root"].op.name == "relax.nn.conv2d" else -1]
-        if not _is_const(bias):
+        channels = expr_shape(a["root"])[1 if a["root"].op.name == "relax.nn.conv2d" else -1]
+        if not is_const(bias):
             return add, "bias is not a constant"
         found = _tensors_problem(add, [bias], settings)
         if found:
             return found
         accepted = channel_shapes(channels)
-        if _expr_shape(bias) not in accepted:
+        if expr_shape(bias) not in accepted:
             return add, (
-                f"bias of shape {_expr_shape(bias)} is not one value per output channel "
+                f"bias of shape {expr_shape(bias)} is not one value per output channel "
                 f"({' or '.join(str(s) for s in accepted)})"
             )
         return None
@@ -270,11 +231,8 @@ def _binary_rule(a, settings):
     found = _same_dtype_problem(op, lhs, rhs)
     if found:
         return found
-    if op.op.name == "relax.subtract" and _is_const(lhs) and not _is_const(rhs):
-        return op, "constant minus tensor is not supported"
-    problem = binary_operands_problem(_expr_shape(lhs), _expr_shape(rhs), _is_const(lhs), _is_const(rhs))
-    if problem is None and not _is_const(lhs) and not _is_const(rhs) and _expr_shape(op) != _expr_shape(lhs):
-        problem = "the result is larger than the operands"
+    problem = binary_operands_problem(op_name(op), expr_shape(lhs), expr_shape(rhs), is_const(lhs),
+                                      is_const(rhs), expr_shape(op))
     return (op, problem) if problem else None
 
 
@@ -294,7 +252,7 @@ def _pool2d_rule(a, settings):
     if found:
         return found
     attrs = pool.attrs
-    if len(_expr_shape(a["input"])) != 4:
+    if len(expr_shape(a["input"])) != 4:
         return pool, "pooling input is not 4-D"
     if (attrs.layout, attrs.out_layout or attrs.layout) != ("NCHW", "NCHW"):
         return pool, f"layout {attrs.layout}/{attrs.out_layout}: LPX pooling takes NCHW"
@@ -310,7 +268,7 @@ def _softmax_rule(a, settings):
     found = _tensors_problem(op, [a["input"]], settings)
     if found:
         return found
-    shape = _expr_shape(a["input"])
+    shape = expr_shape(a["input"])
     rank = len(shape)
     if int(op.attrs.axis) % max(rank, 1) != rank - 1:
         return op, f"softmax over axis {int(op.attrs.axis)} of a {rank}-D tensor: LPX reduces the last axis"
@@ -335,12 +293,12 @@ def _permute_dims_rule(a, settings):
     found = _tensors_problem(op, [a["input"]], settings)
     if found:
         return found
-    rank = len(_expr_shape(a["input"]))
+    rank = len(expr_shape(a["input"]))
     axes = [int(x) for x in op.attrs.axes] if op.attrs.axes is not None else list(range(rank))[::-1]
     if rank not in (2, 3):
         return op, (f"permute_dims {axes} of a {rank}-D tensor: LPX permutes the axes of a 2-D or 3-D "
                     "tensor (4-D values are stored NHWC)")
-    nbytes = math.prod(_expr_shape(a["input"])) * settings.activation_bytes
+    nbytes = math.prod(expr_shape(a["input"])) * settings.activation_bytes
     if 4 * nbytes > settings.config.sram_bytes:
         return op, "a transpose larger than a quarter of the SRAM (it does not run by bands)"
     return None
@@ -350,13 +308,13 @@ def _norm_rule(a, settings):
     """layer_norm (data, gamma, beta) and rms_norm (data, weight) over the last axis."""
     op = a["root"]
     data, *params = op.args
-    what = _op_name(op).removeprefix("nn.")
+    what = op_name(op).removeprefix("nn.")
     found = _tensors_problem(op, [data], settings)
     if found:
         return found
-    if not all(_is_const(p) for p in params):
+    if not all(is_const(p) for p in params):
         return op, f"{what} with a runtime " + ("gamma or beta" if len(params) == 2 else "weight")
-    shape = _expr_shape(data)
+    shape = expr_shape(data)
     rank = len(shape)
     if [int(ax) % max(rank, 1) for ax in op.attrs.axes] != [rank - 1]:
         return op, f"{what} over axes {[int(x) for x in op.attrs.axes]}: LPX normalizes the last axis"
@@ -366,19 +324,19 @@ def _norm_rule(a, settings):
 def _where_rule(a, settings):
     op = a["root"]
     cond, x, y = op.args
-    if _is_const(cond):
+    if is_const(cond):
         return op, "where with a constant condition and finite fills (see lpx.MaskingAdd for infinite ones)"
     if not isinstance(cond.ty, relax.TensorType) or cond.ty.dtype != "bool":
         return op, f"where with a condition of type {cond.ty}: LPX selects by a bool tensor"
-    found = _tensors_problem(op, [b for b in (x, y) if not (_is_const(b) and _scalar(b) is not None)], settings)
+    found = _tensors_problem(op, [b for b in (x, y) if not (is_const(b) and scalar_value(b) is not None)], settings)
     if found:
         return found
-    shape = _expr_shape(op)
+    shape = expr_shape(op)
     if not shape:
         return op, "a where of scalars (0-d values stay on the CPU)"
     for b in (cond, x, y):
-        if _expr_shape(b) != shape and not (_is_const(b) and _scalar(b) is not None):
-            return op, (f"where operand of shape {_expr_shape(b)} broadcast against {shape}: "
+        if expr_shape(b) != shape and not (is_const(b) and scalar_value(b) is not None):
+            return op, (f"where operand of shape {expr_shape(b)} broadcast against {shape}: "
                         "broadcasts move data between lanes")
     return None
 
@@ -388,23 +346,18 @@ def _global_avg_pool2d_rule(a, settings):
     found = _tensors_problem(mean, [a["input"]], settings)
     if found:
         return found
-    rank = len(_expr_shape(a["input"]))
-    axes = sorted(int(x) % rank for x in (mean.attrs.axis or range(rank)))
-    if rank != 4 or axes != [2, 3]:
-        return mean, (
-            f"mean over axes {axes} of a rank-{rank} tensor: only the spatial mean "
-            "(axes 2, 3 of NCHW, global average pooling) is supported"
-        )
-    return None
+    rank = len(expr_shape(a["input"]))
+    problem = spatial_mean_problem(rank, mean.attrs.axis or range(rank))
+    return (mean, problem) if problem else None
 
 
 def _reshape_rule(a, settings):
     found = _tensors_problem(a["root"], [a["input"]], settings)
     if found:
         return found
-    if _is_const(a["input"]):
+    if is_const(a["input"]):
         return a["root"], "reshape of a constant (folded at compile time)"
-    src, dst = _expr_shape(a["input"]), _expr_shape(a["root"])
+    src, dst = expr_shape(a["input"]), expr_shape(a["root"])
     if not reshape_keeps_storage(src, dst):
         return a["root"], f"reshape {src} -> {dst} moves data between lanes (NHWC storage)"
     return None
@@ -418,14 +371,10 @@ def _concat_rule(a, settings):
     if concat.attrs.axis is None:
         return concat, "concat without an axis (flattening) is not supported"
     fields = getattr(a["input"], "fields", ())
-    if any(_is_const(f) for f in fields):
+    if any(is_const(f) for f in fields):
         return concat, "concat of a constant operand is not supported (the concat lowers values in SRAM)"
-    rank = len(_expr_shape(concat))
-    axis = int(concat.attrs.axis)
-    axis = axis + rank if axis < 0 else axis
-    if axis != (1 if rank == 4 else rank - 1):
-        return concat, f"concat along axis {axis} of a rank-{rank} tensor: only the channel axis is supported"
-    return None
+    problem = concat_axis_problem(int(concat.attrs.axis), len(expr_shape(concat)))
+    return (concat, problem) if problem else None
 
 
 def _heads_problem(op, rows_shape, s, h, d):
@@ -441,10 +390,10 @@ def _split_heads_rule(a, settings):
     found = _tensors_problem(permute, [data], settings)
     if found:
         return found
-    if len(_expr_shape(reshape)) != 3 or [int(x) for x in permute.attrs.axes] != [1, 0, 2]:
+    if len(expr_shape(reshape)) != 3 or [int(x) for x in permute.attrs.axes] != [1, 0, 2]:
         return permute, "a head split is reshape (s, h, d) then permute_dims [1, 0, 2]"
-    s, h, d = _expr_shape(reshape)
-    return _heads_problem(permute, _expr_shape(data), s, h, d)
+    s, h, d = expr_shape(reshape)
+    return _heads_problem(permute, expr_shape(data), s, h, d)
 
 
 def _merge_heads_rule(a, settings):
@@ -452,10 +401,10 @@ def _merge_heads_rule(a, settings):
     found = _tensors_problem(reshape, [data], settings)
     if found:
         return found
-    if len(_expr_shape(data)) != 3 or [int(x) for x in permute.attrs.axes] != [1, 0, 2]:
+    if len(expr_shape(data)) != 3 or [int(x) for x in permute.attrs.axes] != [1, 0, 2]:
         return reshape, "a head merge is permute_dims [1, 0, 2] of (h, s, d) then a reshape"
-    h, s, d = _expr_shape(data)
-    return _heads_problem(reshape, _expr_shape(reshape), s, h, d)
+    h, s, d = expr_shape(data)
+    return _heads_problem(reshape, expr_shape(reshape), s, h, d)
 
 
 def _int_tuple(expr) -> list | None:
@@ -475,7 +424,7 @@ def _slice_rule(a, settings):
     found = _tensors_problem(op, [a["input"]], settings)
     if found:
         return found
-    shape = _expr_shape(a["input"])
+    shape = expr_shape(a["input"])
     rank = len(shape)
     ints = [_int_tuple(t) for t in op.args[1:]]
     if any(t is None for t in ints):
@@ -489,28 +438,6 @@ def _slice_rule(a, settings):
 
 
 # ---- patterns -----------------------------------------------------------------------
-
-
-def _make_check(name, rules):
-    """A check function that applies ``rules`` in order and records the first refusal."""
-
-    def check(context) -> bool:
-        if has_leaking_intermediate_variables(context):
-            # An inner result is used outside the group; a smaller pattern will take it.
-            return False
-        settings = current_settings()
-        annotated = {key: context.annotated_expr[key] for key in context.annotated_expr}
-        for rule in rules:
-            found = rule(annotated, settings)
-            if found is not None:
-                op, reason = found
-                key = context.value_to_bound_var.get(op, op)
-                settings.log.record(key, Rejection(name, _op_name(op), reason))
-                return False
-        return True
-
-    check.__name__ = f"check_{name.removeprefix(PATTERN_PREFIX)}"
-    return check
 
 
 def _epilogue(out, annotations, bias, activation):
@@ -632,16 +559,9 @@ def pattern_table() -> list:
             table.append((name, *make(bias, activation), rules))
 
     return [
-        (PATTERN_PREFIX + name, pattern, annotations, _make_check(PATTERN_PREFIX + name, rules))
+        (PATTERN_PREFIX + name, pattern, annotations, make_check(PATTERN_PREFIX + name, rules))
         for name, pattern, annotations, rules in table
-    ] + _int8_patterns()
-
-
-def _int8_patterns() -> list:
-    """The int8 (QDQ) patterns, kept in their own module."""
-    from .int8_patterns import int8_pattern_table
-
-    return int8_pattern_table(_make_check)
+    ] + int8_pattern_table()
 
 
 register_patterns(pattern_table())

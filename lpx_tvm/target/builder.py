@@ -379,6 +379,15 @@ class ProgramBuilder:
         return self._sram.alloc(lines, slice, avoid)
 
     @property
+    def slice_lines_used(self) -> tuple:
+        """SRAM lines in use in each slice right now (working space and constants)."""
+        return tuple(self._sram.used)
+
+    def bindings(self, role: "str | None" = None) -> list:
+        """The program's bindings so far (of ``role`` only, when given), in binding order."""
+        return [b for b in self._bindings if role is None or b.role == role]
+
+    @property
     def constant_lines(self) -> int:
         """SRAM lines the initial image (constants) takes so far."""
         return sum(self.config.lines_per_slice - f for f in self._sram.floor)

@@ -110,16 +110,16 @@ def test_bad_inputs_are_named(cnn):
         m.run({"x": x, "z": x})
 
 
-def test_weights_stream_over_the_offchip_path_when_sram_is_short(cnn, monkeypatch):
+def test_weights_stream_over_the_offchip_path_when_sram_is_short(cnn):
     """With no SRAM budget for resident weights every weight tile comes over the DMA path:
     same numbers, off-chip traffic in the report, and more cycles than resident."""
-    from lpx_tvm.target.codegen.region import RegionCompiler
+    from lpx_tvm.target.codegen import codegen_options
 
     model, x, want = cnn
     resident = lpx_tvm.compile_model(model, preset="mini", precision="fp32")
     resident.run({"x": x})
-    monkeypatch.setattr(RegionCompiler, "weight_budget", 0.0)
-    streamed = lpx_tvm.compile_model(model, preset="mini", precision="fp32")
+    with codegen_options(weight_budget=0.0):
+        streamed = lpx_tvm.compile_model(model, preset="mini", precision="fp32")
     tvm.testing.assert_allclose(streamed.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
     rep, base = streamed.report, resident.report
     assert rep["streamed_weight_bytes"] == rep["weight_bytes"] > 0

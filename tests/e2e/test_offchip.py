@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from relax_modules import Attention
 
 import lpx_tvm
-from lpx_tvm.target.codegen.region import RegionCompiler
+from lpx_tvm.target.codegen import codegen_options
 
 RNG = np.random.default_rng(3)
 
@@ -84,13 +84,12 @@ def test_same_model_fits_tsp_without_spilling(model, expected):
     assert compiled.report["offchip_bytes"] == 0
 
 
-def test_attention_block_off_chip(monkeypatch):
+def test_attention_block_off_chip():
     """Compiled as if its activations overflowed the SRAM: the transpose and the
     activation x activation matmuls run as one band each (their result rows do not map
     to their inputs' rows), the softmax by row bands."""
-    compile_region = RegionCompiler._compile
-    monkeypatch.setattr(RegionCompiler, "_compile", lambda self, region, offchip: compile_region(self, region, True))
-    exe = lpx_tvm.build(Attention, preset="mini", precision="fp32")
+    with codegen_options(force_offchip=True):
+        exe = lpx_tvm.build(Attention, preset="mini", precision="fp32")
     q, k, v = (RNG.standard_normal((2, 40, 24)).astype(np.float32) for _ in range(3))
     (o,) = exe.run([q, k, v])
     s = q @ k.transpose(0, 2, 1)

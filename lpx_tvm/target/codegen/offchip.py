@@ -15,9 +15,12 @@ import math
 from dataclasses import dataclass, replace
 
 from ..builder import OffchipTensor
+from .context import LoweringContext
 from .graph import Operand, RegionOp, UnsupportedOnLPX
-from .storage import Stored, _row_align, stored_shape
-from .support import reshape_keeps_storage
+from .passes import finish
+from .registry import lower
+from .rules import activation_row_problem, reshape_keeps_storage
+from .storage import Stored, row_align, stored_shape
 
 WINDOW_OPS = ("nn.conv2d", "nn.max_pool2d", "nn.avg_pool2d")
 
@@ -41,242 +44,244 @@ class _Load:
     shape: tuple
 
 
-class OffchipLowering:
-    """Methods of :class:`~lpx_tvm.target.codegen.region.RegionCompiler` for regions whose
-    values are kept off chip."""
+def spill_param(ctx: LoweringContext, name: str, shape: tuple) -> Spilled:
+    """A region input bound in off-chip memory."""
+    return Spilled(ctx.builder.offchip(name, stored_shape(shape), ctx.dtype, role="input"), shape)
 
-    # Share of the SRAM left beside the constants that one band's inputs and output may
-    # take (the rest holds accumulators, staging, and gaps between free lines); the
-    # region compiler tries smaller shares when a band does not fit after all.
-    band_shares = (0.5, 0.25, 0.125)
-    band_share = band_shares[0]
-    # Share of the SRAM resident weights may take when activations are off chip: bands
-    # need room, and weights past it stream in.
-    offchip_weight_budget = 0.25
 
-    def _spill_param(self, name: str, shape: tuple) -> Spilled:
-        return Spilled(self.b.offchip(name, stored_shape(shape), self.dtype, role="input"), shape)
+def lower_by_bands(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """Lower one op whose operands and result live off chip, band by band."""
+    kind = op.main.op
+    if kind == "reshape":
+        x = ctx.values[op.main.args[0].name]
+        if not reshape_keeps_storage(x.shape, op.shape):
+            raise UnsupportedOnLPX(f"reshape {x.shape} -> {op.shape} moves data between lanes")
+        ctx.values[op.out] = Spilled(x.tensor, tuple(op.shape))
+        return
+    tensors = list({a.name: a for s in [op.main] + op.epilogue for a in s.args
+                    if not a.is_const and a.name in ctx.values}.values())
+    for shape in [a.shape for a in tensors] + [op.shape]:
+        problem = activation_row_problem(shape, ctx.dtype.itemsize, ctx.cfg, ctx.precision)
+        if problem:  # not even one row of it fits a band
+            raise UnsupportedOnLPX(problem)
+    y = Spilled(ctx.builder.offchip(op.out, stored_shape(op.shape), ctx.dtype,
+                                    role="output" if is_output else None), op.shape)
+    bands = 0
+    for band_op, loads, store in _bands(ctx, op, tensors):
+        out = _run_band(ctx, band_op, loads, op.out)
+        _store_band(ctx, out, y, store, op.out)
+        ctx.builder.free(out.tensor)
+        bands += 1
+    if not bands:  # a global pooling whose channel tiles do not fit whole
+        _lower_mean_rows(ctx, op, tensors[0], y, _band_budget(ctx))
+    ctx.values[op.out] = y
 
-    def _lower_offchip(self, op: RegionOp, is_output: bool):
-        kind = op.main.op
-        if kind == "reshape":
-            x = self.values[op.main.args[0].name]
-            if not reshape_keeps_storage(x.shape, op.shape):
-                raise UnsupportedOnLPX(f"reshape {x.shape} -> {op.shape} moves data between lanes")
-            self.values[op.out] = Spilled(x.tensor, tuple(op.shape))
-            return
-        y = Spilled(self.b.offchip(op.out, stored_shape(op.shape), self.dtype,
-                                   role="output" if is_output else None), op.shape)
-        tensors = list({a.name: a for s in [op.main] + op.epilogue for a in s.args
-                        if not a.is_const and a.name in self.values}.values())
-        bands = 0
-        for band_op, loads, store in self._bands(op, tensors):
-            out = self._run_band(band_op, loads, op.out)
-            self._store_band(out, y, store, op.out)
-            self.b.free(out.tensor)
-            bands += 1
-        if not bands:  # a global pooling whose channel tiles do not fit whole
-            self._lower_mean_rows(op, tensors[0], y, self._band_budget())
-        self.values[op.out] = y
 
-    def _run_band(self, band_op: RegionOp, loads: dict, tag: str) -> Stored:
-        """Load a band's inputs, lower the band op; its output, in SRAM (the caller frees it)."""
-        saved = self.values
-        self.values = {}
-        self._scratch = []
-        for arg, ld in loads.items():
-            self.values[arg] = self._load_band(saved[arg], ld, tag)
-        self._lower(band_op, False)
-        out = self.values.pop(band_op.out)
-        for t in self._scratch + [v.tensor for v in self.values.values()]:
-            self.b.free(t)
-        self._scratch = []
-        self.values = saved
-        return out
+def _run_band(ctx: LoweringContext, band_op: RegionOp, loads: dict, tag: str) -> Stored:
+    """Load a band's inputs, lower the band op; its output, in SRAM (the caller frees it)."""
+    saved = ctx.values
+    ctx.values = {}
+    ctx.scratch = []
+    for arg, ld in loads.items():
+        ctx.values[arg] = _load_band(ctx, saved[arg], ld, tag)
+    lower(ctx, band_op, False)
+    out = ctx.values.pop(band_op.out)
+    for t in ctx.scratch + [v.tensor for v in ctx.values.values()]:
+        ctx.builder.free(t)
+    ctx.scratch = []
+    ctx.values = saved
+    return out
 
-    def _band_budget(self) -> float:
-        free = self.cfg.mem_slices * self.cfg.lines_per_slice - self.b.constant_lines
-        return self.band_share * free * self.cfg.lanes
 
-    # ---- moving bands ------------------------------------------------------------
-    def _load_band(self, src: Spilled, ld: _Load, tag: str) -> Stored:
-        t = self.b.tensor(f"{tag}.band", stored_shape(ld.shape), self.dtype, row_align=_row_align(ld.shape))
-        for j in range(t.ntiles):
-            for first, region in t.segments(j, 0, ld.rows):
-                self.b.group(f"{tag}.load").dma_load(src.tensor.at(ld.tile0 + j, ld.row0 + first), region)
-        return Stored(t, ld.shape)
+def _band_budget(ctx: LoweringContext) -> float:
+    free = ctx.cfg.mem_slices * ctx.cfg.lines_per_slice - ctx.builder.constant_lines
+    return ctx.band_share * free * ctx.cfg.lanes
 
-    def _store_band(self, out: Stored, y: Spilled, store: tuple, tag: str):
-        row0, tile0 = store
-        t = out.tensor
-        for j in range(t.ntiles):
-            for first, region in t.segments(j, 0, t.layout.rows):
-                self.b.group(f"{tag}.store").dma_store(region, y.tensor.at(tile0 + j, row0 + first))
 
-    # ---- band plans --------------------------------------------------------------
-    def _bands(self, op: RegionOp, tensors: list):
-        """Yield (band op, {arg name: _Load}, (first output row, first output tile))."""
-        budget = self._band_budget()
-        size = self.dtype.itemsize * self.cfg.lanes
-        tiles = lambda c: -(-int(c) // self.cfg.lanes)  # noqa: E731
-        shape = tuple(op.shape)
-        if op.main.op == "mean":
-            yield from self._channel_bands(op, tensors, budget, size)
-            return
-        if len(shape) == 4:
-            n, co, oh, ow = shape
-            plan = {a.name: self._row_source(op, a, shape) for a in tensors}
+# ---- moving bands ------------------------------------------------------------
+def _load_band(ctx: LoweringContext, src: Spilled, ld: _Load, tag: str) -> Stored:
+    t = ctx.builder.tensor(f"{tag}.band", stored_shape(ld.shape), ctx.dtype, row_align=row_align(ld.shape))
+    for j in range(t.ntiles):
+        for first, region in t.segments(j, 0, ld.rows):
+            ctx.builder.group(f"{tag}.load").dma_load(src.tensor.at(ld.tile0 + j, ld.row0 + first), region)
+    return Stored(t, ld.shape)
 
-            padded = op.main.op in WINDOW_OPS and any(op.main.attrs["padding"])
-            # A pooling also keeps an fp32 sum of its output; other outputs may take a copy.
-            out_factor = 3 if "pool" in op.main.op else 1.5
 
-            def cost(h):  # bytes of one band's inputs (with a padded copy) and output
-                ins = sum((2 if padded and a.name == op.main.args[0].name else 1) * rows(0, h)[1]
-                          * tiles(a.shape[1]) * a.shape[3] for a, rows in ((a, plan[a.name]) for a in tensors))
-                return (ins + out_factor * h * ow * tiles(co)) * size
+def _store_band(ctx: LoweringContext, out: Stored, y: Spilled, store: tuple, tag: str):
+    row0, tile0 = store
+    t = out.tensor
+    for j in range(t.ntiles):
+        for first, region in t.segments(j, 0, t.layout.rows):
+            ctx.builder.group(f"{tag}.store").dma_store(region, y.tensor.at(tile0 + j, row0 + first))
 
-            hb = self._band_length(oh, cost, budget, op)
-            for i in range(n):
-                for h0 in range(0, oh, hb):
-                    h1 = min(oh, h0 + hb)
-                    loads, band_op = {}, self._reshaped(op, (1, co, h1 - h0, ow))
-                    for a in tensors:
-                        r0, nr, pads = plan[a.name](h0, h1 - h0)
-                        image = i if a.shape[0] == n else 0  # a batch of one broadcasts
-                        w = a.shape[3]
-                        loads[a.name] = _Load((image * a.shape[2] + r0) * w, nr * w, 0, (1, a.shape[1], nr, w))
-                        if pads is not None:
-                            band_op = self._with_padding(band_op, pads)
-                    band_op = self._with_shapes(band_op, {k: v.shape for k, v in loads.items()})
-                    yield band_op, loads, ((i * oh + h0) * ow, 0)
-            return
-        rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
-        rows_of = lambda a: math.prod(a.shape[:-1]) if len(a.shape) > 1 else 1  # noqa: E731
-        if op.main.op == "permute_dims" or (op.main.op == "matmul" and not op.main.args[1].is_const):
-            # Rows of the result do not map to rows of every input: one band holds it all.
-            cost = (sum(rows_of(a) * tiles(a.shape[-1]) for a in tensors) + 1.5 * rows * tiles(shape[-1])) * size
-            if cost > budget:
-                raise UnsupportedOnLPX(f"{op.main.op} {op.out}: its operands and result do not fit the SRAM "
-                                       "together (it does not run by bands)")
-            yield op, {a.name: _Load(0, rows_of(a), 0, tuple(a.shape)) for a in tensors}, (0, 0)
-            return
 
-        def flat_cost(r):
-            return (sum(r * tiles(a.shape[-1]) for a in tensors) + 1.5 * r * tiles(shape[-1])) * size
+# ---- band plans --------------------------------------------------------------
+def _bands(ctx: LoweringContext, op: RegionOp, tensors: list):
+    """Yield (band op, {arg name: _Load}, (first output row, first output tile))."""
+    budget = _band_budget(ctx)
+    size = ctx.dtype.itemsize * ctx.cfg.lanes
+    tiles = lambda c: -(-int(c) // ctx.cfg.lanes)  # noqa: E731
+    shape = tuple(op.shape)
+    if op.main.op == "mean":
+        yield from _channel_bands(ctx, op, tensors, budget, size)
+        return
+    if len(shape) == 4:
+        n, co, oh, ow = shape
+        plan = {a.name: _row_source(op, a, shape) for a in tensors}
 
-        rb = self._band_length(rows, flat_cost, budget, op)
-        for r0 in range(0, rows, rb):
-            r1 = min(rows, r0 + rb)
-            loads = {}
-            for a in tensors:
-                a_rows = math.prod(a.shape[:-1]) if len(a.shape) > 1 else 1
-                if a_rows == rows:
-                    loads[a.name] = _Load(r0, r1 - r0, 0, (r1 - r0, a.shape[-1]))
-                elif a_rows == 1:
-                    loads[a.name] = _Load(0, 1, 0, (1, a.shape[-1]))
-                else:
-                    raise UnsupportedOnLPX(f"{op.main.op} of {a.shape} into {shape} on values kept off chip")
-            band_op = self._with_shapes(self._reshaped(op, (r1 - r0, shape[-1])), {k: v.shape for k, v in loads.items()})
-            yield band_op, loads, (r0, 0)
+        padded = op.main.op in WINDOW_OPS and any(op.main.attrs["padding"])
+        # A pooling also keeps an fp32 sum of its output; other outputs may take a copy.
+        out_factor = 3 if "pool" in op.main.op else 1.5
 
-    def _channel_bands(self, op, tensors, budget, size):
-        """A global pooling: bands of whole channel tiles and every pixel, or (when one
-        tile's pixels do not fit) of one tile and some image rows, summed by
-        :meth:`_lower_mean_rows`."""
-        (a,) = tensors
-        n, c, h, w = a.shape
-        lanes = self.cfg.lanes
-        per_tile = 2 * n * h * w * size
-        if per_tile > budget:
-            return
-        nt = max(1, int(budget // per_tile))
-        for t0 in range(0, -(-c // lanes), nt):
-            c0, c1 = t0 * lanes, min(c, (t0 + nt) * lanes)
-            out = (n, c1 - c0) + tuple(op.shape[2:])
-            load = _Load(0, n * h * w, t0, (n, c1 - c0, h, w))
-            yield self._with_shapes(self._reshaped(op, out), {a.name: load.shape}), {a.name: load}, (0, t0)
+        def cost(h):  # bytes of one band's inputs (with a padded copy) and output
+            ins = sum((2 if padded and a.name == op.main.args[0].name else 1) * rows(0, h)[1]
+                      * tiles(a.shape[1]) * a.shape[3] for a, rows in ((a, plan[a.name]) for a in tensors))
+            return (ins + out_factor * h * ow * tiles(co)) * size
 
-    def _lower_mean_rows(self, op: RegionOp, a: Operand, y: Spilled, budget: float):
-        """Mean over H and W by row bands of one channel tile: each band's mean, weighted
-        by its share of the rows, is added into an fp32 sum that is stored at the end."""
-        n, c, h, w = a.shape
-        lanes = self.cfg.lanes
-        hb = self._band_length(h, lambda r: 2 * r * w * self.dtype.itemsize * lanes, budget, op)
-        for t0 in range(-(-c // lanes)):
-            cs = min(c, (t0 + 1) * lanes) - t0 * lanes
-            for i in range(n):
-                total = self.b.tensor(f"{op.out}.sum", (1, cs), self.acc)
-                for h0 in range(0, h, hb):
-                    h1 = min(h, h0 + hb)
-                    ld = _Load((i * h + h0) * w, (h1 - h0) * w, t0, (1, cs, h1 - h0, w))
-                    band_op = self._with_shapes(self._reshaped(op, (1, cs) + tuple(op.shape[2:])),
-                                                {a.name: ld.shape})
-                    part = self._run_band(band_op, {a.name: ld}, op.out)
-                    scaled = self.b.tensor(f"{op.out}.part", (1, cs), self.acc, avoid=[sl for sl, _ in
-                                                                                    total.layout.tiles])
-                    g = self.b.group(f"{op.out}.sum")
-                    v = g.read(part.tensor.tile(0))
-                    if v.dtype != self.acc:
-                        v = g.vxm("vxm.cvt", v, to=self.acc)
-                    g.write(g.vxm("vxm.mul", v, imm=(h1 - h0) / h), scaled.tile(0) if h0 else total.tile(0))
-                    if h0:
-                        g = self.b.group(f"{op.out}.sum")
-                        g.write(g.vxm("vxm.add", g.read(scaled.tile(0)), g.read(total.tile(0))), total.tile(0))
-                    self.b.free(part.tensor)
-                    self.b.free(scaled)
-                out = self.b.tensor(f"{op.out}.mean", (1, cs), self.dtype)
-                g = self.b.group(f"{op.out}.sum")
-                self._finish(g, g.read(total.tile(0)), out.tile(0))
-                self.b.group(f"{op.out}.store").dma_store(out.tile(0), y.tensor.at(t0, i))
-                self.b.free(total)
-                self.b.free(out)
+        hb = _band_length(oh, cost, budget, op)
+        for i in range(n):
+            for h0 in range(0, oh, hb):
+                h1 = min(oh, h0 + hb)
+                loads, band_op = {}, _reshaped(op, (1, co, h1 - h0, ow))
+                for a in tensors:
+                    r0, nr, pads = plan[a.name](h0, h1 - h0)
+                    image = i if a.shape[0] == n else 0  # a batch of one broadcasts
+                    w = a.shape[3]
+                    loads[a.name] = _Load((image * a.shape[2] + r0) * w, nr * w, 0, (1, a.shape[1], nr, w))
+                    if pads is not None:
+                        band_op = _with_padding(band_op, pads)
+                band_op = _with_shapes(band_op, {k: v.shape for k, v in loads.items()})
+                yield band_op, loads, ((i * oh + h0) * ow, 0)
+        return
+    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+    rows_of = lambda a: math.prod(a.shape[:-1]) if len(a.shape) > 1 else 1  # noqa: E731
+    if op.main.op == "permute_dims" or (op.main.op == "matmul" and not op.main.args[1].is_const):
+        # Rows of the result do not map to rows of every input: one band holds it all.
+        cost = (sum(rows_of(a) * tiles(a.shape[-1]) for a in tensors) + 1.5 * rows * tiles(shape[-1])) * size
+        if cost > budget:
+            raise UnsupportedOnLPX(f"{op.main.op} {op.out}: its operands and result do not fit the SRAM "
+                                   "together (it does not run by bands)")
+        yield op, {a.name: _Load(0, rows_of(a), 0, tuple(a.shape)) for a in tensors}, (0, 0)
+        return
 
-    def _band_length(self, total: int, cost, budget: float, op: RegionOp) -> int:
-        if cost(1) > budget:
-            raise UnsupportedOnLPX(f"{op.main.op} {op.out}: one output row of {tuple(op.shape)} and its inputs "
-                                   f"need {cost(1):.0f} bytes, more than the SRAM leaves for a band")
-        lo, hi = 1, total
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if cost(mid) <= budget else (lo, mid - 1)
-        return -(-total // -(-total // lo))  # equal bands
+    def flat_cost(r):
+        return (sum(r * tiles(a.shape[-1]) for a in tensors) + 1.5 * r * tiles(shape[-1])) * size
 
-    def _row_source(self, op: RegionOp, a: Operand, out_shape: tuple):
-        """For a 4-D operand: (h0, rows) of output rows -> (first input row, input rows,
-        band padding or None)."""
-        if op.main.op in WINDOW_OPS and a.name == op.main.args[0].name:
-            attrs = op.main.attrs
-            kh, kw = (attrs["pool_size"] if "pool_size" in attrs else op.main.args[1].shape[2:])
-            (sh, _), (dh, _) = attrs["strides"], attrs["dilation"]
-            pt, pl, _, pr = attrs["padding"]
-            height = a.shape[2]
+    rb = _band_length(rows, flat_cost, budget, op)
+    for r0 in range(0, rows, rb):
+        r1 = min(rows, r0 + rb)
+        loads = {}
+        for a in tensors:
+            a_rows = math.prod(a.shape[:-1]) if len(a.shape) > 1 else 1
+            if a_rows == rows:
+                loads[a.name] = _Load(r0, r1 - r0, 0, (r1 - r0, a.shape[-1]))
+            elif a_rows == 1:
+                loads[a.name] = _Load(0, 1, 0, (1, a.shape[-1]))
+            else:
+                raise UnsupportedOnLPX(f"{op.main.op} of {a.shape} into {shape} on values kept off chip")
+        band_op = _with_shapes(_reshaped(op, (r1 - r0, shape[-1])), {k: v.shape for k, v in loads.items()})
+        yield band_op, loads, (r0, 0)
 
-            def window(h0, nrows):
-                start = h0 * sh - pt
-                end = (h0 + nrows - 1) * sh - pt + (kh - 1) * dh + 1
-                r0, r1 = max(0, start), min(height, end)
-                return r0, r1 - r0, (r0 - start, pl, end - r1, pr)
-            return window
-        if a.shape[2:] == tuple(out_shape[2:]):
-            return lambda h0, nrows: (h0, nrows, None)
-        if a.shape[2:] == (1, 1):
-            return lambda h0, nrows: (0, 1, None)
-        raise UnsupportedOnLPX(f"{op.main.op} of {a.shape} into {out_shape} on values kept off chip")
 
-    # ---- band ops ----------------------------------------------------------------
-    @staticmethod
-    def _reshaped(op: RegionOp, shape: tuple) -> RegionOp:
-        return replace(op, shape=tuple(shape), main=replace(op.main, shape=tuple(shape)),
-                       epilogue=[replace(s, shape=tuple(shape)) for s in op.epilogue])
+def _channel_bands(ctx: LoweringContext, op, tensors, budget, size):
+    """A global pooling: bands of whole channel tiles and every pixel, or (when one
+    tile's pixels do not fit) of one tile and some image rows, summed by
+    :func:`_lower_mean_rows`."""
+    (a,) = tensors
+    n, c, h, w = a.shape
+    lanes = ctx.cfg.lanes
+    per_tile = 2 * n * h * w * size
+    if per_tile > budget:
+        return
+    nt = max(1, int(budget // per_tile))
+    for t0 in range(0, -(-c // lanes), nt):
+        c0, c1 = t0 * lanes, min(c, (t0 + nt) * lanes)
+        out = (n, c1 - c0) + tuple(op.shape[2:])
+        load = _Load(0, n * h * w, t0, (n, c1 - c0, h, w))
+        yield _with_shapes(_reshaped(op, out), {a.name: load.shape}), {a.name: load}, (0, t0)
 
-    @staticmethod
-    def _with_padding(op: RegionOp, pads: tuple) -> RegionOp:
-        return replace(op, main=replace(op.main, attrs={**op.main.attrs, "padding": tuple(int(p) for p in pads)}))
 
-    @staticmethod
-    def _with_shapes(op: RegionOp, shapes: dict) -> RegionOp:
-        def step(s):
-            return replace(s, args=[replace(a, shape=tuple(shapes[a.name])) if not a.is_const and a.name in shapes
-                                    else a for a in s.args])
-        return replace(op, main=step(op.main), epilogue=[step(s) for s in op.epilogue])
+def _lower_mean_rows(ctx: LoweringContext, op: RegionOp, a: Operand, y: Spilled, budget: float):
+    """Mean over H and W by row bands of one channel tile: each band's mean, weighted
+    by its share of the rows, is added into an fp32 sum that is stored at the end."""
+    n, c, h, w = a.shape
+    lanes = ctx.cfg.lanes
+    b = ctx.builder
+    hb = _band_length(h, lambda r: 2 * r * w * ctx.dtype.itemsize * lanes, budget, op)
+    for t0 in range(-(-c // lanes)):
+        cs = min(c, (t0 + 1) * lanes) - t0 * lanes
+        for i in range(n):
+            total = b.tensor(f"{op.out}.sum", (1, cs), ctx.acc)
+            for h0 in range(0, h, hb):
+                h1 = min(h, h0 + hb)
+                ld = _Load((i * h + h0) * w, (h1 - h0) * w, t0, (1, cs, h1 - h0, w))
+                band_op = _with_shapes(_reshaped(op, (1, cs) + tuple(op.shape[2:])), {a.name: ld.shape})
+                part = _run_band(ctx, band_op, {a.name: ld}, op.out)
+                scaled = b.tensor(f"{op.out}.part", (1, cs), ctx.acc, avoid=[sl for sl, _ in total.layout.tiles])
+                g = b.group(f"{op.out}.sum")
+                v = g.read(part.tensor.tile(0))
+                if v.dtype != ctx.acc:
+                    v = g.vxm("vxm.cvt", v, to=ctx.acc)
+                g.write(g.vxm("vxm.mul", v, imm=(h1 - h0) / h), scaled.tile(0) if h0 else total.tile(0))
+                if h0:
+                    g = b.group(f"{op.out}.sum")
+                    g.write(g.vxm("vxm.add", g.read(scaled.tile(0)), g.read(total.tile(0))), total.tile(0))
+                b.free(part.tensor)
+                b.free(scaled)
+            out = b.tensor(f"{op.out}.mean", (1, cs), ctx.dtype)
+            g = b.group(f"{op.out}.sum")
+            finish(g, g.read(total.tile(0)), out.tile(0))
+            b.group(f"{op.out}.store").dma_store(out.tile(0), y.tensor.at(t0, i))
+            b.free(total)
+            b.free(out)
+
+
+def _band_length(total: int, cost, budget: float, op: RegionOp) -> int:
+    if cost(1) > budget:
+        raise UnsupportedOnLPX(f"{op.main.op} {op.out}: one output row of {tuple(op.shape)} and its inputs "
+                               f"need {cost(1):.0f} bytes, more than the SRAM leaves for a band")
+    lo, hi = 1, total
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if cost(mid) <= budget else (lo, mid - 1)
+    return -(-total // -(-total // lo))  # equal bands
+
+
+def _row_source(op: RegionOp, a: Operand, out_shape: tuple):
+    """For a 4-D operand: (h0, rows) of output rows -> (first input row, input rows,
+    band padding or None)."""
+    if op.main.op in WINDOW_OPS and a.name == op.main.args[0].name:
+        attrs = op.main.attrs
+        kh, kw = (attrs["pool_size"] if "pool_size" in attrs else op.main.args[1].shape[2:])
+        (sh, _), (dh, _) = attrs["strides"], attrs["dilation"]
+        pt, pl, _, pr = attrs["padding"]
+        height = a.shape[2]
+
+        def window(h0, nrows):
+            start = h0 * sh - pt
+            end = (h0 + nrows - 1) * sh - pt + (kh - 1) * dh + 1
+            r0, r1 = max(0, start), min(height, end)
+            return r0, r1 - r0, (r0 - start, pl, end - r1, pr)
+        return window
+    if a.shape[2:] == tuple(out_shape[2:]):
+        return lambda h0, nrows: (h0, nrows, None)
+    if a.shape[2:] == (1, 1):
+        return lambda h0, nrows: (0, 1, None)
+    raise UnsupportedOnLPX(f"{op.main.op} of {a.shape} into {out_shape} on values kept off chip")
+
+
+# ---- band ops ----------------------------------------------------------------
+def _reshaped(op: RegionOp, shape: tuple) -> RegionOp:
+    return replace(op, shape=tuple(shape), main=replace(op.main, shape=tuple(shape)),
+                   epilogue=[replace(s, shape=tuple(shape)) for s in op.epilogue])
+
+
+def _with_padding(op: RegionOp, pads: tuple) -> RegionOp:
+    return replace(op, main=replace(op.main, attrs={**op.main.attrs, "padding": tuple(int(p) for p in pads)}))
+
+
+def _with_shapes(op: RegionOp, shapes: dict) -> RegionOp:
+    def step(s):
+        return replace(s, args=[replace(a, shape=tuple(shapes[a.name])) if not a.is_const and a.name in shapes
+                                else a for a in s.args])
+    return replace(op, main=step(op.main), epilogue=[step(s) for s in op.epilogue])

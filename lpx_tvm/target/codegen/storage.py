@@ -32,11 +32,12 @@ def stored_shape(shape: tuple) -> tuple:
     return tuple(shape) if shape else (1,)
 
 
-def _slices(values) -> list:
+def slices_of(values) -> list:
+    """Every slice the stored ``values`` occupy (to keep a tensor read beside them clear)."""
     return [sl for v in values for sl, _ in v.tensor.layout.tiles]
 
 
-def _runs(n: int, key) -> list:
+def runs(n: int, key) -> list:
     """Maximal runs [i0, i1) of 0..n-1 over which ``key(i)`` stays the same."""
     out, i = [], 0
     while i < n:
@@ -48,7 +49,8 @@ def _runs(n: int, key) -> list:
     return out
 
 
-def _chunk_of(t: SramTensor, row: int) -> int:
+def chunk_of(t: SramTensor, row: int) -> int:
+    """The chunk of ``t`` that holds row ``row``."""
     return row // t.layout.rows_per_chunk
 
 
@@ -78,12 +80,12 @@ class StreamedWeights:
         return self.offsets[j] + row * self.vector_bytes
 
 
-def _row_align(shape: tuple) -> int:
+def row_align(shape: tuple) -> int:
     """Chunks of a 4-D value hold whole image rows, so a window row never straddles two."""
     return int(shape[3]) if len(shape) == 4 else 1
 
 
-def _one(segments: list):
+def one(segments: list):
     """The region of a run known to sit in one chunk."""
     if len(segments) != 1:
         raise UnsupportedOnLPX("an access expected in one SRAM chunk spans several")

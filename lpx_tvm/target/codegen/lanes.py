@@ -1,0 +1,62 @@
+"""Moving lanes with the SXM: permutation tables, lane moves between values, and the
+passes that pack channels side by side."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .context import LoweringContext
+from .graph import UnsupportedOnLPX
+from .storage import Stored, chunk_of, one, runs
+
+
+def lane_map(ctx: LoweringContext, src: int, dst: int, length: int) -> int:
+    """A permutation table moving lanes src..src+length-1 to dst.., zero elsewhere."""
+    key = (src, dst, length)
+    if key not in ctx.lane_maps:
+        table = np.full(ctx.cfg.lanes, -1, np.int32)
+        table[dst:dst + length] = np.arange(src, src + length)
+        ctx.lane_maps[key] = ctx.builder.table(table)
+    return ctx.lane_maps[key]
+
+
+def lane_pass(ctx: LoweringContext, tag: str, src, dst, before: int, width: int, sxm: int, add: bool):
+    """One pass of a packing: the first ``width`` lanes of ``src`` go to lanes
+    ``before ..`` of ``dst`` (``sxm.pad`` on SXM ``sxm``: zeros in every other lane),
+    added to what ``dst`` holds when ``add``."""
+    g = ctx.builder.group(tag)
+    v = g.sxm("sxm.pad", g.read(src), unit=sxm, before=before, width=width)
+    if add:
+        v = g.vxm("vxm.add", v, g.read(dst))
+    g.write(v, dst)
+
+
+def move_lanes(ctx: LoweringContext, tag: str, x: Stored, y: Stored, moves):
+    """``y[yr:yr+n, yc:yc+w] = x[xr:xr+n, xc:xc+w]`` for each (xr, yr, n, xc, yc, w) of
+    ``moves``, which together cover every element of ``y``: per piece within one column
+    tile of each, an SXM permute moves the lanes into place (the other lanes become
+    zero) and pieces landing on rows already written are added to them."""
+    lanes = ctx.cfg.lanes
+    ycols = y.tensor.layout.cols
+    written = np.zeros((y.tensor.ntiles, y.tensor.layout.rows), bool)
+    for xr, yr, n, xc, yc, w in moves:
+        done = 0
+        while done < w:
+            xt, xb = divmod(xc + done, lanes)
+            yt, yb = divmod(yc + done, lanes)
+            length = min(w - done, lanes - xb, lanes - yb)
+            seen = written[yt]
+            key = lambda r: (chunk_of(x.tensor, xr + r), chunk_of(y.tensor, yr + r), bool(seen[yr + r]))  # noqa: E731
+            for r0, r1 in runs(n, key):
+                g = ctx.builder.group(tag)
+                v = g.read(one(x.tensor.segments(xt, xr + r0, xr + r1)))
+                if (xb, yb, length) != (0, 0, lanes):
+                    v = g.sxm("sxm.permute", v, map=lane_map(ctx, xb, yb, length))
+                out = one(y.tensor.segments(yt, yr + r0, yr + r1))
+                if seen[yr + r0]:
+                    v = g.vxm("vxm.add", v, g.read(out))
+                g.write(v, out)
+            seen[yr:yr + n] = True
+            done += length
+    if not written.all() or ycols > len(written) * lanes:
+        raise UnsupportedOnLPX(f"{tag}: the lane moves leave part of the result unwritten")

@@ -1,0 +1,169 @@
+"""Ops that move elements without arithmetic: transposes (``permute_dims``), channel
+``concat``, ``reshape`` (a free alias when storage stays put), slices of the last axis,
+and the head split / merge of attention."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..context import LoweringContext
+from ..graph import RegionOp, UnsupportedOnLPX
+from ..lanes import lane_map, move_lanes
+from ..passes import write_rows
+from ..registry import register_lowering
+from ..rules import concat_axis_problem, reshape_keeps_storage
+from ..storage import Stored, chunk_of, one, runs
+from ..values import copy_value, new_value, whole_groups
+
+
+def permute_steps(axes) -> list:
+    """The shortest chain of swaps ("last": the last two axes, "first": the first two of
+    three) that permutes axes as ``axes`` does: [] for the identity."""
+    rank, target = len(axes), tuple(axes)
+    moves = {"last": list(range(rank - 2)) + [rank - 1, rank - 2]}
+    if rank == 3:
+        moves["first"] = [1, 0, 2]
+    seen, frontier = {tuple(range(rank)): []}, [tuple(range(rank))]
+    while frontier and target not in seen:
+        nxt = []
+        for order in frontier:
+            for name, p in moves.items():
+                new = tuple(order[i] for i in p)
+                if new not in seen:
+                    seen[new] = seen[order] + [name]
+                    nxt.append(new)
+        frontier = nxt
+    return seen[target]
+
+
+@register_lowering("permute_dims")
+def lower_transpose(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """Any permutation of a 2-D or 3-D value, as a chain of the two swaps LPX does:
+    the last two axes (:func:`_swap_last`, through the SXM) and, for 3-D, the first
+    two (:func:`_swap_first`, rows moved whole)."""
+    x = ctx.value(op.main.args[0])
+    rank = len(x.shape)
+    if x.nhwc or rank not in (2, 3):
+        raise UnsupportedOnLPX(f"permute_dims of a {rank}-D value")
+    axes = op.main.attrs.get("axes")
+    axes = list(range(rank))[::-1] if axes in (None, []) else [int(a) % rank for a in axes]
+    steps = permute_steps(axes)
+    if not steps:  # the identity
+        ctx.values[op.out] = copy_value(ctx, x, op.out, is_output)
+        return
+    for k, step in enumerate(steps):
+        last = k == len(steps) - 1
+        shape = tuple(x.shape[:-2]) + (x.shape[-1], x.shape[-2]) if step == "last" else \
+            (x.shape[1], x.shape[0], x.shape[2])
+        y = new_value(ctx, op.out if last else f"{op.out}.{k}", shape, is_output and last)
+        (_swap_last if step == "last" else _swap_first)(ctx, x, y, op.out)
+        if not last:
+            ctx.temp(y)
+        x = y
+    ctx.values[op.out] = x
+
+
+def _swap_last(ctx: LoweringContext, x: Stored, y: Stored, tag: str):
+    """Swap the last two axes: per batch, blocks of up to ``lanes`` rows by one column
+    tile go through an SXM transpose (one vector out per column) into the matching
+    rows of the result's column tile."""
+    lanes = ctx.cfg.lanes
+    m, n = x.shape[-2:]
+    batches = x.shape[0] if len(x.shape) == 3 else 1
+    x = whole_groups(ctx, x, m, f"{tag}.rows")  # blocks of rows are read whole
+    for i in range(batches):
+        for r0 in range(0, m, lanes):
+            r1 = min(m, r0 + lanes)
+            for cb in range(x.tensor.ntiles):
+                c0, c1 = cb * lanes, min(n, (cb + 1) * lanes)
+                g = ctx.builder.group(f"{tag}.transpose")
+                v = g.sxm("sxm.transpose", g.read(one(x.tensor.segments(cb, i * m + r0, i * m + r1))),
+                          out=c1 - c0)
+                write_rows(ctx, g, v, y, r0 // lanes, i * n + c0, i * n + c1)
+
+
+def _swap_first(ctx: LoweringContext, x: Stored, y: Stored, tag: str):
+    """Swap the first two axes of a 3-D value (a, b, c): row i*b + j moves to row j*a + i,
+    whole (the last axis stays in lanes)."""
+    a, b, c = x.shape
+    move_lanes(ctx, f"{tag}.swap", x, y, [(i * b + j, j * a + i, 1, 0, 0, c) for i in range(a) for j in range(b)])
+
+
+@register_lowering("concat")
+def lower_concat(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """Concatenate along channels: move each input's lanes into place with one SXM
+    permute (the other lanes become zero) and add the disjoint pieces of each output tile."""
+    axis = op.main.attrs.get("axis", 1)
+    axis = axis[0] if isinstance(axis, list) else axis
+    parts = [ctx.value(v) for v in op.main.args]
+    rank = len(op.shape)
+    problem = concat_axis_problem(axis, rank)
+    if problem:
+        raise UnsupportedOnLPX(problem)
+    lanes = ctx.cfg.lanes
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=parts)
+    rows = y.tensor.layout.rows
+    written = set()
+    offset = 0
+    for x in parts:
+        cx = x.shape[1] if rank == 4 else x.shape[-1]
+        for ch0 in range(0, cx, lanes):
+            done, width_in = 0, min(lanes, cx - ch0)
+            while done < width_in:
+                tile, b = divmod(offset + ch0 + done, lanes)
+                length = min(width_in - done, lanes - b)
+                for r0, r1 in runs(rows, lambda r: (chunk_of(x.tensor, r), chunk_of(y.tensor, r))):
+                    g = ctx.builder.group(f"{op.out}.concat")
+                    v = g.read(one(x.tensor.segments(ch0 // lanes, r0, r1)))
+                    v = g.sxm("sxm.permute", v, map=lane_map(ctx, done, b, length))
+                    out = one(y.tensor.segments(tile, r0, r1))
+                    if tile in written:
+                        v = g.vxm("vxm.add", v, g.read(out))
+                    g.write(v, out)
+                written.add(tile)
+                done += length
+        offset += cx
+    ctx.values[op.out] = y
+
+
+@register_lowering("reshape")
+def lower_reshape(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """A reshape that leaves every element where it is stored: the same tensor under the
+    new shape (an output alias is copied out by the region driver)."""
+    x = ctx.value(op.main.args[0])
+    if not reshape_keeps_storage(x.shape, op.shape):
+        raise UnsupportedOnLPX(f"reshape {x.shape} -> {op.shape} moves data between lanes")
+    ctx.values[op.out] = Stored(x.tensor, tuple(op.shape))
+
+
+@register_lowering("lpx.slice")
+def lower_slice(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """Elements begin .. end - 1 of the last axis (stride 1), moved to lane 0 on."""
+    x = ctx.value(op.main.args[0])
+    _, begin, end = (int(np.asarray(a.const).reshape(-1)[0]) for a in op.main.args[1:4])
+    width = x.shape[-1]
+    begin, end = (b + width if b < 0 else b for b in (begin, end))
+    end = min(end, width)
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
+    move_lanes(ctx, f"{op.out}.slice", x, y, [(0, 0, x.tensor.layout.rows, begin, 0, end - begin)])
+    ctx.values[op.out] = y
+
+
+@register_lowering("lpx.split_heads")
+def lower_split_heads(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """(s, h*d) -> (h, s, d): head i is lanes i*d .. of every row, moved to rows i*s .."""
+    x = ctx.value(op.main.args[0])
+    h, s, d = op.shape
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
+    move_lanes(ctx, f"{op.out}.split_heads", x, y, [(0, i * s, s, i * d, 0, d) for i in range(h)])
+    ctx.values[op.out] = y
+
+
+@register_lowering("lpx.merge_heads")
+def lower_merge_heads(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """(h, s, d) -> (s, h*d): the inverse of :func:`lower_split_heads`."""
+    x = ctx.value(op.main.args[0])
+    h, s, d = x.shape
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
+    move_lanes(ctx, f"{op.out}.merge_heads", x, y, [(i * s, 0, s, 0, i * d, d) for i in range(h)])
+    ctx.values[op.out] = y

@@ -1,0 +1,128 @@
+"""Elementwise ops on the VXM, row run by row run of each column tile: add, subtract
+and multiply (of two tensors, or of a tensor and a scalar, per-channel or full
+constant), the unary activations, and ``where``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..context import LoweringContext
+from ..epilogue import apply_epilogue, epilogue_steps
+from ..graph import RegionOp, UnsupportedOnLPX
+from ..passes import finish, rowwise
+from ..registry import register_lowering
+from ..rules import binary_operands_problem, constant_broadcast
+from ..storage import Stored, chunk_of, one, row_align, runs, slices_of, stored_shape
+from ..values import apart, clashes, copy_value, new_value
+
+# Relax unary ops that are one VXM transcendental each.
+UNARY_VXM = {"sigmoid": "vxm.sigmoid", "tanh": "vxm.tanh", "erf": "vxm.erf", "nn.gelu": "vxm.gelu",
+             "nn.gelu_tanh": "vxm.gelu_tanh"}
+
+BINARY_VXM = {"add": "vxm.add", "subtract": "vxm.sub", "multiply": "vxm.mul"}
+
+
+@register_lowering(*BINARY_VXM)
+def lower_binary(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """``x op y`` of two values of one shape, or of a value and a constant that is a
+    scalar, one value per channel or a full tensor (:func:`..rules.constant_broadcast`)."""
+    a, b = op.main.args
+    problem = binary_operands_problem(op.main.op, a.shape, b.shape, a.is_const, b.is_const, op.shape)
+    if problem:
+        raise UnsupportedOnLPX(problem)
+    if a.is_const:  # constant + tensor, constant * tensor: the tensor goes first
+        a, b = b, a
+    x = ctx.value(a)
+    vop = BINARY_VXM[op.main.op]
+    clips = [e for e in epilogue_steps(ctx, op, x.tensor.layout.cols) if e[0] == "clip"]
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
+    tag = f"{op.out}.{op.main.op}"
+    if not b.is_const:
+        other = apart(ctx, ctx.value(b), x, op.out)
+        rowwise(ctx, tag, [x, other], y, lambda g, vs: apply_epilogue(g, g.vxm(vop, vs[0], vs[1]), clips, 0, 0))
+        ctx.values[op.out] = y
+        return
+    cv = np.asarray(b.const, np.float32)
+    kind = constant_broadcast(x.shape, cv.shape)
+    if kind == "scalar":
+        imm = float(cv.reshape(-1)[0])
+        rowwise(ctx, tag, [x], y, lambda g, vs: apply_epilogue(g, g.vxm(vop, vs[0], imm=imm), clips, 0, 0))
+    elif kind == "channel":
+        row = ctx.temp(ctx.builder.constant(f"{op.out}.operand", cv.reshape(1, -1), ctx.dtype,
+                                            avoid=slices_of([x, y])))
+        rows = x.tensor.layout.rows
+        tensors = [x.tensor, y.tensor]
+        for j in range(x.tensor.ntiles):
+            for r0, r1 in runs(rows, lambda r: tuple(chunk_of(t, r) for t in tensors)):
+                g = ctx.builder.group(tag)
+                v = g.vxm(vop, g.read(one(x.tensor.segments(j, r0, r1))), g.read(row.tile(j).repeat(r1 - r0)))
+                finish(g, apply_epilogue(g, v, clips, j, r1 - r0), one(y.tensor.segments(j, r0, r1)))
+    else:  # the value's own shape
+        arr = cv.transpose(0, 2, 3, 1) if x.nhwc else cv
+        full = Stored(ctx.temp(ctx.builder.tensor(f"{op.out}.operand", stored_shape(cv.shape), ctx.dtype,
+                                                  data=arr, avoid=slices_of([x]), row_align=row_align(cv.shape))),
+                      cv.shape)
+        rowwise(ctx, tag, [x, full], y, lambda g, vs: apply_epilogue(g, g.vxm(vop, vs[0], vs[1]), clips, 0, 0))
+    ctx.values[op.out] = y
+
+
+@register_lowering("nn.relu", "sigmoid", "tanh", "erf", "nn.gelu", "nn.gelu_tanh", "nn.silu", "clip")
+def lower_unary(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    x = ctx.value(op.main.args[0])
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
+
+    def body(g, vs):
+        v = vs[0]
+        for s in [op.main] + op.epilogue:
+            if s.op == "nn.relu":
+                v = g.vxm("vxm.max", v, imm=0.0)
+            elif s.op == "clip":
+                lo, hi = (float(np.asarray(a.const)) for a in s.args[1:3])
+                if np.isfinite(lo):
+                    v = g.vxm("vxm.max", v, imm=lo)
+                if np.isfinite(hi):
+                    v = g.vxm("vxm.min", v, imm=hi)
+            elif s.op in UNARY_VXM:
+                v = g.vxm(UNARY_VXM[s.op], v)
+            elif s.op == "nn.silu":  # x * sigmoid(x)
+                v = g.vxm("vxm.mul", v, g.vxm("vxm.sigmoid", v))
+            else:
+                raise UnsupportedOnLPX(f"{s.op} after {op.main.op}")
+        return v
+
+    rowwise(ctx, f"{op.out}.{op.main.op}", [x], y, body)
+    ctx.values[op.out] = y
+
+
+@register_lowering("where")
+def lower_where(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """``where(c, x, y)`` with a runtime bool c (stored as 0 / 1): m = (c - 1/2) * inf is
+    +inf where c holds and -inf elsewhere, and max(min(x, m), min(y, -m)) picks x or y
+    exactly, infinities included (a NaN in the branch not taken comes through: the
+    VXM's min and max propagate NaN)."""
+    cond, a, b = op.main.args
+    ins = [ctx.value(cond)]  # read side by side: on different slices
+    branches = []  # a scalar constant, or None for the next tensor of ins
+    for arg in (a, b):
+        if arg.is_const:
+            branches.append(float(np.asarray(arg.const).reshape(-1)[0]))
+            continue
+        v = ctx.value(arg)
+        if len(ins) == 2 and any(clashes(v, other) for other in ins):
+            v = ctx.temp(copy_value(ctx, v, f"{op.out}.apart", avoid=ins))  # one copy clear of both
+        else:
+            v = apart(ctx, v, ins[0], op.out)
+        ins.append(v)
+        branches.append(None)
+    y = new_value(ctx, op.out, op.shape, is_output)
+
+    def body(g, vs):
+        c, tensors = vs[0], iter(vs[1:])
+        half = g.vxm("vxm.sub", c, imm=0.5)  # both masks one op from here: their paths line up
+        masks = [g.vxm("vxm.mul", half, imm=inf) for inf in (float("inf"), float("-inf"))]
+        picks = [g.vxm("vxm.min", mask, imm=branch) if branch is not None else g.vxm("vxm.min", next(tensors), mask)
+                 for branch, mask in zip(branches, masks)]
+        return g.vxm("vxm.max", picks[0], picks[1])
+
+    rowwise(ctx, f"{op.out}.where", ins, y, body)
+    ctx.values[op.out] = y

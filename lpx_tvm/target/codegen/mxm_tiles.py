@@ -1,0 +1,227 @@
+"""MXM tile emission shared by the MXM lowerings: a layer's tiling, the tile steps of its
+TensorIR schedule, and the install / multiply / drain groups they become."""
+
+from __future__ import annotations
+
+import functools
+
+from ...machine.isa import DType
+from ...tir_schedules import Conv2dWorkload, DenseTiling, DenseWorkload, default_tiling, round_up, schedule, tile_steps
+from ...tir_schedules.schedules import Conv2dTiling, k_split_rule
+from .context import LoweringContext
+from .epilogue import apply_epilogue, epilogue_steps
+from .graph import RegionOp
+from .passes import write_rows
+from .storage import Stored, StreamedWeights, one
+from .values import new_value
+
+TVM_DTYPE = {DType.FP32: "float32", DType.FP16: "float16", DType.BF16: "bfloat16", DType.INT8: "int8"}
+
+
+@functools.lru_cache(maxsize=512)
+def scheduled_steps(work, tiling) -> tuple:
+    """The tile steps of a workload's schedule (a region's bands and repeated layers ask
+    for the same ones)."""
+    return tuple(tile_steps(schedule(work, tiling).mod["main"]))
+
+
+def layer_tiling(ctx: LoweringContext, op: RegionOp, work, batches: int = 1):
+    """The tiling of one MXM layer: its tuned one if the policy has it, else the default."""
+    # The task is the whole composite (an int8 op's MXM view lacks the epilogue its
+    # lowering reads); off-chip bands are not tuning tasks.
+    return ctx.policy.tiling((work, op.composite, batches), ctx.layer_ops.get(op.out, op),
+                             lambda: default_tiling(ctx.cfg, work), record=not ctx.offchip)
+
+
+def tuned_pack(ctx: LoweringContext, op: RegionOp, work: Conv2dWorkload) -> str:
+    """The tap packing of a convolution's tuned tiling ("": none; a grouped convolution,
+    whose workload has no channel count, and off-chip bands never pack). The weight
+    placement and the lowering both ask here, so they agree."""
+    if ctx.offchip or not work.channels:
+        return ""
+    t = ctx.policy.peek((work, op.composite, 1))
+    return getattr(t, "pack", "") if t is not None else ""
+
+
+def conv_workload(ctx: LoweringContext, x_shape, w_shape, attrs) -> Conv2dWorkload:
+    """The TensorIR workload of a dense convolution, in storage shapes."""
+    n, c, h, wd = x_shape
+    co, _, kh, kw = w_shape
+    pt, pl, pb, pr = attrs["padding"]
+    lanes = ctx.cfg.lanes
+    return Conv2dWorkload(n, h + pt + pb, wd + pl + pr, round_up(c, lanes), kh, kw, round_up(co, lanes),
+                          tuple(attrs["strides"]), tuple(attrs["dilation"]), TVM_DTYPE[ctx.dtype],
+                          channels=c if attrs.get("groups", 1) == 1 else 0)
+
+
+def conv_tiles(ctx: LoweringContext, work, t, xp: Stored, per: int = 1, image=None):
+    """The tile steps of a (dense or depthwise) convolution's tiling ``t``, with the
+    activation window each step multiplies, the output block it accumulates into and
+    the tiling's K split. ``per`` > 1: kernel rows packed ``per`` taps per tile, read
+    from ``image`` (the row image of the conv2d lowering): one step per tile, at its
+    first tap."""
+    lanes = ctx.cfg.lanes
+    (sh, sw), (dh, dw) = work.stride, work.dilation
+    hp, wp, oh, ow = work.Hp, work.Wp, work.OH, work.OW
+    steps = scheduled_steps(work, Conv2dTiling(oh=t.oh, ci=lanes, co=lanes, order=t.order))
+    if per > 1:
+        steps = [s for s in steps if s.reads["W"][1][0] % per == 0]
+
+    def window(step):
+        n0, (oh0, ohe) = step.writes["mxm"][0][0], step.writes["mxm"][1]
+        kh0, kw0, c0 = (step.reads["W"][d][0] for d in range(3))
+        first = (n0 * hp + oh0 * sh + kh0 * dh) * wp + kw0 * dw
+        src = image if per > 1 and min(per, work.KW - kw0) > 1 else xp.tensor
+        return src.window_segments(c0 // lanes, first, ohe, ow, sh * wp, sw)
+
+    def block(step):
+        n0, (oh0, ohe), c0 = step.writes["mxm"][0][0], step.writes["mxm"][1], step.writes["mxm"][3][0]
+        return c0, (n0 * oh + oh0) * ow, ohe * ow
+
+    return steps, window, block, t.k_split
+
+
+def matmul(ctx: LoweringContext, op: RegionOp, x: Stored, rows: int, k: int, nn: int, is_output: bool, W=None,
+           batches: int = 1, q=None, tiling=None):
+    """(rows, k) activations times a (k, nn) matrix — the op's weights, or ``W`` — through
+    DenseWorkload tiles; with ``batches``, batch i multiplies rows i * rows .. of ``x``
+    by rows i * k .. of ``W``. ``tiling``: a convolution's packed im2col, tiled by the
+    convolution's schedule (its MACs are counted there)."""
+    lanes = ctx.cfg.lanes
+    work = DenseWorkload(rows, round_up(k, lanes), round_up(nn, lanes), TVM_DTYPE[ctx.dtype])
+    t = tiling or layer_tiling(ctx, op, work, batches)
+    steps_of_batch = scheduled_steps(work, DenseTiling(m=t.m, k=lanes, n=lanes, order=t.order))
+    steps = [(i, s) for i in range(batches) for s in steps_of_batch]
+
+    def window(step):
+        i, step = step
+        (m0, me), (k0, _) = step.reads["A"]
+        first_row = i * rows + m0
+        return [(first - first_row, r) for first, r in x.tensor.segments(k0 // lanes, first_row, first_row + me)]
+
+    def weights(step):
+        i, step = step
+        (k0, _), (n0, _) = step.reads["B"]
+        return n0 // lanes, i * k + k0, i * k + min(k, k0 + lanes)
+
+    def block(step):
+        i, step = step
+        (m0, me), (n0, _) = step.writes["mxm"]
+        return n0, i * rows + m0, me
+
+    if tiling is None:
+        ctx.macs += batches * rows * k * nn
+    emit_mxm(ctx, op, steps, window, weights, block, nn, is_output, W=W, q=q, k_split=t.k_split)
+
+
+def k_parts(ctx: LoweringContext, keys: list, split: "int | None" = None) -> list:
+    """For each tile step, which part of its block's reduction it belongs to. A layer
+    with fewer output blocks than MXM planes splits each block's reduction tiles into
+    parts on different planes (each accumulates its own partial sum; the drains add
+    them), so every plane multiplies. A tuned tiling sets ``split`` (parts per block)."""
+    count = {}
+    for k in keys:
+        count[k] = count.get(k, 0) + 1
+    if split is None:
+        split = k_split_rule(ctx.cfg, len(count))
+    seen, out = {}, []
+    for k in keys:
+        n = count[k]
+        s = min(split, n)
+        out.append(seen.get(k, 0) * s // n)
+        seen[k] = seen.get(k, 0) + 1
+    return out
+
+
+def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, channels: int, is_output: bool,
+             W=None, q=None, k_split=None):
+    """Install / multiply groups per tile, a drain group (with the epilogue) per output block.
+
+    ``window(step)`` -> [(row offset in the block, Region)]; ``weights(step)`` -> (column
+    tile, first row, end row) of the op's weight matrix; ``block(step)`` -> (first channel,
+    first output row, rows). Streamed weights come over the off-chip path, one tile at a
+    time, into two staging buffers that alternate so the next load overlaps this install.
+    ``q`` (int8 ops): the epilogue (int32 bias, requantization) and the output dtype.
+    """
+    lanes = ctx.cfg.lanes
+    b = ctx.builder
+    W = ctx.weights[op.out] if W is None else W
+    staging = None
+    if isinstance(W, StreamedWeights):
+        staging = [ctx.temp(b.tensor(f"{op.out}.staging{i}", (lanes, lanes), ctx.dtype)) for i in range(2)]
+    y = new_value(ctx, op.out, op.shape, is_output, dtype=q.out_dtype if q else None)
+    epi = q.epilogue if q else epilogue_steps(ctx, op, channels)
+    tag = op.out
+    # Each layer's first block on plane 0: row block k of consecutive layers share a
+    # plane, so a plane that finished its rows early goes on with the same rows.
+    ctx.planes.start_layer()
+    parts = k_parts(ctx, [block(s) for s in steps], k_split)
+    last = {(block(s), parts[i]): i for i, s in enumerate(steps)}
+    nparts = {key: part + 1 for key, part in last}
+    live = {}  # (output block, K part) -> (plane, first accumulator row)
+    partial = {}  # output block -> fp32 SRAM sum of the K parts drained so far
+    for i, s in enumerate(steps):
+        key = block(s)
+        col0, first_row, nrows = key
+        part = (key, parts[i])
+        first = part not in live
+        if first:
+            live[part] = ctx.planes.new_block(nrows)
+        plane, acc = live[part]
+        buf = ctx.planes.buffer(plane)
+        j, row0, row1 = weights(s)
+        if staging is None:
+            src = one(W.segments(j, row0, row1))
+        else:
+            src = staging[i % 2].tile(0).rows(0, row1 - row0)
+            b.group(f"{tag}.stream").dma_load(W.offset(j, row0), src)
+        g = b.group(f"{tag}.install")
+        g.install(plane, buf, g.read(src), width=min(channels - col0, lanes))
+        for offset, region in window(s):
+            g = b.group(f"{tag}.mul")
+            g.mul(plane, buf, g.read(region), acc=acc + offset, accumulate=not first)
+        if last[part] != i:
+            continue
+        g = b.group(f"{tag}.drain")
+        v = g.drain(plane, acc, nrows, ctx.acc)
+        del live[part]
+        if key in partial:
+            v = g.vxm("vxm.add", v, g.read(partial[key].tile(0)))
+        if parts[i] + 1 < nparts[key]:  # more K parts to come: keep the fp32 sum
+            if key not in partial:
+                # The last part's drain also reads the bias (int8: and the requantization scale) rows.
+                avoid = [sl for e in epi if e[0] in ("bias", "requant") for sl, _ in e[1].layout.tiles]
+                partial[key] = b.tensor(f"{tag}.partial", (nrows, lanes), ctx.acc, avoid=avoid)
+            g.write(v, partial[key].tile(0))
+            continue
+        if key in partial:
+            b.free(partial.pop(key))
+        v = apply_epilogue(g, v, epi, col0 // lanes, nrows)
+        write_rows(ctx, g, v, y, col0 // lanes, first_row, first_row + nrows)
+    ctx.values[op.out] = y
+
+
+def pixel_sums(ctx: LoweringContext, tag: str, x: Stored, column, acc_dtype):
+    """For each image i and channel tile j of a 4-D ``x``: transpose its pixel chunks on
+    the SXM so channels become vectors, multiply them on the MXM into one accumulator
+    against ``column`` (a (lanes, 1) weight), drain and transpose the result back into
+    one vector. Yields (group, vector, i, j), the group still open for the caller."""
+    n, c, h, w = x.shape
+    lanes = ctx.cfg.lanes
+    hw = h * w
+    for i in range(n):
+        for j in range(x.tensor.ntiles):
+            cv = min(c - j * lanes, lanes)
+            plane, acc = ctx.planes.new_block(cv)
+            pieces = [seg for p0 in range(0, hw, lanes)
+                      for seg in x.tensor.segments(j, i * hw + p0, i * hw + min(hw, p0 + lanes))]
+            for q, (_, region) in enumerate(pieces):
+                buf = ctx.planes.buffer(plane)
+                g = ctx.builder.group(f"{tag}.install")
+                g.install(plane, buf, g.read(column.tile(0).rows(0, region.count)), width=1)
+                g = ctx.builder.group(f"{tag}.sum")
+                t = g.sxm("sxm.transpose", g.read(region), out=cv)
+                g.mul(plane, buf, t, acc=acc, accumulate=q > 0)
+            g = ctx.builder.group(f"{tag}.drain")
+            yield g, g.sxm("sxm.transpose", g.drain(plane, acc, cv, acc_dtype), out=1), i, j
+    ctx.macs += n * c * hw

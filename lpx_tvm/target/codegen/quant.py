@@ -1,0 +1,59 @@
+"""Reading the int8 composites of a QDQ model: dtypes, scalars, and an MXM composite seen
+as its integer conv2d / matmul (what the weight placement and the MXM lowering read)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...machine.isa import DType
+from .graph import RegionOp, Step, UnsupportedOnLPX
+
+_RELAX_DTYPES = {"int8": DType.INT8, "uint8": DType.UINT8, "int32": DType.INT32, "float16": DType.FP16,
+                 "bfloat16": DType.BF16, "float32": DType.FP32}
+
+# The int8 composites that run on the MXM.
+QMXM_COMPOSITES = ("lpx.qconv2d", "lpx.qdense")
+
+
+def relax_dtype(name: str) -> DType:
+    """The LPX dtype of a Relax dtype name."""
+    if name not in _RELAX_DTYPES:
+        raise UnsupportedOnLPX(f"dtype {name} on LPX")
+    return _RELAX_DTYPES[name]
+
+
+@dataclass
+class QEpilogue:
+    """What an int8 MXM op does past the multiplies: padding value, drain epilogue, output dtype."""
+
+    fill: float
+    epilogue: list
+    out_dtype: DType
+
+
+def step_of(op: RegionOp, name: str) -> Step:
+    """The step of composite ``op`` that is a ``name`` op."""
+    for s in [op.main] + op.epilogue:
+        if s.op == name:
+            return s
+    raise UnsupportedOnLPX(f"{op.composite}: no {name} in the composite")
+
+
+def scalar(operand) -> float:
+    """A scale or zero point operand as one float."""
+    a = np.asarray(operand.const)
+    if a.size != 1:
+        raise UnsupportedOnLPX("a per-channel scale where LPX takes one scale")
+    return float(a.reshape(-1)[0])
+
+
+def mxm_view(op: RegionOp) -> RegionOp:
+    """An int8 MXM composite seen as its integer conv2d / matmul of the stored values
+    (what the weight placement and the MXM lowering read); other ops unchanged."""
+    if op.composite not in QMXM_COMPOSITES:
+        return op
+    core = step_of(op, "nn.conv2d" if op.composite == "lpx.qconv2d" else "matmul")
+    main = Step(core.op, [op.main.args[0], core.args[1]], core.attrs, core.shape, core.dtype)
+    return RegionOp(op.composite, main, [], op.out, op.shape, op.dtype)

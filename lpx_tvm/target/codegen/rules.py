@@ -1,0 +1,183 @@
+"""What the region codegen can lower: each rule once, asked by the BYOC check functions
+(:mod:`lpx_tvm.relax_passes.patterns`, :mod:`~lpx_tvm.relax_passes.int8_patterns`)
+and by the lowering that relies on it.
+
+A rule takes plain shapes and numbers (the checks read them from Relax types, the
+lowerings from region operands) and returns None or a one-line reason, which the
+offload report shows for an op left on the CPU. Because both sides ask the same
+function, the partitioner never offloads an op that codegen would then refuse, and
+never keeps on the CPU an op it could lower.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .options import SMALLEST_BAND_SHARE
+
+
+def _ints(shape) -> tuple:
+    return tuple(int(s) for s in shape)
+
+
+def _matrix(shape: tuple) -> tuple:
+    """The (rows, cols) matrix a value is stored as (4-D NCHW values as NHWC)."""
+    shape = _ints(shape)
+    if len(shape) == 4:
+        n, c, h, w = shape
+        return (n * h * w, c)
+    return (math.prod(shape[:-1]) if len(shape) > 1 else 1, shape[-1] if shape else 1)
+
+
+def channel_axis(rank: int) -> int:
+    """The axis a value of ``rank`` keeps in lanes: C of a 4-D NCHW value, else the last."""
+    return 1 if rank == 4 else rank - 1
+
+
+# ---- storage ------------------------------------------------------------------------
+
+
+def reshape_keeps_storage(src: tuple, dst: tuple) -> bool:
+    """True when a reshape leaves every element where it is stored (a free alias)."""
+    if _matrix(src) != _matrix(dst):
+        return False
+    spatial = lambda s: len(s) == 4 and int(s[2]) * int(s[3]) > 1  # noqa: E731
+    # NHWC storage orders a 4-D value with pixels differently from its NCHW flattening.
+    return spatial(src) == spatial(dst) and (not spatial(src) or tuple(src) == tuple(dst))
+
+
+def activation_row_bytes(shape: tuple, itemsize: int, lanes: int) -> int:
+    """Bytes of one stored row of an activation (an image row of a 4-D value, the last
+    axis of any other), its channels padded to whole lane tiles."""
+    shape = _ints(shape)
+    if len(shape) == 4:
+        row = shape[3] * -(-shape[1] // lanes) * lanes
+    else:
+        row = -(-(shape[-1] if shape else 1) // lanes) * lanes
+    return row * itemsize
+
+
+def activation_row_problem(shape: tuple, itemsize: int, cfg, precision: str) -> "str | None":
+    """Why an activation of ``shape`` (``itemsize`` bytes an element, in a ``precision``
+    build) can never be lowered, or None.
+
+    Activations larger than the SRAM stay off chip and run in bands of whole image rows
+    (rows of a matrix): one row must fit in the smallest share of the SRAM a band may
+    take (:data:`~.options.SMALLEST_BAND_SHARE`), leaving room for the window around it.
+    """
+    nbytes = activation_row_bytes(shape, itemsize, cfg.lanes)
+    if nbytes > SMALLEST_BAND_SHARE * cfg.sram_bytes:
+        return (f"one row of activation {_ints(shape)} needs {nbytes} bytes at {precision}, more than "
+                f"1/{round(1 / SMALLEST_BAND_SHARE)} of the {cfg.name} SRAM ({cfg.sram_bytes} bytes), "
+                "the least a band must leave")
+    return None
+
+
+# ---- elementwise ----------------------------------------------------------------------
+
+
+def constant_broadcast(tensor: tuple, const: tuple) -> "str | None":
+    """How a constant of shape ``const`` combines elementwise with a value of shape
+    ``tensor`` on LPX: ``"scalar"`` (one value: an immediate), ``"channel"`` (one value
+    per stored channel: a row read again for every pixel), ``"full"`` (the value's own
+    shape: a tensor beside it), or None (any other broadcast would move data between
+    lanes or across rows).
+
+    Shapes broadcast as numpy does, aligned at the last axis: a (C,) or (1, C) constant
+    on an NCHW value varies along W, not along the channels.
+    """
+    tensor, const = _ints(tensor), _ints(const)
+    if math.prod(const) == 1:
+        return "scalar"
+    if const == tensor:
+        return "full"
+    rank = len(tensor)
+    if rank == 0:
+        return None
+    # Leading axes of size one beyond the value's rank only add axes to the result (the
+    # binary rule refuses a result larger than the value).
+    extra = len(const) - rank
+    if extra > 0 and any(d != 1 for d in const[:extra]):
+        return None
+    aligned = (1,) * max(0, -extra) + const[max(0, extra):]
+    axis = channel_axis(rank)
+    if aligned[axis] == tensor[axis] and all(d == 1 for i, d in enumerate(aligned) if i != axis):
+        return "channel"
+    return None
+
+
+def binary_operands_problem(op: str, lhs: tuple, rhs: tuple, lhs_const: bool, rhs_const: bool,
+                            result: tuple) -> "str | None":
+    """Why an elementwise ``op`` (``add``, ``subtract``, ``multiply``) of operands of
+    shapes ``lhs`` and ``rhs`` (constant or not) into ``result`` cannot be lowered, or None."""
+    lhs, rhs, result = _ints(lhs), _ints(rhs), _ints(result)
+    if lhs_const and rhs_const:
+        return "both operands are constants (folded at compile time)"
+    if op == "subtract" and lhs_const:
+        # The VXM subtracts the second operand (an immediate or a stream) from the first.
+        return "constant minus tensor is not supported"
+    tensor, other, other_const = (rhs, lhs, lhs_const) if lhs_const else (lhs, rhs, rhs_const)
+    if not other_const:
+        if tensor != other:
+            return f"broadcast of {other} against {tensor} moves data between lanes"
+    elif constant_broadcast(tensor, other) is None:
+        return f"constant of shape {other} broadcast against {tensor}: only scalars, one value per channel " \
+               "or a full tensor are supported"
+    if result != tensor:
+        return "the result is larger than the operands"
+    return None
+
+
+# ---- reductions and data movement --------------------------------------------------------
+
+
+def spatial_mean_problem(rank: int, axes) -> "str | None":
+    """Why a ``mean`` over ``axes`` of a value of ``rank`` cannot be lowered (LPX lowers
+    the global average pooling: axes 2 and 3 of a 4-D NCHW value), or None."""
+    axes = sorted(int(a) % rank for a in axes) if rank else list(axes)
+    if rank != 4 or axes != [2, 3]:
+        return (f"mean over axes {axes} of a rank-{rank} tensor: only the spatial mean "
+                "(axes 2, 3 of NCHW, global average pooling) is supported")
+    return None
+
+
+def concat_axis_problem(axis: int, rank: int) -> "str | None":
+    """Why a concat along ``axis`` of rank-``rank`` values cannot be lowered (LPX
+    concatenates along the channel axis, which is in lanes), or None."""
+    axis = axis + rank if axis < 0 else axis
+    if axis != channel_axis(rank):
+        return f"concat along axis {axis} of a rank-{rank} tensor: only the channel axis is supported"
+    return None
+
+
+# ---- convolutions ----------------------------------------------------------------------
+
+
+def grouped_conv_problem(groups: int, cin: int, cout: int) -> "str | None":
+    """Why a conv2d with ``groups`` cannot be lowered, or None.
+
+    Depthwise convolution has its own lowering (a diagonal weight tile per tap); any other
+    grouping becomes a dense convolution whose weight is block-diagonal (see
+    :func:`block_diagonal`), which needs only that the groups split both channel counts."""
+    if groups < 1 or cin % groups or cout % groups:
+        return f"groups={groups} does not divide {cin} input and {cout} output channels"
+    return None
+
+
+def is_depthwise(groups: int, channels: int, w_shape: tuple) -> bool:
+    """Whether a conv2d with ``groups`` over ``channels`` inputs and an OIHW weight of
+    ``w_shape`` is depthwise (one input channel per group, one output channel each)."""
+    return groups != 1 and groups == channels == w_shape[0] and w_shape[1] == 1
+
+
+def block_diagonal(w, groups: int):
+    """The dense (CO, C, KH, KW) weight of a grouped conv's (CO, C / groups, KH, KW) weight:
+    output channels of group g read input channels of group g only, zeros elsewhere."""
+    co, cg, kh, kw = w.shape
+    og = co // groups
+    dense = np.zeros((co, cg * groups, kh, kw), np.float32)
+    for g in range(groups):
+        dense[g * og:(g + 1) * og, g * cg:(g + 1) * cg] = w[g * og:(g + 1) * og]
+    return dense

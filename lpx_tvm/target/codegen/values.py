@@ -1,0 +1,84 @@
+"""Region values in SRAM: allocating, copying, freeing, and keeping operands that are
+read side by side on different slices (a slice has one read port)."""
+
+from __future__ import annotations
+
+from ..builder import OffchipTensor
+from .context import LoweringContext
+from .passes import rowwise
+from .storage import Stored, row_align, slices_of, stored_shape
+
+
+def new_value(ctx: LoweringContext, name: str, shape: tuple, is_output: bool = False, avoid=(),
+              dtype=None) -> Stored:
+    """A new value of logical ``shape`` (an output binding when ``is_output``), clear of
+    the slices of the values in ``avoid``."""
+    role = "output" if is_output else None
+    t = ctx.builder.tensor(name, stored_shape(shape), dtype or ctx.dtype, role=role, avoid=slices_of(avoid),
+                           row_align=row_align(shape), spread=ctx.spread_of(shape))
+    return Stored(t, shape)
+
+
+def copy_value(ctx: LoweringContext, x: Stored, name: str, is_output: bool = False, avoid=(),
+               slices=None) -> Stored:
+    """A copy of ``x`` (on ``slices`` when given, one per column tile)."""
+    # Reading x and writing the copy use a slice's two ports: they may share slices.
+    if slices is None:
+        y = new_value(ctx, name, x.shape, is_output, avoid=avoid, dtype=x.tensor.layout.dtype)
+    else:
+        y = Stored(ctx.builder.tensor(name, stored_shape(x.shape), x.tensor.layout.dtype, slices=slices,
+                                      row_align=row_align(x.shape), role="output" if is_output else None), x.shape)
+    rowwise(ctx, f"{name}.copy", [x], y, lambda g, vs: vs[0])
+    return y
+
+
+def release(ctx: LoweringContext, name: str):
+    """Free a dead value's tensor unless another live value (a reshape alias) shares it."""
+    tensor = ctx.values.pop(name).tensor
+    if isinstance(tensor, OffchipTensor):
+        return  # off-chip working space is not reused
+    if all(v.tensor is not tensor for v in ctx.values.values()):
+        ctx.builder.free(tensor)
+
+
+def whole_groups(ctx: LoweringContext, x: Stored, rows: int, tag: str) -> Stored:
+    """``x``, or a copy of it whose SRAM chunks hold whole groups of ``rows`` rows (a
+    batch of a matmul operand or of a transpose, read a block at a time)."""
+    lay = x.tensor.layout
+    if lay.nchunks == 1 or lay.rows_per_chunk % rows == 0:
+        return x
+    y = Stored(ctx.temp(ctx.builder.tensor(tag, stored_shape(x.shape), lay.dtype, row_align=rows)), x.shape)
+    rowwise(ctx, tag, [x], y, lambda g, vs: vs[0])
+    return y
+
+
+def tile_slices(v: Stored) -> list:
+    """The slices each column tile of ``v`` sits on."""
+    lay = v.tensor.layout
+    return [{sl for sl, _ in lay.tiles[j * lay.nchunks:(j + 1) * lay.nchunks]} for j in range(v.tensor.ntiles)]
+
+
+def clashes(x: Stored, other: Stored) -> bool:
+    """Whether a column tile of ``x`` shares a slice with the same tile of ``other`` (both
+    read in one group: a slice has one read port)."""
+    lx, lo = x.tensor.layout, other.tensor.layout
+    if (lx.rows, lx.rows_per_chunk, len(lx.tiles)) == (lo.rows, lo.rows_per_chunk, len(lo.tiles)):
+        # Chunked alike: a group reads chunk q of both, so only equal chunks matter.
+        if all(a[0] != b[0] for a, b in zip(lx.tiles, lo.tiles)):
+            return False
+    return any(a & b for a, b in zip(tile_slices(x), tile_slices(other)))
+
+
+def apart(ctx: LoweringContext, x: Stored, other: Stored, tag: str) -> Stored:
+    """``x``, or a copy of it on other slices when it clashes with ``other`` (see
+    :func:`clashes`)."""
+    if not clashes(x, other):
+        return x
+    xs, os_ = tile_slices(x), tile_slices(other)
+    if x.tensor.layout.nchunks == 1 and other.tensor.layout.nchunks == 1 and len(xs) == len(os_):
+        # Tile by tile, the least used slice that tile of ``other`` does not use.
+        used = ctx.builder.slice_lines_used
+        slices = [min((s for s in range(ctx.cfg.mem_slices) if s not in b), key=lambda s: (used[s], s))
+                  for b in os_]
+        return ctx.temp(copy_value(ctx, x, f"{tag}.apart", slices=slices))
+    return ctx.temp(copy_value(ctx, x, f"{tag}.apart", avoid=[other]))

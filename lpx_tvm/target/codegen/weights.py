@@ -1,0 +1,85 @@
+"""Where each MXM layer's weight matrix lives: resident in SRAM while the constants'
+budget lasts, else streamed from off-chip memory. Placed before any working space (the
+initial image must sit in lines working space never touches)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import SchedulingError
+from ...tir_schedules import round_up
+from ...tir_schedules.schedules import taps_per_tile
+from .context import LoweringContext
+from .graph import RegionOp
+from .mxm_tiles import conv_workload, tuned_pack
+from .quant import mxm_view
+from .rules import block_diagonal, is_depthwise
+from .storage import StreamedWeights
+
+
+def weight_matrix(ctx: LoweringContext, op: RegionOp) -> "tuple | None":
+    """(matrix, row alignment) of an op's MXM weights as its lowering reads them, or None
+    for an op without constant MXM weights."""
+    lanes = ctx.cfg.lanes
+    op = mxm_view(op)  # an int8 composite as its integer conv2d / matmul
+    kind, args, a = op.main.op, op.main.args, op.main.attrs
+    matrix, align = None, lanes
+    if kind == "nn.conv2d" and len(args) > 1 and args[1].is_const:
+        w = np.asarray(args[1].const, np.float32)
+        co, cg, kh, kw = w.shape
+        c, groups = args[0].shape[1], a.get("groups", 1)
+        depthwise = is_depthwise(groups, c, w.shape)
+        if groups != 1 and not depthwise:
+            w = block_diagonal(w, groups)  # other groupings are lowered as a dense conv
+            co, cg, kh, kw = w.shape
+        if depthwise:
+            cpad = round_up(c, lanes)
+            # Row (tap * cpad + ch) holds w[ch, tap] at lane ch % lanes: a diagonal tile per tap.
+            diag = np.zeros((kh * kw, cpad, lanes), np.float32)
+            diag[:, np.arange(c), np.arange(c) % lanes] = w.reshape(c, kh * kw).T
+            matrix = diag.reshape(-1, lanes)
+        else:
+            # Row (tap * c + ci): whole taps per chunk (or lane tiles) so no K tile straddles slices.
+            matrix = w.transpose(2, 3, 1, 0).reshape(-1, co)
+            im2col = args[0].name in ctx.im2col_values  # one matmul: whole lane tiles
+            align = lanes if cg % lanes == 0 or kh * kw == 1 or im2col else cg
+            work = None if im2col else conv_workload(ctx, args[0].shape, w.shape, a)
+            pack = "" if im2col else tuned_pack(ctx, op, work)
+            if pack == "rows":
+                align = kw * c  # a kernel row's taps (one reduction tile, or two) never straddle slices
+            elif pack == "taps":
+                # Reduction tile t holds taps t*T .. side by side, c rows each (the lanes
+                # of the on-chip im2col), zero rows after the last tap.
+                per, taps = taps_per_tile(work, lanes, pack), kh * kw
+                tiles = np.zeros((-(-taps // per) * per, c, co), np.float32)
+                tiles[:taps] = matrix.reshape(taps, c, co)
+                tiles = tiles.reshape(-1, per * c, co)
+                matrix = np.zeros((len(tiles), lanes, co), np.float32)
+                matrix[:, :per * c] = tiles
+                matrix, align = matrix.reshape(-1, co), lanes
+    elif kind == "matmul" and len(args) > 1 and args[1].is_const and len(args[1].shape) == 2:
+        matrix = np.asarray(args[1].const, np.float32)
+    return None if matrix is None else (matrix, align)
+
+
+def place_weights(ctx: LoweringContext, op: RegionOp):
+    """The MXM weight matrix of an op, placed (None for vector ops): an SRAM tensor while
+    the budget lasts, else :class:`~.storage.StreamedWeights`."""
+    found = weight_matrix(ctx, op)
+    if found is None:
+        return None
+    matrix, align = found
+    lanes = ctx.cfg.lanes
+    rows, cols = matrix.shape
+    lines = -(-cols // lanes) * rows * ctx.dtype.itemsize
+    share = ctx.options.offchip_weight_budget if ctx.offchip else ctx.options.weight_budget
+    budget = share * ctx.cfg.mem_slices * ctx.cfg.lines_per_slice
+    if ctx.builder.constant_lines + lines <= budget:
+        try:
+            # Reduction tiles spread over slices: planes installing different parts of one
+            # weight matrix at once read through different slices' ports.
+            return ctx.builder.tensor(f"{op.out}.weight", matrix.shape, ctx.dtype, data=matrix, row_align=align,
+                                      spread=ctx.options.weight_spread)
+        except SchedulingError:
+            pass
+    return StreamedWeights.place(ctx.builder, matrix, ctx.dtype, lanes)
