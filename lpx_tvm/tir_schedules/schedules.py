@@ -34,7 +34,7 @@ class DenseTiling:
     k: int  # reduction elements per installed weight tile
     n: int  # output channels per tile
     order: str = "mnk"  # outer-to-inner order of the tile loops; k innermost keeps one accumulator block live
-    k_split: "int | None" = None  # planes sharing one block's reduction; None: codegen's rule (MxmLowering._k_parts)
+    k_split: "int | None" = None  # planes sharing one block's reduction; None: codegen's rule (target/codegen/mxm_tiles.py, k_parts)
 
 
 @dataclass(frozen=True)
