@@ -12,8 +12,8 @@ import argparse
 import sys
 
 from . import __version__
-from .precision import Precision
 from .errors import LPXError
+from .precision import Precision
 
 PROG = "lpx-tvm"
 
@@ -239,11 +239,17 @@ def _tune(args) -> int:
     import time
 
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
     from rich.table import Table
 
-    from .relax_passes import import_onnx
     from .machine.config import load_config
+    from .relax_passes import import_onnx
     from .tune.tuner import extract_tasks, tune
 
     cfg = load_config(args.preset)
@@ -377,7 +383,6 @@ def _demo(args) -> int:
 
     from . import compile_model
     from .errors import LPXError
-
     from .machine.config import load_config
 
     path = _bundled_model(args.model)
@@ -409,7 +414,7 @@ def _demo(args) -> int:
     else:
         print("  default schedules (--no-tuning-log)")
     _print_model_report(model.report)
-    tolerance = 1e-4 if args.precision == "fp32" else 2e-2
+    tolerance = 1e-4 if args.precision == Precision.FP32 else 2e-2
     if not all(e <= tolerance for e in errs.values()):
         raise LPXError(f"simulated outputs differ from onnxruntime beyond {tolerance:g}: {errs}")
     return 0

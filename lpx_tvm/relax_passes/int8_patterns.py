@@ -27,7 +27,12 @@ from __future__ import annotations
 
 from tvm.relax.dpl.pattern import is_op, wildcard
 
-from ..target.codegen.rules import activation_row_problem, grouped_conv_problem, spatial_mean_problem
+from ..precision import Precision
+from ..target.codegen.rules import (
+    activation_row_problem,
+    grouped_conv_problem,
+    spatial_mean_problem,
+)
 from .check_context import current_settings
 from .pattern_utils import expr_shape, is_const, make_check, static_shape
 
@@ -182,7 +187,7 @@ def int8_pattern_table() -> list:
         check = make_check(name, rules)
 
         def int8_check(context) -> bool:
-            return current_settings().precision == "int8" and check(context)
+            return current_settings().precision == Precision.INT8 and check(context)
 
         int8_check.__name__ = check.__name__
         return int8_check

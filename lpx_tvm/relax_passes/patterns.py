@@ -46,6 +46,7 @@ from tvm import relax
 from tvm.relax.backend.pattern_registry import register_patterns
 from tvm.relax.dpl.pattern import is_op, wildcard
 
+from ..precision import Precision
 from ..target.codegen.rules import (
     activation_row_problem,
     binary_operands_problem,
@@ -99,7 +100,7 @@ def _type_problem(ty, settings, activation=True) -> str | None:
         return f"operand of type {ty} is not a tensor"
     if ty.dtype not in SUPPORTED_DTYPES:
         return f"dtype {ty.dtype} is not supported on LPX (float32, float16 or bfloat16)"
-    if settings.precision == "int8":
+    if settings.precision == Precision.INT8:
         return f"a {ty.dtype} op in an int8 build: LPX runs the quantized ops of a QDQ model"
     shape = static_shape(ty)
     if shape is None:

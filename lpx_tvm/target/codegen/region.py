@@ -24,11 +24,12 @@ from dataclasses import replace
 
 from ...errors import SramFull
 from ...machine.config import LPXConfig
+from ...precision import Precision
 from ...runtime.region import CompiledRegion
-from .lowerings import FAMILIES  # noqa: F401  (importing them registers every lowering)
 from .context import LoweringContext, check_precision
 from .graph import Region, read_region
 from .im2col import float_image_stems, int8_image_stems
+from .lowerings import FAMILIES  # noqa: F401  (importing them registers every lowering)
 from .offchip import Spilled, lower_by_bands, spill_param
 from .options import CodegenOptions, current_options
 from .policy import TilingPolicy
@@ -83,7 +84,7 @@ def compile_region(cfg: LPXConfig, precision: str, name: str, func, policy: "Til
         try:
             return attempt(False, shares[0])
         except SramFull:
-            if precision == "int8":
+            if precision == Precision.INT8:
                 raise  # the off-chip (band) lowerings are for float regions
     # The activations do not fit beside each other: keep them off chip, run by bands.
     for share in shares:
