@@ -1,9 +1,10 @@
 """The functional half of a run: the machine's data, changed by one step per instruction.
 
-The schedule checker (``simulator._Run``) turns each instruction into a *step*: a
-function of this module's :class:`Executor` and arguments that the checks resolved —
-which SRAM lines an access touches, which earlier instruction produced the values a
-stream operand reads and from which offset, which MXM blocks to compute when.
+The schedule checker (``simulator._Run``) turns each instruction into a *step*
+(:mod:`lpx_tvm.sim.steps`): a call of one of this :class:`Executor`'s methods with the
+arguments that the checks resolved — which SRAM lines an access touches, which earlier
+instruction produced the values a stream operand reads and from which offset, which
+MXM blocks to compute when.
 A step does only arithmetic and data movement, on whole tiles, with no timing. A
 functional run replays the steps of the verified program (see docs/design.md, "Verify
 once, replay"); only programs with data-dependent addresses (``mem.gather``) run each
@@ -112,13 +113,12 @@ class Executor:
         return self.host[b.offchip:b.offchip + nbytes].view(lay.dtype.np).reshape(ntiles, lay.rows, L)
 
     def replay(self, steps):
-        """Run (method, arguments, values to drop after it) steps (see simulator._Run.finalize)."""
+        """Run a plan's steps (see sim/plan.py), dropping each value after its last read."""
         vals = self.vals
-        for fn, args, drop in steps:
-            fn(self, *args)
-            if drop:
-                for p in drop:
-                    del vals[p]
+        for step in steps:
+            step.run(self)
+            for p in step.drop:
+                del vals[p]
 
     def operand(self, producer: int, off: int, count: int) -> np.ndarray:
         """Vectors ``off .. off + count - 1`` of what ``producer`` emitted, (count, lanes)."""

@@ -9,7 +9,7 @@ over all of K would be written in numpy. Integer accumulators are computed at on
 (int32 sums wrap, so their order must be the hardware's; they are exact either way).
 
 Which splits form a block and when it is computed follows from the instructions alone:
-the schedule checker decides it (``simulator._Run._mxm_arith``) and records the steps
+the schedule checker decides it (``checks/mxm.py``) and records the steps
 ``split`` and ``settle`` that this class carries out. Operands stay in their dtype until
 the settle, and are converted to fp32 while being concatenated (one pass). When another
 block of the run concatenates the same operands (the other N tiles reuse a row block's

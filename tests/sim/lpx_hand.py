@@ -168,3 +168,54 @@ def wrap_int32(v) -> np.ndarray:
 
 def ceil_div(a, b) -> int:
     return math.ceil(a / b)
+
+
+# ---- the reference interpreter ---------------------------------------------------
+
+# Where the simulator computed fp32 accumulator blocks with the same weights in one
+# matmul (docs/design.md, "Lazy MXM accumulation"), BLAS may order a row's fp32 sum
+# differently from the block's own matmul, which the reference computes: float outputs
+# of such programs may then differ by rounding, within this relative L2 error.
+BATCHED_FP32_RTOL = 1e-3
+
+
+def batched_fp32_blocks(sim: Simulator, program) -> bool:
+    """Whether ``sim``'s replay of ``program`` computes some fp32 blocks together."""
+    from lpx_tvm.sim.steps import MxmSettleEarly
+
+    plan = sim._plans.get(id(program))
+    return plan is not None and any(isinstance(s, MxmSettleEarly) for s in plan.steps)
+
+
+def assert_same_as_reference(sim: Simulator, program, inputs, *results):
+    """``results`` (of ``sim`` running ``program`` on ``inputs``) have the reference
+    interpreter's outputs, bit for bit, and its cycle count."""
+    from lpx_tvm.sim import reference
+
+    want = reference.run(sim.config, program, inputs or {})
+    batched = batched_fp32_blocks(sim, program)
+    for got in results:
+        assert got.cycles == want.cycles, f"{got.cycles} cycles, the reference {want.cycles}"
+        assert got.outputs.keys() == want.outputs.keys()
+        for name, w in want.outputs.items():
+            g = got.outputs[name]
+            assert g.dtype == w.dtype and g.shape == w.shape, name
+            if np.array_equal(g.view(np.uint8), w.view(np.uint8)):
+                continue
+            assert batched and w.dtype.kind == "f", f"output {name} differs from the reference"
+            err = np.linalg.norm(f64(g) - f64(w)) / max(np.linalg.norm(f64(w)), 1e-30)
+            assert err <= BATCHED_FP32_RTOL, f"output {name}: relative error {err} against the reference"
+
+
+def compare_runs_with_reference(monkeypatch):
+    """From now on (for one test), every functional ``Simulator.run`` that passes is
+    compared with the reference interpreter (see tests/sim/conftest.py)."""
+    run = Simulator.run
+
+    def run_and_compare(self, program, inputs=None, *, timing_only=False, trace=False):
+        result = run(self, program, inputs, timing_only=timing_only, trace=trace)
+        if not timing_only:
+            assert_same_as_reference(self, program, inputs, result)
+        return result
+
+    monkeypatch.setattr(Simulator, "run", run_and_compare)

@@ -19,6 +19,7 @@ import pytest
 from lpx_tvm.errors import ProgramError, ScheduleHazard
 from lpx_tvm.sim import Simulator
 from lpx_tvm.sim import simulator as simmod
+from lpx_tvm.sim.steps import MxmSettleEarly
 from lpx_tvm.target.builder import ProgramBuilder
 from lpx_tvm.machine.isa import DType
 from lpx_tvm.machine.program import Binding, SramImage, TensorLayout
@@ -345,7 +346,7 @@ def test_blocks_with_the_same_weights_settle_together():
     sim, prog = Simulator("mini"), h.program()
     y = sim.run(prog, {"X": x, "B": wts}).outputs["Y"]
     steps = sim._plans[id(prog)].steps
-    assert sum(fn.__name__ == "mxm_settle_early" for fn, *_ in steps) == 1  # the test covers the batch
+    assert sum(isinstance(s, MxmSettleEarly) for s in steps) == 1  # the test covers the batch
     ref = x.astype(np.float64) @ wts[:, :N].astype(np.float64)
     assert np.allclose(y[:, :N], ref, rtol=1e-5, atol=1e-5)
     assert np.all(y[:, N:] == 0)

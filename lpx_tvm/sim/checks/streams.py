@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from ..machine.isa import DType, Stream
+from ...machine.isa import DType, Stream
 
 
 class StreamFault(Exception):
