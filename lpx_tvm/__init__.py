@@ -4,14 +4,39 @@ Importing the package registers the ``"lpx"`` target tag and Relax pipeline, so
 ``tvm.compile(mod, target="lpx", relax_pipeline="lpx")`` works after ``import lpx_tvm``.
 PyTorch models come in through :func:`from_torch` and ``torch.compile(m, backend="lpx")``
 (see docs/pytorch.md); torch is optional and imported only when they are used.
+
+The compiler is imported when one of its entry points is first used: a program that
+only loads and runs an artifact (:func:`load`) never imports it.
 """
 
-from .api import build, compile_model, load
+import importlib
+
+from . import tvm_hooks  # noqa: F401 (registers the target tag and the Relax pipeline)
 from .errors import LPXError
-from .frontends import DynamoBackend, dynamo_backend, from_torch, import_torch
 from .machine.config import LPXConfig, load_config
 
 __version__ = "0.1.0"
+
+# Top-level names -> the module that defines them, imported on first use.
+_LAZY = {
+    "build": "api", "compile_model": "api", "load": "runtime.compiled_model",
+    "from_torch": "frontends.torch", "import_torch": "frontends.torch",
+    "dynamo_backend": "frontends.dynamo", "DynamoBackend": "frontends.dynamo",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
     "LPXError", "LPXConfig", "load_config", "build", "compile_model", "load",
     "from_torch", "import_torch", "dynamo_backend", "DynamoBackend", "__version__",

@@ -41,12 +41,10 @@ from .relax_passes import canonicalize, import_onnx, partition_for_lpx
 from .relax_passes.qdq import FoldQDQ, has_qdq
 from .runtime.compiled_model import CompiledModel
 from .runtime.executable import LPXExecutable
+from .runtime.region import TARGET_TAG
 from .runtime.report import Offload, layer_of
 from .target.codegen import TilingPolicy, compile_region
 from .target.codegen.outline import lpx_functions, outline_regions
-
-TARGET_TAG = "lpx"
-
 
 # ---- the stages ----------------------------------------------------------------------
 
@@ -176,21 +174,12 @@ def _offload(report) -> "Offload | None":
 
 # ---- tvm.compile(mod, target="lpx", relax_pipeline="lpx") ------------------------------
 
-def _register_target_and_pipeline():
-    tvm.target.tag.register_tag(TARGET_TAG, {"kind": "llvm", "keys": ["lpx", "cpu"]}, override=True)
-    if "lpx" in relax.pipeline.PIPELINE_MAP:
-        return
-
-    @relax.register_pipeline("lpx")
-    def _lpx_pipeline(preset="tsp", precision="fp16"):
-        @tvm.transform.module_pass(opt_level=0, name="LPXPipeline")
-        def _pass(mod, _ctx):
-            cfg = load_config(preset)
-            cpu_mod, regions, offload = lower(mod, cfg, Precision.parse(precision).value)
-            # The VM resolves the extern calls by name when it runs: register them now.
-            LPXExecutable(None, regions, cfg, precision, _offload(offload)).register()
-            return relax.get_pipeline("default")(cpu_mod)
-        return _pass
-
-
-_register_target_and_pipeline()
+def lower_for_tvm_compile(mod: tvm.IRModule, preset: str, precision: str) -> tvm.IRModule:
+    """The Relax pipeline ``"lpx"`` (registered by :mod:`lpx_tvm.tvm_hooks`): the LPX
+    regions lowered and their extern calls registered, the rest through TVM's default
+    pipeline."""
+    cfg = load_config(preset)
+    cpu_mod, regions, offload = lower(mod, cfg, Precision.parse(precision).value)
+    # The VM resolves the extern calls by name when it runs: register them now.
+    LPXExecutable(None, regions, cfg, precision, _offload(offload)).register()
+    return relax.get_pipeline("default")(cpu_mod)

@@ -9,6 +9,8 @@ from ..machine.program import Program
 # The VM calls region NAME as the packed function REGION_PREFIX + NAME (an extern call
 # the pipeline's outline stage writes and the executable registers).
 REGION_PREFIX = "lpx.region."
+# The target tag TVM knows the machine by (tvm.compile(mod, target="lpx")).
+TARGET_TAG = "lpx"
 
 
 @dataclass
