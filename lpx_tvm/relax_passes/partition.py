@@ -10,12 +10,13 @@ functions (``FuseOpsByPattern``) and merges neighbouring composites into maximal
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import tvm
 from tvm import relax
 from tvm.relax.backend.pattern_registry import get_patterns_with_prefix
 
+from ..runtime.report import Offload
 from .patterns import PATTERN_PREFIX, check_settings  # importing registers the patterns
 
 __all__ = ["CpuOp", "OffloadReport", "offload_report", "partition_for_lpx"]
@@ -33,37 +34,15 @@ class CpuOp:
 
 
 @dataclass
-class OffloadReport:
-    """What partitioning sent to LPX and what it left on the CPU.
+class OffloadReport(Offload):
+    """What partitioning sent to LPX and what it left on the CPU: the runtime's
+    :class:`~lpx_tvm.runtime.report.Offload` (the fields, kept in artifacts and reports)
+    with the partitioner's view of it (``cpu_ops`` as :class:`CpuOp`, totals, a table).
 
     Ops are counted one by one (a ``conv2d_bias_relu`` composite counts one
     ``nn.conv2d``, one ``add`` and one ``nn.relu``), by Relax op name without the
     ``relax.`` prefix.
-
-    Attributes
-    ----------
-    lpx, cpu : dict of str to int
-        Op counts on each side.
-    reasons : dict of str to list of str
-        For each op type on the CPU, the distinct reasons, in program order.
-    cpu_ops : list of CpuOp
-        Every op on the CPU, in program order.
-    composites : dict of str to int
-        How many times each ``lpx.`` composite was formed.
-    regions : int
-        Number of ``Codegen="lpx"`` functions.
-    config, precision : str
-        The machine config name and precision the checks judged against.
     """
-
-    lpx: dict = field(default_factory=dict)
-    cpu: dict = field(default_factory=dict)
-    reasons: dict = field(default_factory=dict)
-    cpu_ops: list = field(default_factory=list)
-    composites: dict = field(default_factory=dict)
-    regions: int = 0
-    config: str = ""
-    precision: str = ""
 
     @property
     def lpx_ops(self) -> int:
