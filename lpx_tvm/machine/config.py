@@ -178,10 +178,14 @@ def load_config(preset_or_path: "str | os.PathLike | LPXConfig | None" = None) -
             f"machine config {key!r}: not a preset ({', '.join(PRESETS)}) and no such file"
         )
     try:
-        with open(key) as f:
+        with open(key, encoding="utf-8") as f:
             data = json.load(f)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{key}: not valid JSON ({e})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{key}: not a JSON machine file (not UTF-8 text: byte {e.start})") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{key}: a folder, not a machine file") from None
     return parse_config(data, f"machine file {key}")
 
 

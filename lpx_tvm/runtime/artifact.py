@@ -38,13 +38,44 @@ class ArtifactError(LPXError):
     """A missing, incomplete or incompatible artifact."""
 
 
+def _check_destination(path: str):
+    """Refuse to write over what is not ours: ``path`` may be absent, an empty folder, or
+    an artifact folder (which is replaced)."""
+    if not os.path.lexists(path):
+        return
+    if not os.path.isdir(path) or os.path.islink(path):
+        raise ArtifactError(f"{path}: exists and is not a folder; an artifact is a folder: choose another path")
+    entries = os.listdir(path)
+    if not entries:
+        return
+    manifest = os.path.join(path, "manifest.json")
+    try:
+        with open(manifest, encoding="utf-8") as f:
+            ours = json.load(f).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        ours = False
+    if not ours:
+        raise ArtifactError(f"{path}: a folder that is not an LPX artifact and not empty ({len(entries)} "
+                            "entries); refusing to replace it: choose a new or empty folder")
+
+
 def save_artifact(exe: LPXExecutable, inputs: list, outputs: list, path: str):
     """Write an executable and its model's ``inputs`` ``[(name, shape, dtype)]`` and
-    ``outputs`` (names) to the folder ``path``."""
+    ``outputs`` (names) to the folder ``path``.
+
+    ``path`` must be new, an empty folder or an artifact: an artifact is replaced (the new
+    one is written beside it and moved in; the old one is removed only once the new one is
+    in place), anything else is refused and left as it is. The folder gets the user's
+    umask, as any file the tool writes.
+    """
     path = os.path.abspath(path)
+    _check_destination(path)
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=".lpx-artifact-")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private (0700)
     try:
         os.makedirs(os.path.join(tmp, "regions"))
         exe.vm_exec.export_library(os.path.join(tmp, "cpu.so"))
@@ -62,9 +93,20 @@ def save_artifact(exe: LPXExecutable, inputs: list, outputs: list, path: str):
         }
         with open(os.path.join(tmp, "manifest.json"), "w") as f:
             json.dump(manifest, f, indent=1)
-        if os.path.exists(path):
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+        _check_destination(path)  # again: it may have changed while the artifact was written
+        if os.path.isdir(path) and os.listdir(path):
+            old = tempfile.mkdtemp(dir=parent, prefix=".lpx-artifact-old-")
+            os.replace(path, os.path.join(old, "artifact"))
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                os.replace(os.path.join(old, "artifact"), path)  # put the old artifact back
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            if os.path.isdir(path):
+                os.rmdir(path)  # empty
+            os.replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
