@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import SchedulingError
 from ..target.builder import ProgramBuilder
 from ..machine.isa import DType
+from .args import check_sizes, kernel_dtype
 
 _ACC = {DType.INT8: DType.INT32, DType.UINT8: DType.INT32, DType.FP16: DType.FP32,
         DType.BF16: DType.FP32, DType.FP32: DType.FP32}
@@ -36,7 +37,8 @@ def gemm(config, M: int, K: int, N: int, dtype="fp16", *, bias=None, relu: bool 
     """
     b = ProgramBuilder(config, name)
     cfg = b.config
-    dt = DType.parse(dtype)
+    check_sizes(name, M=M, K=K, N=N)
+    dt = kernel_dtype(name, dtype, tuple(_ACC))
     acc_dt = _ACC[dt]
     out_dt = DType.parse(out_dtype) if out_dtype else acc_dt
     lanes, R, C = cfg.lanes, cfg.mxm_rows, cfg.mxm_cols

@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import SchedulingError
 from ..target.builder import ProgramBuilder
 from ..machine.isa import DType
+from .args import FLOATS, check_sizes, kernel_dtype
 
 F32 = DType.FP32
 
@@ -32,8 +33,9 @@ def _check_width(cfg, cols):
 
 def softmax(config, rows: int, cols: int, dtype="fp16", *, name: str = "softmax"):
     """Y = softmax(X, axis=-1) for X of shape (rows, cols), cols <= lanes."""
+    check_sizes(name, rows=rows, cols=cols)
+    dt = kernel_dtype(name, dtype, FLOATS)
     b = ProgramBuilder(config, name)
-    dt = DType.parse(dtype)
     _check_width(b.config, cols)
     X = b.input("X", (rows, cols), dt)
     Y = b.output("Y", (rows, cols), dt)
@@ -57,8 +59,9 @@ def softmax(config, rows: int, cols: int, dtype="fp16", *, name: str = "softmax"
 def layernorm(config, rows: int, cols: int, gamma, beta, dtype="fp16", *, eps: float = 1e-5,
               name: str = "layernorm"):
     """Y = (X - mean) / sqrt(var + eps) * gamma + beta over the last axis, cols <= lanes."""
+    check_sizes(name, rows=rows, cols=cols)
+    dt = kernel_dtype(name, dtype, FLOATS)
     b = ProgramBuilder(config, name)
-    dt = DType.parse(dtype)
     _check_width(b.config, cols)
     X = b.input("X", (rows, cols), dt)
     Y = b.output("Y", (rows, cols), dt)

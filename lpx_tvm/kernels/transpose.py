@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from ..target.builder import ProgramBuilder
 from ..machine.isa import DType
+from .args import FLOATS, check_sizes, kernel_dtype
 
 
 def transpose(config, rows: int, cols: int, dtype="fp16", *, name: str = "transpose"):
+    check_sizes(name, rows=rows, cols=cols)
+    dt = kernel_dtype(name, dtype, (DType.INT8, DType.UINT8, DType.INT32) + FLOATS)
     b = ProgramBuilder(config, name)
     lanes = b.config.lanes
-    dt = DType.parse(dtype)
     X = b.input("X", (rows, cols), dt)
     Y = b.output("Y", (cols, rows), dt)
     for rb in range(X.ntiles and -(-rows // lanes)):
