@@ -85,6 +85,18 @@ def test_program_report_reads_the_simulator():
     assert sum(layer.instructions for layer in rep.layers) == len(prog.instrs)
 
 
+def test_program_utilization_is_against_the_peak_of_the_dtype_it_multiplies():
+    """An fp16 program's MXM utilization divides by the fp16 peak (4 x 320 x 320 MACs per
+    cycle at a quarter of the int8 rate on tsp), not by the int8 peak."""
+    tsp = load_config("tsp")
+    prog = gemm("tsp", 64, 640, 640, "fp16")
+    result = Simulator(tsp).run(prog, {}, timing_only=True)
+    rep = program_report(result, prog)
+    fp16_peak = 4 * 320 * 320 / 4
+    assert rep.mxm_dtypes == ["fp16"]
+    assert rep.mxm_utilization == pytest.approx(64 * 640 * 640 / (fp16_peak * rep.cycles))
+
+
 def test_report_json_round_trip_and_schema_checks(tmp_path):
     rep = Report(preset="mini", precision="fp32", cycles=25, latency_s=25 / 900e6, macs=7, mxm_utilization=0.5,
                  mxm_dtypes=["fp32"], offload=Offload(lpx={"nn.conv2d": 1}, cpu={"cos": 1}, reasons={"cos": ["x"]}),
