@@ -67,10 +67,24 @@ def import_onnx(model, input_shapes=None) -> ImportedModel:
         dimensions and no entry in ``input_shapes``, or TVM cannot import an op.
     """
     where, proto = _load(model)
+    _refuse_training_nodes(proto, where)
     inputs = _static_inputs(proto, input_shapes or {}, where)
     mod = _from_onnx(proto, inputs, where)
     outputs = [out.name for out in proto.graph.output]
     return ImportedModel(mod=mod, inputs=inputs, outputs=outputs, opset=_opset(proto))
+
+
+def _refuse_training_nodes(proto, where):
+    """A node in training mode computes something else than inference (BatchNormalization
+    with ``training_mode=1`` normalizes by the batch's own statistics and returns updated
+    running ones); TVM's importer would run it as inference, a silent wrong answer."""
+    for node in proto.graph.node:
+        if node.op_type == "BatchNormalization":
+            mode = next((a.i for a in node.attribute if a.name == "training_mode"), 0)
+            if mode:
+                name = node.name or node.output[0]
+                raise ModelError(f"{where}: BatchNormalization {name!r} is in training mode (training_mode=1); "
+                                 "lpx_tvm compiles inference: export the model in eval mode")
 
 
 def _load(model):
