@@ -67,7 +67,7 @@ class CompiledModel:
             a = np.asarray(inputs[name])
             if tuple(a.shape) != tuple(shape):
                 raise InputError(f"input {name!r}: expected shape {tuple(shape)}, got {tuple(a.shape)}")
-            arrays.append(a.astype(dtype))
+            arrays.append(input_array(name, a, dtype))
         outs = self.executable.run(arrays)
         return dict(zip(self.outputs, outs))
 
@@ -85,3 +85,32 @@ def load(path: str) -> CompiledModel:
     """Load an artifact written by :meth:`CompiledModel.save` or ``lpx-tvm compile``."""
     executable, inputs, outputs = load_artifact(path)
     return CompiledModel(executable, ModelSignature(inputs, outputs))
+
+
+def input_array(name: str, a: np.ndarray, dtype) -> np.ndarray:
+    """``a`` as the model's input ``name`` of ``dtype``, refusing any conversion that would
+    change a value: non-numbers, and into an integer input a value that is not finite, not
+    whole, or out of the dtype's range (onnxruntime refuses these inputs too). Between
+    float dtypes values are rounded, as any float input is."""
+    want = np.dtype(dtype)
+    if a.dtype == want:
+        return a
+    if a.dtype.kind not in "biuf":
+        raise InputError(f"input {name!r}: expected {want} values, got an array of {a.dtype} "
+                         f"({'strings' if a.dtype.kind in 'SU' else a.dtype.kind})")
+    if want.kind in "iu":
+        if a.dtype.kind == "f":
+            bad = ~np.isfinite(a) | (a != np.round(a))
+            if bad.any():
+                raise InputError(f"input {name!r}: {want} input given {a.dtype} values that are not whole "
+                                 f"numbers (e.g. {a[bad].flat[0]!r}); refusing a lossy conversion")
+        info = np.iinfo(want)
+        if a.size and (a.min() < info.min or a.max() > info.max):
+            raise InputError(f"input {name!r}: values {a.min()}..{a.max()} do not fit {want}")
+    elif want.kind == "b" and a.dtype.kind != "b":
+        raise InputError(f"input {name!r}: expected bool values, got {a.dtype}")
+    with np.errstate(over="ignore", invalid="ignore"):  # found and reported just below
+        out = a.astype(want)
+    if want.kind == "f" and (np.isfinite(a) & ~np.isfinite(out)).any():
+        raise InputError(f"input {name!r}: values beyond {want}'s range (they would become inf)")
+    return out
