@@ -479,24 +479,44 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one subparser per entry of :data:`COMMANDS`."""
     parser = argparse.ArgumentParser(prog=PROG, description="LPX compiler, simulator and tools.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (help_text, add_arguments, handler) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_arguments(p)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
         p.set_defaults(handler=handler)
     return parser
 
 
+DEBUG_HELP = "on an internal error, show Python's traceback instead of one line"
+# Exit statuses (docs/errors.md): 2 a problem with the input, the model, a file or a flag;
+# 3 an internal error, a bug of lpx_tvm; 130 interrupted.
+EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 2, 3, 130
+
+
+def _one_line(e: BaseException) -> str:
+    return "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+
+
 def main(argv=None) -> int:
-    """Run the ``lpx-tvm`` command line; return the exit code (2 on any error)."""
+    """Run the ``lpx-tvm`` command line; return the exit code (0; 2 for a problem with the
+    input; 3 for an internal error; 130 when interrupted)."""
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
     except (LPXError, OSError) as e:
-        msg = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
-        msg = msg or type(e).__name__
-        print(f"{PROG}: error: {msg}", file=sys.stderr)
-        return 2
+        print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as e:  # anything else is a bug of ours: say so in one line
+        if args.debug:
+            raise
+        print(f"{PROG}: internal error (a bug in lpx_tvm): {type(e).__name__}: {_one_line(e)}; "
+              f"run again with --debug for the traceback", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":
