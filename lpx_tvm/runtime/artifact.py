@@ -15,6 +15,7 @@ at the end, so a killed compile never leaves a half-written artifact under the n
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -88,6 +89,10 @@ def save_artifact(exe: LPXExecutable, inputs: list, outputs: list, path: str):
                             "input_transforms": r.input_transforms, "layer_names": r.layer_names})
         manifest = {
             "format": FORMAT, "version": VERSION, "config": exe.config.to_json(), "precision": exe.precision,
+            # Size and SHA-256 of every file, checked before anything is loaded (a truncated
+            # cpu.so would otherwise crash the process inside the dynamic loader).
+            "files": {rel: _file_digest(os.path.join(tmp, rel))
+                      for rel in ["cpu.so"] + [f"regions/{name}.lpx" for name in exe.regions]},
             "inputs": [[n, list(s), str(d)] for n, s, d in inputs], "outputs": list(outputs),
             "regions": regions, "offload": (exe.offload or Offload()).to_json(), "tuning": exe.tuning,
         }
@@ -112,6 +117,31 @@ def save_artifact(exe: LPXExecutable, inputs: list, outputs: list, path: str):
         raise
 
 
+def _file_digest(path: str) -> dict:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return {"size": os.path.getsize(path), "sha256": h.hexdigest()}
+
+
+def _check_files(path: str, files: dict):
+    """Every file the manifest lists is there, of its size and hash."""
+    if not isinstance(files, dict):
+        raise ArtifactError(f"{path}: corrupt manifest (files)")
+    for rel, want in files.items():
+        full = os.path.join(path, rel)
+        if not os.path.isfile(full):
+            raise ArtifactError(f"{path}: missing {rel}")
+        size = os.path.getsize(full)
+        if not isinstance(want, dict) or size != want.get("size"):
+            raise ArtifactError(f"{path}: {rel} is {size} bytes, the manifest says {want.get('size')} "
+                                "(truncated or replaced): compile the model again")
+        if _file_digest(full)["sha256"] != want.get("sha256"):
+            raise ArtifactError(f"{path}: {rel} does not match its checksum in the manifest (corrupt or "
+                                "replaced): compile the model again")
+
+
 def load_artifact(path: str) -> tuple:
     """Read an artifact folder back: ``(executable, inputs, outputs)``, runnable."""
     manifest_path = os.path.join(path, "manifest.json")
@@ -125,6 +155,8 @@ def load_artifact(path: str) -> tuple:
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise ArtifactError(f"{path}: artifact format {manifest.get('format')} v{manifest.get('version')}, "
                             f"this lpx_tvm reads {FORMAT} v{VERSION}")
+    if "files" in manifest:  # artifacts written before the manifest listed its files have no list
+        _check_files(path, manifest["files"])
     cfg = parse_config(manifest["config"], f"{path} config")
     regions = {}
     for r in manifest["regions"]:

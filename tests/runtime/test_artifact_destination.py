@@ -96,3 +96,19 @@ def test_a_trace_follows_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(tmp_path / "trace.json").st_mode) == 0o644
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "remove"])
+def test_a_damaged_artifact_file_is_refused_before_loading(model, tmp_path, damage):
+    """A truncated or replaced cpu.so (a bus error in the loader before) or a missing
+    program is an error naming the file."""
+    model.save(tmp_path / "art")
+    so = tmp_path / "art" / "cpu.so"
+    if damage == "truncate":
+        so.write_bytes(so.read_bytes()[:4096])
+    elif damage == "garbage":
+        so.write_bytes(os.urandom(so.stat().st_size))
+    else:
+        next((tmp_path / "art" / "regions").iterdir()).unlink()
+    with pytest.raises(LPXError, match="cpu.so|missing regions/"):
+        lpx_tvm.load(tmp_path / "art")
