@@ -78,9 +78,30 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", help="Chrome/Perfetto trace JSON to write (program binaries)")
     p.add_argument("--preset", default=None, help="machine: tsp, mini, lp30 or a JSON file (default: tsp; a "
                                                    "program or artifact runs on the machine it was built for)")
-    p.add_argument("--precision", default="fp16", choices=Precision.names())
+    p.add_argument("--precision", default=None, choices=Precision.names(), help="ONNX models (default: fp16)")
     p.add_argument("--timing-only", action="store_true", help="program binaries: skip the arithmetic")
-    p.add_argument("--tuning-log", help="tuning log folder (lpx-tvm tune) whose schedules to use")
+    p.add_argument("--tuning-log", help="ONNX models: tuning log folder (lpx-tvm tune) whose schedules to use")
+
+
+# The flags of `run` that each kind of model takes (the others are refused, never ignored).
+_RUN_FLAGS = {
+    "onnx": ("preset", "precision", "tuning_log"),
+    "artifact": (),  # built for one machine and precision, its schedules fixed
+    "program": ("preset", "timing_only", "trace"),
+}
+_FLAG_NAMES = {"preset": "--preset", "precision": "--precision", "tuning_log": "--tuning-log",
+               "timing_only": "--timing-only", "trace": "--trace"}
+
+
+def _refuse_flags(args, kind: str, what: str):
+    from .errors import LPXError
+
+    given = [f for f in _FLAG_NAMES if getattr(args, f) not in (None, False) and f not in _RUN_FLAGS[kind]]
+    if given:
+        why = {"artifact": "an artifact runs as it was compiled (compile it again to change them)",
+               "onnx": "a whole-model trace and timing-only runs are for program binaries (.lpx) for now",
+               "program": "a program binary is already compiled"}[kind]
+        raise LPXError(f"{what}: {', '.join(_FLAG_NAMES[f] for f in given)} cannot be used here: {why}")
 
 
 def _program_preset(prog, preset):
@@ -115,11 +136,13 @@ def _run(args) -> int:
     import os
 
     if args.model.endswith(".lpx"):
+        _refuse_flags(args, "program", args.model)
         return _run_program(args)
     from .errors import LPXError
 
     if not os.path.exists(args.model):
         raise LPXError(f"{args.model}: no such file or artifact")
+    _refuse_flags(args, "artifact" if os.path.isdir(args.model) else "onnx", args.model)
     model = _load_model(args)
     inputs = _load_npz(args.inputs) if args.inputs else {}
     outputs = model.run(inputs)
@@ -141,7 +164,7 @@ def _load_model(args):
 
     if os.path.isdir(args.model):
         return load(args.model)
-    return compile_model(args.model, preset=args.preset or "tsp", precision=args.precision,
+    return compile_model(args.model, preset=args.preset or "tsp", precision=args.precision or Precision.FP16,
                          tuning_log=args.tuning_log)
 
 

@@ -2,6 +2,9 @@
 ``lpx-tvm: error:``; an unexpected exception is reported as an internal error in one line
 (exit 3) that points to ``--debug``, which shows the traceback instead."""
 
+import pathlib
+import sys
+
 import pytest
 
 from lpx_tvm import cli
@@ -36,3 +39,32 @@ def test_debug_shows_the_traceback(broken_kernel, argv):
 def test_input_problems_still_exit_2(tmp_path, capsys):
     assert cli.main(["disasm", str(tmp_path / "missing.lpx")]) == 2
     assert capsys.readouterr().err.startswith("lpx-tvm: error:")
+
+
+def test_run_refuses_flags_it_would_ignore(tmp_path, capsys):
+    """Each flag of ``run`` either works or is refused: an artifact runs as compiled, a
+    whole-model trace is not there yet, a program binary has no precision."""
+    import onnx
+
+    import lpx_tvm
+    from lpx_tvm.kernels import transpose
+    from lpx_tvm.machine.encoding import save_program
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "e2e"))
+    import test_build
+
+    onnx.save(test_build.small_cnn(), str(tmp_path / "cnn.onnx"))
+    lpx_tvm.compile_model(str(tmp_path / "cnn.onnx"), preset="mini", precision="fp32").save(tmp_path / "art")
+    save_program(transpose("mini", 16, 16), tmp_path / "t.lpx")
+    cases = [
+        ([str(tmp_path / "art"), "--precision", "fp16"], "--precision cannot be used here"),
+        ([str(tmp_path / "art"), "--preset", "tsp", "--timing-only"], "--preset, --timing-only cannot"),
+        ([str(tmp_path / "art"), "--tuning-log", str(tmp_path)], "--tuning-log cannot"),
+        ([str(tmp_path / "cnn.onnx"), "--trace", str(tmp_path / "tr.json")], "--trace cannot"),
+        ([str(tmp_path / "t.lpx"), "--precision", "fp32"], "--precision cannot"),
+    ]
+    for argv, message in cases:
+        assert cli.main(["run"] + argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("lpx-tvm: error:") and message in err, (argv, err)
+    assert not (tmp_path / "tr.json").exists()
