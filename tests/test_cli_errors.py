@@ -68,3 +68,16 @@ def test_run_refuses_flags_it_would_ignore(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("lpx-tvm: error:") and message in err, (argv, err)
     assert not (tmp_path / "tr.json").exists()
+
+
+def test_a_program_given_strings_is_an_input_error(tmp_path, capsys):
+    import numpy as np
+
+    from lpx_tvm.kernels import transpose
+    from lpx_tvm.machine.encoding import save_program
+
+    save_program(transpose("mini", 16, 16), tmp_path / "t.lpx")
+    np.savez(tmp_path / "in.npz", X=np.full((16, 16), "a"))
+    assert cli.main(["run", str(tmp_path / "t.lpx"), "--inputs", str(tmp_path / "in.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lpx-tvm: error:") and "'X'" in err and "<U1" in err
