@@ -33,7 +33,7 @@ def lines_to_vectors(lines: np.ndarray, dtype) -> np.ndarray:
 def coerce(name: str, array, layout: TensorLayout) -> np.ndarray:
     """Check shape and convert to the layout's dtype, refusing lossy integer casts."""
     a = np.asarray(array)
-    if a.dtype.kind not in "biuf":
+    if a.dtype.kind in "SUOcmM":  # strings, objects, complex, dates: not numbers a lane holds
         raise ProgramError(f"tensor {name!r}: expected {layout.dtype.short} numbers, got an array of {a.dtype}")
     if tuple(a.shape) != tuple(layout.shape):
         raise ProgramError(f"tensor {name!r}: expected shape {tuple(layout.shape)}, got {tuple(a.shape)}")
