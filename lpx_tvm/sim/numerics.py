@@ -152,7 +152,9 @@ def reduce(op: str, a: np.ndarray, width: int, dtype: DType) -> np.ndarray:
     if op == "vxm.reduce_max":
         r = part.max(axis=1)
     elif dtype.is_float:
-        r = part.astype(np.float32).sum(axis=1, dtype=np.float32)
+        # numpy's float sum order follows the memory layout: sum a C-ordered copy, so a
+        # strided or repeated SRAM view (stride 0) sums in the same order as any other.
+        r = np.ascontiguousarray(part, dtype=np.float32).sum(axis=1, dtype=np.float32)
     else:
         r = part.astype(np.int64).sum(axis=1)
     r = r.astype(dtype.np) if dtype.is_float or op == "vxm.reduce_max" else _int_result(r, dtype)

@@ -365,14 +365,14 @@ def vxm_requant(m: Machine, ins: Instr, t):
 
 def vxm_reduce(m: Machine, ins: Instr, t):
     """sum or max of the first ``width`` lanes of each vector, in every lane of the result
-    (float sums in fp32, numpy's order; int32 sums wrap)."""
+    (float sums in fp32, numpy's order over a C-ordered row; int32 sums wrap)."""
     part = m.take(ins, t, ins.src0)[:, :ins.aux0]
     dt = ins.dtype
     with np.errstate(all="ignore"):
         if ins.op == "vxm.reduce_max":
             r = part.max(axis=1)
         elif dt.is_float:
-            r = part.astype(np.float32).sum(axis=1, dtype=np.float32).astype(dt.np)
+            r = np.ascontiguousarray(part, dtype=np.float32).sum(axis=1, dtype=np.float32).astype(dt.np)
         else:
             r = _wrap_int32(part.astype(np.int64).sum(axis=1))
     m.emit(ins, t, np.repeat(r[:, None], m.lanes, axis=1))
