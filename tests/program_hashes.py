@@ -78,30 +78,14 @@ def _resnet50(tuned: bool):
 
 
 def _resnet50_int8():
-    import onnx
-    import torch
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
+    """bench/e2e.py's int8 ResNet-50 (random weights, QDQ u8s8 by onnxruntime)."""
     import lpx_tvm
-    from torch_models import randomized, resnet50
 
-    folder = tempfile.mkdtemp(prefix="lpx_hash_int8_")
-    torch.manual_seed(0)
-    src, dst = os.path.join(folder, "resnet50.onnx"), os.path.join(folder, "resnet50_qdq.onnx")
-    torch.onnx.export(randomized(resnet50()), (torch.randn(1, 3, 224, 224),), src, dynamo=True, verbose=False)
-    name = onnx.load(src).graph.input[0].name
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "bench"))
+    from e2e import quantized_resnet50
 
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            rng = np.random.default_rng(1)
-            self.data = iter([{name: rng.standard_normal((1, 3, 224, 224)).astype(np.float32)} for _ in range(2)])
-
-        def get_next(self):
-            return next(self.data, None)
-
-    quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8, per_channel=True)
-    return lpx_tvm.compile_model(dst, preset="tsp", precision="int8")
+    path = quantized_resnet50(tempfile.mkdtemp(prefix="lpx_hash_int8_"))
+    return lpx_tvm.compile_model(path, preset="tsp", precision="int8")
 
 
 def _transformer(kind: str):
