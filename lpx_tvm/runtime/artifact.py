@@ -25,6 +25,7 @@ import tvm
 from tvm import relax
 
 from ..errors import LPXError
+from ..files import user_mode
 from ..machine.config import parse_config
 from ..machine.encoding import load_program, save_program
 from .executable import LPXExecutable
@@ -74,9 +75,7 @@ def save_artifact(exe: LPXExecutable, inputs: list, outputs: list, path: str):
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=".lpx-artifact-")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private (0700)
+    os.chmod(tmp, user_mode(0o777))  # mkdtemp makes it private (0700)
     try:
         os.makedirs(os.path.join(tmp, "regions"))
         exe.vm_exec.export_library(os.path.join(tmp, "cpu.so"))

@@ -12,6 +12,8 @@ import json
 import os
 import tempfile
 
+from ..files import user_mode
+
 
 class TraceRecorder:
     def __init__(self, clock_hz: float, name: str = ""):
@@ -51,9 +53,7 @@ class TraceRecorder:
         path = os.fspath(path)
         d = os.path.dirname(os.path.abspath(path))
         fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes it private (0600); a trace is the user's file
+        os.fchmod(fd, user_mode())  # mkstemp makes it private (0600); a trace is the user's file
         with os.fdopen(fd, "w") as f:
             json.dump(self.to_json(), f)
         os.replace(tmp, path)

@@ -26,7 +26,7 @@ from ..errors import LPXError
 from ..machine.config import LPXConfig
 from ..tir_schedules import DenseWorkload, DepthwiseWorkload
 from ..tir_schedules.schedules import describe
-from .database import TuningLog, best_records, tiling_of_record
+from .database import FAILED_SECS, TuningLog, best_records, tiling_of_record
 from .space import Task, workload_module
 
 
@@ -109,7 +109,7 @@ def _candidates(db: TuningLog, task: Task, cfg: LPXConfig, top_k: int, best=None
         return sum(secs) / len(secs)
 
     records = [r for r in db.get_top_k(db.commit_workload(mod), 1 << 30)
-               if r.run_secs and min(float(s) for s in r.run_secs) < 1e9]  # 1e9: a failed run
+               if r.run_secs and min(float(s) for s in r.run_secs) < FAILED_SECS]
     out, seen = [], set()
     for rec in ([best] if best is not None else []) + sorted(records, key=latency):  # stable: ties keep the database's order
         t = tiling_of_record(rec)
@@ -133,7 +133,7 @@ def refine_in_context(mod, tasks: list, cfg: LPXConfig, log_dir: str, *, top_k: 
     The choice is appended to the log; returns a :class:`RefineResult`.
     """
     start = time.perf_counter()
-    db = TuningLog(log_dir, repair=True)
+    db = TuningLog(log_dir, writer=True)
     ctx = ModelContext(mod, cfg, tasks[0].precision if tasks else "fp16")
     order = sorted(tasks, key=task_macs, reverse=True)
     best_isolated = best_records(db, cfg)

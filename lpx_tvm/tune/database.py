@@ -1,32 +1,45 @@
 """Tuning logs: a MetaSchedule JSON database under ``tuning_logs/NAME/``.
 
-The folder holds MetaSchedule's two JSON-lines files (``database_workload.json``,
-``database_tuning_record.json``: the format of ``ms.database.JSONDatabase``) and
-``lpx_tuning.json`` naming the machine (preset and config hash) and precision it was
-made for. Every workload module also carries the config hash, so a record is keyed by
-workload *and* machine: a log made for one machine is never applied to another.
+The folder holds two JSON-lines files in the spirit of ``ms.database.JSONDatabase``:
+``database_workload.json`` (one ``[structural hash, module]`` line per workload) and
+``database_tuning_record.json`` (one ``[workload hash, record]`` line per measured
+candidate), and ``lpx_tuning.json`` naming the machine (preset and config hash) and
+precision it was made for. Every workload module also carries the config hash, so a record
+is keyed by workload *and* machine: a log made for one machine is never applied to another.
 
-Records are appended whole: one ``write`` of a complete line to a file opened with
-``O_APPEND``, then ``fsync``. A tuning job killed at any point (``kill -9``) leaves at
-most a truncated last line, which the next load drops with a warning (and a tuning rerun
-cuts off) — every completed record survives and the rerun resumes from them. A line
-that is not the truncated tail of a file is corruption: loading stops with an error
+A record names its workload by hash, not by line: a record whose hash the log does not
+hold is corruption, never another workload's record. (Logs written before kept the line
+index of the workload, MetaSchedule's own format; they still load.) Loading keeps one
+record per workload and trace: a duplicate line (two jobs that measured the same
+candidate) is dropped.
+
+Writers take the folder's lock (``.lock``: an advisory ``flock``) around every append,
+read what other jobs appended since (so every job sees one set of workloads and records),
+and append records whole: one ``write`` of a complete line to a file opened with
+``O_APPEND``, then ``fsync``. A job killed at any point (``kill -9``) leaves at most a
+truncated last line, which the next load drops with a warning (and the next writer cuts
+off, under the lock, so no other job can be mid-write) — every completed record survives.
+A line that is not the truncated tail of a file is corruption: loading stops with an error
 naming the file and the line.
 
 ``lpx_applied.json`` (JSON lines, appended the same way) holds the schedules chosen *in
 context* (:mod:`.context`): each line is one whole choice for a model's tasks, written
 once the refinement has measured it: ``{"kind": "context", "config_hash", "model",
-"cycles", "default_cycles", "isolated_cycles", "choices": [[workload index, record | null],
-...]}`` (null: the task keeps its default schedule). The last line for the machine is
-the one applied; a ``{"kind": "isolated", "config_hash"}`` line withdraws it (a tuning run
-without the refinement). Tasks the line does not name take their best isolated record,
-as does every task of a log without the file (logs made before it existed).
+"cycles", "default_cycles", "isolated_cycles", "choices": [[workload hash, record | null],
+...]}`` (null: the task keeps its default schedule). For each model the last line for the
+machine is in force; a ``{"kind": "isolated", "config_hash", "workloads": [hash, ...]}``
+line (new records for those workloads) withdraws every earlier choice that names one of
+them. Tasks no choice in force names take their best isolated record, as does every task
+of a log without the file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import tempfile
 import warnings
 
 from tvm import s_tir
@@ -34,6 +47,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from ..errors import LPXError
+from ..files import user_mode
 from ..machine.config import LPXConfig
 from ..tir_schedules.schedules import tiling_of
 from .space import task_key_of
@@ -42,6 +56,9 @@ WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
 META = "lpx_tuning.json"
 APPLIED = "lpx_applied.json"
+LOCK = ".lock"
+
+FAILED_SECS = 1e9  # MetaSchedule marks a candidate that failed to build or run with 1e10 s
 
 
 class TuningLogError(LPXError):
@@ -52,34 +69,53 @@ class TuningLogWarning(UserWarning):
     """A tuning log (or part of one) that is not applied."""
 
 
-def _read_lines(path: str, repair: bool) -> list:
-    """[(line number, parsed JSON)] of a JSON-lines file. A truncated last line (no
-    newline: a write cut short) is dropped, and cut off the file when ``repair``."""
+@contextlib.contextmanager
+def folder_lock(path: str):
+    """Hold the log folder's advisory lock (``flock``; released when the holder dies)."""
+    os.makedirs(path, exist_ok=True)
+    fd = os.open(os.path.join(path, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _read_lines(path: str, start: tuple, repair: bool) -> tuple:
+    """([(line number, parsed JSON)], end) of the complete lines of a JSON-lines file from
+    ``start`` on (``start``, ``end``: a byte offset and the lines before it). A truncated
+    last line (no newline: a write cut short) is dropped with a warning, and cut off the
+    file when ``repair`` (the caller holds the lock, so no job is writing it)."""
+    offset, before = start
     if not os.path.exists(path):
-        return []
+        return [], (0, 0)
     with open(path, "rb") as f:
+        f.seek(offset)
         data = f.read()
     lines = data.split(b"\n")
     out = []
-    for i, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        last = i == len(lines)  # no newline after it
-        try:
-            out.append((i, json.loads(raw.decode("utf-8"))))
-        except (ValueError, UnicodeDecodeError) as e:
-            if last:
-                warnings.warn(f"{path}:{i}: dropping a truncated last record (a tuning job stopped mid-write)",
-                              TuningLogWarning, stacklevel=3)
+    for i, raw in enumerate(lines):
+        lineno, last = before + i + 1, i == len(lines) - 1  # last: no newline after it
+        if last:
+            if raw:  # even a whole JSON value: its newline never came
+                warnings.warn(f"{path}:{lineno}: dropping a truncated last record (a tuning job stopped "
+                              "mid-write)", TuningLogWarning, stacklevel=4)
                 if repair:
                     with open(path, "r+b") as f:
-                        f.truncate(len(data) - len(raw))
-                break
-            raise TuningLogError(f"{path}:{i}: corrupt tuning log line ({e})") from None
-    return out
+                        f.truncate(offset)
+            break
+        offset += len(raw) + 1
+        if not raw.strip():
+            continue
+        try:
+            out.append((lineno, json.loads(raw.decode("utf-8"))))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise TuningLogError(f"{path}:{lineno}: corrupt tuning log line ({e})") from None
+    return out, (offset, before + len(lines) - 1)
 
 
-def _append_line(path: str, obj) -> None:
+def _append_line(path: str, obj) -> int:
+    """Append ``obj`` as one line; the number of bytes written."""
     line = (json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8")
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
@@ -89,114 +125,239 @@ def _append_line(path: str, obj) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    return len(line)
+
+
+def workload_key(workload) -> str:
+    """The hash a log keys a workload by (MetaSchedule's structural hash of its module)."""
+    return workload.as_json()[0]
+
+
+def _trace_key(record_json) -> str:
+    return json.dumps(record_json[0], separators=(",", ":"))
 
 
 @derived_object
 class TuningLog(ms.database.PyDatabase):
     """A MetaSchedule database kept in memory and appended, record by record, to the
-    JSON-lines files of ``path`` (see the module docstring)."""
+    JSON-lines files of ``path`` (see the module docstring). ``writer``: this object
+    appends (it takes the folder lock to load, and cuts off a truncated last line)."""
 
-    def __init__(self, path: str, repair: bool = False):
+    def __init__(self, path: str, writer: bool = False):
         super().__init__()
-        self.path = path
+        self.path, self.writer = path, writer
         self.mem = ms.database.MemoryDatabase(module_equality="structural")
-        self.index = {}  # workload structural hash -> line index in WORKLOADS
-        self.workloads = []  # by line index in WORKLOADS
+        self.workloads = {}  # workload key -> Workload
+        self.by_line = []  # workloads in line order (records of older logs name a line)
+        self.seen = set()  # (workload key, trace) of every record
+        self.trials = {}  # workload key -> distinct records (failed candidates included)
         self.applied = []  # the lines of APPLIED
-        self.count = 0
-        self._load(repair)
+        self.read_to = {WORKLOADS: (0, 0), RECORDS: (0, 0), APPLIED: (0, 0)}  # (byte offset, lines) read
+        self.appended = 0  # records this object appended
+        if writer:
+            with folder_lock(path):
+                self._sync()
+        else:
+            self._sync()
 
     def _file(self, name: str) -> str:
         return os.path.join(self.path, name)
 
-    def _load(self, repair: bool):
-        if repair:
-            os.makedirs(self.path, exist_ok=True)
-        workloads = []
+    def _sync(self) -> None:
+        """Read what was appended to the files since the last read (by any job)."""
         path = self._file(WORKLOADS)
-        for lineno, obj in _read_lines(path, repair):
+        lines, self.read_to[WORKLOADS] = _read_lines(path, self.read_to[WORKLOADS], self.writer)
+        for lineno, obj in lines:
             try:
-                wl = ms.database.Workload.from_json(obj)
-                wl = self.mem.commit_workload(wl.mod)
+                key = str(obj[0])
+                wl = self.mem.commit_workload(ms.database.Workload.from_json(obj).mod)
             except Exception as e:  # noqa: BLE001 — any undecodable entry is a corrupt line
                 raise TuningLogError(f"{path}:{lineno}: corrupt workload entry ({type(e).__name__}: {e})") from None
-            self.index[wl.as_json()[0]] = len(workloads)
-            workloads.append(wl)
-        self.count = len(workloads)
-        self.workloads = workloads
+            self.workloads.setdefault(key, wl)
+            self.by_line.append(self.workloads[key])
         path = self._file(RECORDS)
-        for lineno, obj in _read_lines(path, repair):
+        lines, self.read_to[RECORDS] = _read_lines(path, self.read_to[RECORDS], self.writer)
+        for lineno, obj in lines:
             try:
-                wi, rec = obj
-                if not 0 <= int(wi) < len(workloads):
-                    raise ValueError(f"workload {wi} of {len(workloads)}")
-                self.mem.commit_tuning_record(ms.database.TuningRecord.from_json(rec, workloads[int(wi)]))
+                ref, rec = obj
+                key, wl = self._workload(ref)
+                seen = (key, _trace_key(rec))
+                if seen in self.seen:
+                    continue
+                self.mem.commit_tuning_record(ms.database.TuningRecord.from_json(rec, wl))
             except Exception as e:  # noqa: BLE001
                 raise TuningLogError(f"{path}:{lineno}: corrupt tuning record ({type(e).__name__}: {e})") from None
+            self.seen.add(seen)
+            self.trials[key] = self.trials.get(key, 0) + 1
         path = self._file(APPLIED)
-        for lineno, obj in _read_lines(path, repair):
+        lines, self.read_to[APPLIED] = _read_lines(path, self.read_to[APPLIED], self.writer)
+        for lineno, obj in lines:
             if not isinstance(obj, dict) or obj.get("kind") not in ("context", "isolated"):
                 raise TuningLogError(f"{path}:{lineno}: corrupt applied-schedules line")
             self.applied.append((lineno, obj))
+
+    def _workload(self, ref) -> tuple:
+        """(key, Workload) a record names: a workload hash, or (older logs) a line index."""
+        if isinstance(ref, str):
+            if ref not in self.workloads:
+                raise ValueError(f"workload {ref} is not in {WORKLOADS}")
+            return ref, self.workloads[ref]
+        if isinstance(ref, bool) or not isinstance(ref, int) or not 0 <= ref < len(self.by_line):
+            raise ValueError(f"workload {ref!r} of {len(self.by_line)}")
+        wl = self.by_line[ref]
+        return workload_key(wl), wl
+
+    def _append(self, name: str, obj) -> None:
+        offset, lines = self.read_to[name]
+        self.read_to[name] = (offset + _append_line(self._file(name), obj), lines + 1)
 
     # ---- the Database interface ---------------------------------------------------
     def has_workload(self, mod) -> bool:
         return self.mem.has_workload(mod)
 
     def commit_workload(self, mod):
-        known = self.mem.has_workload(mod)
-        wl = self.mem.commit_workload(mod)
-        if not known:
-            _append_line(self._file(WORKLOADS), wl.as_json())
-            self.index[wl.as_json()[0]] = self.count
-            self.workloads.append(wl)
-            self.count += 1
-        return wl
+        if not self.mem.has_workload(mod):
+            with folder_lock(self.path):
+                self._sync()
+                if not self.mem.has_workload(mod):
+                    wl = self.mem.commit_workload(mod)
+                    self._append(WORKLOADS, wl.as_json())
+                    self.workloads[workload_key(wl)] = wl
+                    self.by_line.append(wl)
+        return self.mem.commit_workload(mod)
 
-    def commit_tuning_record(self, record) -> None:
-        self.mem.commit_tuning_record(record)
-        _append_line(self._file(RECORDS), [self.index[record.workload.as_json()[0]], record.as_json()])
+    def commit_tuning_record(self, record) -> bool:
+        """Append ``record`` unless the log has one of its workload and trace; True if appended."""
+        wl = self.commit_workload(record.workload.mod)
+        key, rec = workload_key(wl), record.as_json()
+        seen = (key, _trace_key(rec))
+        with folder_lock(self.path):
+            self._sync()
+            if seen in self.seen:
+                return False
+            self._append(RECORDS, [key, rec])
+        self.mem.commit_tuning_record(ms.database.TuningRecord.from_json(rec, wl))
+        self.seen.add(seen)
+        self.trials[key] = self.trials.get(key, 0) + 1
+        self.appended += 1
+        return True
+
+    def trial_count(self, mod) -> int:
+        """Distinct candidates the log holds for workload ``mod`` (failed ones included)."""
+        if not self.mem.has_workload(mod):
+            return 0
+        return self.trials.get(workload_key(self.mem.commit_workload(mod)), 0)
 
     # ---- the schedules applied (in-context refinement) ---------------------------------
     def commit_applied(self, cfg: LPXConfig, choices: dict, **info) -> None:
         """Append one whole in-context choice: ``choices`` {workload module: TuningRecord or
         None (the default schedule)}; ``info``: model, cycles, ... (kept in the line)."""
-        rows = []
-        for mod, rec in choices.items():
-            wl = self.commit_workload(mod)
-            rows.append([self.index[wl.as_json()[0]], None if rec is None else rec.as_json()])
+        rows = [[workload_key(self.commit_workload(mod)), None if rec is None else rec.as_json()]
+                for mod, rec in choices.items()]
         line = {"kind": "context", "config_hash": cfg.hash, **info, "choices": rows}
-        _append_line(self._file(APPLIED), line)
+        with folder_lock(self.path):
+            self._sync()
+            self._append(APPLIED, line)
         self.applied.append((None, line))
 
-    def withdraw_applied(self, cfg: LPXConfig) -> None:
-        """Stop applying the in-context choice (when there is one): best records again."""
-        if self.applied_line(cfg) is not None:
-            line = {"kind": "isolated", "config_hash": cfg.hash}
-            _append_line(self._file(APPLIED), line)
-            self.applied.append((None, line))
+    def withdraw_applied(self, cfg: LPXConfig, mods: list) -> None:
+        """Stop applying every in-context choice that names one of workloads ``mods`` (new
+        records for them make it stale): their best records apply again."""
+        keys = sorted(workload_key(self.commit_workload(m)) for m in mods)
+        with folder_lock(self.path):
+            self._sync()
+            if any(set(keys) & self._choice_keys(obj) for obj in self._in_force(cfg)):
+                line = {"kind": "isolated", "config_hash": cfg.hash, "workloads": keys}
+                self._append(APPLIED, line)
+                self.applied.append((None, line))
+
+    def _choice_keys(self, line) -> set:
+        try:
+            return {self._workload(ref)[0] for ref, _ in line["choices"]}
+        except Exception as e:  # noqa: BLE001
+            raise TuningLogError(f"{self._file(APPLIED)}: corrupt applied choice ({type(e).__name__}: {e})") from None
+
+    def _in_force(self, cfg: LPXConfig) -> list:
+        """The in-context choices in force for machine ``cfg``, oldest first: each model's
+        last choice, unless a later withdrawal names one of its workloads."""
+        out = []
+        for _, obj in self.applied:
+            if obj.get("config_hash") != cfg.hash:
+                continue
+            if obj["kind"] == "context":
+                out = [o for o in out if o.get("model") != obj.get("model")] + [obj]
+            elif "workloads" in obj:
+                out = [o for o in out if not set(obj["workloads"]) & self._choice_keys(o)]
+            else:  # a withdrawal of an older log: every choice
+                out = []
+        return out
 
     def applied_line(self, cfg: LPXConfig):
-        """The in-context choice in force for machine ``cfg`` (a dict), or None."""
-        for _, obj in reversed(self.applied):
-            if obj.get("config_hash") == cfg.hash:
-                return obj if obj["kind"] == "context" else None
-        return None
+        """The newest in-context choice in force for machine ``cfg`` (a dict), or None."""
+        lines = self._in_force(cfg)
+        return lines[-1] if lines else None
 
     def applied_choices(self, cfg: LPXConfig) -> dict:
-        """{(workload, composite, batches): TuningRecord or None} of the choice in force."""
-        line = self.applied_line(cfg)
-        if line is None:
-            return {}
-        path, out = self._file(APPLIED), {}
-        for wi, rec in line["choices"]:
-            try:
-                wl = self.workloads[int(wi)]
-                key = task_key_of(wl.mod)[:3]
-                out[key] = None if rec is None else ms.database.TuningRecord.from_json(rec, wl)
-            except Exception as e:  # noqa: BLE001
-                raise TuningLogError(f"{path}: corrupt applied choice ({type(e).__name__}: {e})") from None
+        """{(workload, composite, batches): TuningRecord or None} of the choices in force (a
+        newer choice decides a workload two models share)."""
+        out = {}
+        for line in self._in_force(cfg):
+            for ref, rec in line["choices"]:
+                try:
+                    _, wl = self._workload(ref)
+                    key = task_key_of(wl.mod)[:3]
+                    out[key] = None if rec is None else ms.database.TuningRecord.from_json(rec, wl)
+                except Exception as e:  # noqa: BLE001
+                    raise TuningLogError(f"{self._file(APPLIED)}: corrupt applied choice "
+                                         f"({type(e).__name__}: {e})") from None
         return out
+
+    def get_top_k(self, workload, top_k: int):
+        return self.mem.get_top_k(workload, top_k)
+
+    def get_all_tuning_records(self):
+        return self.mem.get_all_tuning_records()
+
+    def query_tuning_record(self, mod, target, workload_name):
+        return self.mem.query_tuning_record(mod, target, workload_name)
+
+    def query_schedule(self, mod, target, workload_name):
+        return self.mem.query_schedule(mod, target, workload_name)
+
+    def query_ir_module(self, mod, target, workload_name):
+        return self.mem.query_ir_module(mod, target, workload_name)
+
+    def __len__(self) -> int:
+        return len(self.mem)
+
+
+@derived_object
+class SearchDatabase(ms.database.PyDatabase):
+    """The database one tuning job's search sees: only what this job measured, so a job
+    resumed after a kill makes the same decisions as one never interrupted (the search's
+    start and its cost model depend on what the database holds). Every workload and
+    record goes through to the log, which keeps one record per workload and trace;
+    ``on_new_record()`` is called before the first record the log did not hold."""
+
+    def __init__(self, log: TuningLog, on_new_record=None):
+        super().__init__()
+        self.log, self.on_new_record = log, on_new_record
+        self.mem = ms.database.MemoryDatabase(module_equality="structural")
+
+    def has_workload(self, mod) -> bool:
+        return self.mem.has_workload(mod)
+
+    def commit_workload(self, mod):
+        self.log.commit_workload(mod)
+        return self.mem.commit_workload(mod)
+
+    def commit_tuning_record(self, record) -> None:
+        self.mem.commit_tuning_record(record)
+        if self.on_new_record is not None and not self.log.appended:
+            wl = self.log.commit_workload(record.workload.mod)
+            if (workload_key(wl), _trace_key(record.as_json())) not in self.log.seen:
+                self.on_new_record()
+        self.log.commit_tuning_record(record)
 
     def get_top_k(self, workload, top_k: int):
         return self.mem.get_top_k(workload, top_k)
@@ -219,19 +380,21 @@ class TuningLog(ms.database.PyDatabase):
 
 def write_meta(path: str, cfg: LPXConfig, precision: str, model: "str | None" = None) -> None:
     """Name the machine a log is for; a log for another machine is refused."""
-    os.makedirs(path, exist_ok=True)
     meta_path = os.path.join(path, META)
     meta = {"preset": cfg.name, "config_hash": cfg.hash, "precision": precision, "model": model}
-    if os.path.exists(meta_path):
-        old = read_meta(path)
-        if old.get("config_hash") != cfg.hash:
-            raise TuningLogError(f"{path} is a tuning log for machine {old.get('preset')} "
-                                 f"(config {old.get('config_hash')}), not {cfg.name} ({cfg.hash}): "
-                                 "tune into another folder")
-        meta = {**old, **{k: v for k, v in meta.items() if v is not None}}
-    with open(meta_path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(meta, f, indent=1)
-    os.replace(meta_path + ".tmp", meta_path)
+    with folder_lock(path):
+        if os.path.exists(meta_path):
+            old = read_meta(path)
+            if old.get("config_hash") != cfg.hash:
+                raise TuningLogError(f"{path} is a tuning log for machine {old.get('preset')} "
+                                     f"(config {old.get('config_hash')}), not {cfg.name} ({cfg.hash}): "
+                                     "tune into another folder")
+            meta = {**old, **{k: v for k, v in meta.items() if v is not None}}
+        fd, tmp = tempfile.mkstemp(prefix=META, dir=path)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=1)
+        os.chmod(tmp, user_mode(0o644))
+        os.replace(tmp, meta_path)
 
 
 def read_meta(path: str) -> dict:
@@ -253,7 +416,7 @@ def best_records(db, cfg: LPXConfig) -> dict:
         if not rec.run_secs:
             continue
         secs = [float(s) for s in rec.run_secs]
-        if min(secs) >= 1e9:  # MetaSchedule's mark of a failed run
+        if min(secs) >= FAILED_SECS:
             continue
         w, composite, batches, config_hash = task_key_of(rec.workload.mod)
         if config_hash != cfg.hash:

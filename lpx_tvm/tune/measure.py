@@ -4,7 +4,8 @@ A candidate (a scheduled workload module) is lowered to an LPX Program by compil
 task's one-op region with the candidate's tiling (:class:`LPXBuilder`), and the
 Program runs on the simulator in timing-only mode (:class:`LPXRunner`): its latency is
 its cycle count at the machine's clock. Measurement is deterministic, so one run is
-enough. Both stages run in worker processes (a local pool) or on a Ray cluster; every
+enough, and a candidate the log already measured (same task, same tiling) is not built or
+run again: its latency comes from the log (:class:`MeasuredCandidates`). Both stages run in worker processes (a local pool) or on a Ray cluster; every
 candidate builds in its own temporary folder, removed once it has run.
 """
 
@@ -25,6 +26,7 @@ from ..errors import LPXError
 from ..target.codegen.graph import Operand, Region
 from ..machine.config import LPXConfig
 from ..tir_schedules.schedules import tiling_of
+from .database import FAILED_SECS, tiling_of_record
 from .space import Task, task_key_of
 
 
@@ -198,21 +200,57 @@ class TaskFiles:
         return path
 
 
+CACHED = "lpx-measured:"  # the artifact path of a candidate measured before
+
+
+class MeasuredCandidates:
+    """The latencies a tuning log holds, by task key (the machine's config hash included)
+    and tiling: a candidate with one is served from here (its build names it, its run
+    returns the logged latency)."""
+
+    def __init__(self, records=()):
+        self.secs = {}  # (task key, tiling) -> [seconds] or None (failed)
+        self.served = []  # [seconds] or None, by the number a built path names
+        for rec in records:
+            secs = [float(s) for s in rec.run_secs] if rec.run_secs else None
+            if secs is not None and min(secs) >= FAILED_SECS:
+                secs = None
+            self.secs[(task_key_of(rec.workload.mod), tiling_of_record(rec))] = secs
+
+    def lookup(self, key, tiling):
+        """A built result for a candidate measured before, or None."""
+        if (key, tiling) not in self.secs:
+            return None
+        secs = self.secs[(key, tiling)]
+        if secs is None:
+            return ms.builder.BuilderResult(None, "failed when this tuning log measured it")
+        self.served.append(secs)
+        return ms.builder.BuilderResult(f"{CACHED}{len(self.served) - 1}", None)
+
+    def run(self, artifact_path: str):
+        return self.served[int(artifact_path[len(CACHED):])]
+
+
 @derived_object
 class LPXBuilder(ms.builder.PyBuilder):
     """Lower each candidate to an LPX Program (in the pool), one temporary folder each."""
 
-    def __init__(self, files: TaskFiles, pool):
+    def __init__(self, files: TaskFiles, pool, measured: "MeasuredCandidates | None" = None):
         super().__init__()
         self.files, self.pool = files, pool
+        self.measured = measured or MeasuredCandidates()
 
     def build(self, build_inputs):
         jobs = []
         for bi in build_inputs:
             try:
-                w, composite, batches, _ = task_key_of(bi.mod)
+                w, composite, batches, config_hash = task_key_of(bi.mod)
                 key = (w, composite, batches)
                 tiling = tiling_of(w, bi.mod["main"])
+                served = self.measured.lookup(key + (config_hash,), tiling)
+                if served is not None:
+                    jobs.append((served, None))
+                    continue
                 out_dir = tempfile.mkdtemp(prefix="lpx_cand_")
                 if getattr(self.pool, "remote", False):
                     fut = self.pool.submit(build_candidate_bytes, self.files.data[key], tiling)
@@ -223,6 +261,9 @@ class LPXBuilder(ms.builder.PyBuilder):
                 jobs.append((None, f"{type(e).__name__}: {e}"))
         results = []
         for fut, out_dir in jobs:
+            if isinstance(fut, ms.builder.BuilderResult):  # measured before
+                results.append(fut)
+                continue
             if fut is None:
                 results.append(ms.builder.BuilderResult(None, out_dir))
                 continue
@@ -259,16 +300,33 @@ class _Future(ms.runner.PyRunnerFuture):
 
 
 @derived_object
+class _Served(ms.runner.PyRunnerFuture):
+    def __init__(self, secs: list):
+        super().__init__()
+        self.secs = secs
+
+    def done(self) -> bool:
+        return True
+
+    def result(self):
+        return ms.runner.RunnerResult(self.secs, None)
+
+
+@derived_object
 class LPXRunner(ms.runner.PyRunner):
     """Run each built candidate on the simulator, timing only; latency = cycles / clock."""
 
-    def __init__(self, cfg: LPXConfig, pool):
+    def __init__(self, cfg: LPXConfig, pool, measured: "MeasuredCandidates | None" = None):
         super().__init__()
         self.cfg, self.pool = cfg, pool
+        self.measured = measured or MeasuredCandidates()
 
     def run(self, runner_inputs):
         futures = []
         for ri in runner_inputs:
+            if ri.artifact_path.startswith(CACHED):
+                futures.append(_Served(self.measured.run(ri.artifact_path)))
+                continue
             if getattr(self.pool, "remote", False):
                 with open(ri.artifact_path, "rb") as f:
                     fut = self.pool.submit(run_candidate_bytes, f.read(), self.cfg)

@@ -3,7 +3,13 @@ MetaSchedule (XGBoost cost model, evolutionary search, the gradient task schedul
 weighted by how often each task appears), measure on the simulator, log to a
 :class:`~lpx_tvm.tune.database.TuningLog`.
 
-A rerun with the same log resumes: each task gets only the trials it still lacks.
+A rerun with the same log resumes exactly. The job runs again from its start with the
+same seed, and every candidate the log already measured is served from the log instead of
+being built and simulated again (:class:`~lpx_tvm.tune.measure.MeasuredCandidates`). The
+search sees only this job's measurements (:class:`~lpx_tvm.tune.database.SearchDatabase`),
+so it makes the same decisions as a job never interrupted: a job killed any number of
+times and resumed ends with the records of one uninterrupted run, each once. A job whose
+tasks all hold ``trials`` distinct records already is not run at all.
 """
 
 from __future__ import annotations
@@ -23,9 +29,9 @@ from ..machine.config import LPXConfig
 from ..pipeline import lower
 from ..target.codegen import TilingPolicy
 from .cost_model import LPXCostModel
-from .database import TuningLog, best_records, tiling_of_record, write_meta
-from .measure import LPXBuilder, LPXRunner, TaskFiles, make_pool, one_op_region, task_cycles
-from .space import Task, design_space, workload_module
+from .database import SearchDatabase, TuningLog, best_records, tiling_of_record, write_meta
+from .measure import CACHED, LPXBuilder, LPXRunner, MeasuredCandidates, TaskFiles, make_pool, one_op_region, task_cycles
+from .space import Task, design_space, task_key_of, workload_module
 
 TARGET = {"kind": "llvm", "keys": ["lpx", "cpu"]}
 
@@ -48,7 +54,8 @@ class TaskResult:
 
 @derived_object
 class _Progress(ms.measure_callback.PyMeasureCallback):
-    """Counts measured candidates and the best latency per task; calls ``report``."""
+    """Counts candidates (``done``; ``served``: those the log had measured) and the best
+    latency per task; calls ``report``."""
 
     def __init__(self, state):
         super().__init__()
@@ -57,21 +64,16 @@ class _Progress(ms.measure_callback.PyMeasureCallback):
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
         st = self.state
         name = st["names"][task_id]
-        for r in runner_results:
+        for b, r in zip(builder_results, runner_results):
             st["done"] += 1
-            st["trials"][name] = st["trials"].get(name, 0) + 1
+            st["served"] += bool(b.artifact_path and b.artifact_path.startswith(CACHED)) or \
+                (b.error_msg or "").startswith("failed when this tuning log")
             if r.run_secs and not r.error_msg:
                 cycles = round(float(r.run_secs[0]) * st["clock_hz"])
                 if name not in st["best"] or cycles < st["best"][name]:
                     st["best"][name] = cycles
         if st["report"] is not None:
             st["report"](st, name)
-
-
-def _existing_trials(db: TuningLog, mod) -> int:
-    if not db.has_workload(mod):
-        return 0
-    return len(db.get_top_k(db.commit_workload(mod), 1 << 30))
 
 
 def search_strategy(kind: str, trials: int):
@@ -100,13 +102,14 @@ def tune(tasks: list, cfg: LPXConfig, log_dir: str, trials: int, *, workers: int
     """Tune ``tasks`` (``trials`` measured candidates each) into the log at ``log_dir``.
 
     ``report(state, task_name)`` is called after every measured batch (the CLI's progress
-    bar). Returns a :class:`TaskResult` per task: default and best tuned cycles.
+    bar). Returns a :class:`TaskResult` per task: default and best tuned cycles, and the
+    distinct candidates the log holds for it.
     """
     if trials < 1:
         raise LPXError(f"--trials {trials}: at least one trial per task")
     precision = tasks[0].precision if tasks else "fp16"
     write_meta(log_dir, cfg, precision, model)
-    db = TuningLog(log_dir, repair=True)
+    db = TuningLog(log_dir, writer=True)
     results, todo = [], []
     for task in tasks:
         try:
@@ -114,54 +117,52 @@ def tune(tasks: list, cfg: LPXConfig, log_dir: str, trials: int, *, workers: int
         except Exception as e:  # noqa: BLE001 — a layer the one-op region cannot stand for
             results.append(TaskResult(task, None, error=f"{type(e).__name__}: {e}"))
             continue
-        done = _existing_trials(db, workload_module(task, cfg))
-        results.append(TaskResult(task, default, trials=done))
-        if done < trials:
-            todo.append((task, trials - done))
-    state = {"names": [], "done": 0, "total": sum(n for _, n in todo), "trials": {}, "best": {},
-             "clock_hz": cfg.clock_hz, "start": time.perf_counter(), "report": report,
-             "default": {r.task.name: r.default_cycles for r in results}}
+        results.append(TaskResult(task, default, trials=db.trial_count(workload_module(task, cfg))))
+        todo.append(task)
+    state = {"names": [t.name for t in todo], "done": 0, "served": 0, "total": trials * len(todo),
+             "trials": {}, "best": {}, "clock_hz": cfg.clock_hz, "start": time.perf_counter(),
+             "report": report, "default": {r.task.name: r.default_cycles for r in results}}
+    if todo and any(r.trials < trials for r in results if r.default_cycles is not None):
+        _search(todo, cfg, db, trials, state, workers=workers, ray_address=ray_address, seed=seed,
+                strategy=strategy, trials_per_iter=trials_per_iter)
+    best = best_records(db, cfg)
     for r in results:
-        best = best_records(db, cfg).get(r.task.key)
-        if best:
-            state["best"][r.task.name] = round(best[1] * cfg.clock_hz)
-    # The task scheduler gives every task the same trial budget: one run per budget
-    # (several only when a resumed log left tasks at different counts).
-    by_budget = {}
-    for task, n in todo:
-        by_budget.setdefault(n, []).append(task)
-    if todo:
-        # New records: an in-context choice made from the old ones is stale until refined again.
-        db.withdraw_applied(cfg)
+        if r.default_cycles is None:
+            continue
+        r.trials = db.trial_count(workload_module(r.task, cfg))
+        if r.task.key in best:
+            r.tuned_cycles = round(best[r.task.key][1] * cfg.clock_hz)
+    return results
+
+
+def _search(tasks: list, cfg: LPXConfig, db: TuningLog, trials: int, state: dict, *, workers: int,
+            ray_address, seed: int, strategy: str, trials_per_iter: int) -> None:
+    """One MetaSchedule run over all ``tasks`` from the start (see the module docstring)."""
+    mods = [workload_module(t, cfg) for t in tasks]
+    # Candidates the log measured, for these tasks' workloads only.
+    keys = {task_key_of(m) for m in mods}
+    measured = MeasuredCandidates(r for r in db.get_all_tuning_records() if task_key_of(r.workload.mod) in keys)
+    # A new record makes an in-context choice made from the old ones stale until refined again.
+    search_db = SearchDatabase(db, on_new_record=lambda: db.withdraw_applied(cfg, mods))
     pool = make_pool(workers, ray_address)
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     try:
         with tempfile.TemporaryDirectory(prefix="lpx_tune_") as work_dir:
             files = TaskFiles(work_dir, cfg)
-            for n, group in sorted(by_budget.items()):
-                for t in group:
-                    files.add(t)
-                state["names"] = [t.name for t in group]
-                contexts = [_context(workload_module(t, cfg), design_space(t, cfg), search_strategy(strategy, n),
-                                     t.name, seed * 1009 + i + 1) for i, t in enumerate(group)]
-                ms.tune_tasks(tasks=contexts, task_weights=[float(t.weight) for t in group],
-                              work_dir=os.path.join(work_dir, "ms"), max_trials_global=n * len(group),
-                              max_trials_per_task=n, num_trials_per_iter=min(trials_per_iter, n),
-                              builder=LPXBuilder(files, pool), runner=LPXRunner(cfg, pool), database=db,
-                              cost_model=cost_model(strategy, cfg),
-                              measure_callbacks=[ms.measure_callback.AddToDatabase(),
-                                                 ms.measure_callback.UpdateCostModel(), _Progress(state)],
-                              task_scheduler="gradient" if len(group) > 1 else "round-robin")
+            for t in tasks:
+                files.add(t)
+            contexts = [_context(m, design_space(t, cfg), search_strategy(strategy, trials), t.name, seed * 1009 + i + 1)
+                        for i, (t, m) in enumerate(zip(tasks, mods))]
+            ms.tune_tasks(tasks=contexts, task_weights=[float(t.weight) for t in tasks],
+                          work_dir=os.path.join(work_dir, "ms"), max_trials_global=trials * len(tasks),
+                          max_trials_per_task=trials, num_trials_per_iter=min(trials_per_iter, trials),
+                          builder=LPXBuilder(files, pool, measured), runner=LPXRunner(cfg, pool, measured),
+                          database=search_db, cost_model=cost_model(strategy, cfg),
+                          measure_callbacks=[ms.measure_callback.AddToDatabase(),
+                                             ms.measure_callback.UpdateCostModel(), _Progress(state)],
+                          task_scheduler="gradient" if len(tasks) > 1 else "round-robin")
     finally:
         pool.shutdown()
-    best = best_records(db, cfg)
-    for r in results:
-        if r.default_cycles is None:
-            continue
-        r.trials = _existing_trials(db, workload_module(r.task, cfg))
-        if r.task.key in best:
-            r.tuned_cycles = round(best[r.task.key][1] * cfg.clock_hz)
-    return results
 
 
 def _context(mod, space, strategy, name: str, rand_state: int):

@@ -16,7 +16,7 @@ def test_tune_on_a_local_ray_cluster(tmp_path, mm_tasks):  # noqa: F811
         on_ray = tune(mm_tasks, MINI, str(tmp_path / "ray"), 4, seed=5, ray_address="auto")
     finally:
         ray.shutdown()
-    local = tune(mm_tasks, MINI, str(tmp_path / "local"), 4, seed=5)
+    tune(mm_tasks, MINI, str(tmp_path / "local"), 4, seed=5)
     assert on_ray[0].trials == 4 and on_ray[0].error is None
     # Measurement is deterministic: each record's cycles match its in-process measurement.
     got = {str(r.trace): float(r.run_secs[0]) for r in TuningLog(str(tmp_path / "ray")).get_all_tuning_records()}
