@@ -290,8 +290,9 @@ def _tune(args) -> int:
         def report(state, name):
             best, default = state["best"].get(name), state["default"].get(name)
             gain = f" ({default / best:.2f}x default)" if best and default else ""
+            served = f"; {state['served']} measured before, from the log" if state["served"] else ""
             progress.update(bar, total=state["total"], completed=state["done"],
-                            description=f"{name}: best {best:,} cycles{gain}" if best else name)
+                            description=(f"{name}: best {best:,} cycles{gain}" if best else name) + served)
 
         results = tune(tasks, cfg, args.log, args.trials, workers=args.workers, ray_address=args.ray,
                        seed=args.seed, strategy=args.strategy, model=args.model, report=report)
@@ -311,14 +312,17 @@ def _tune(args) -> int:
                                         sweeps=args.context_sweeps, model=args.model, report=ctx_report)
     table = Table(title=f"tuning {args.model} on {cfg.name}: {time.perf_counter() - start:.0f} s "
                         "(each task measured alone)")
-    for col in ("task", "count", "trials", "default cycles", "tuned cycles", "speedup"):
+    # "rejected": fast records whose outputs differed from the default schedule's (shown when any did).
+    rejected = any(r.rejected for r in results)
+    for col in ("task", "count", "trials") + (("rejected",) if rejected else ()) + ("default cycles", "tuned cycles", "speedup"):
         table.add_column(col, justify="left" if col == "task" else "right")
     for r in results:
         if r.default_cycles is None:
-            table.add_row(r.task.name, str(r.task.weight), "-", "-", "-", f"not tuned: {r.error}")
+            table.add_row(r.task.name, str(r.task.weight), *["-"] * (3 + rejected), f"not tuned: {r.error}")
             continue
         tuned = r.tuned_cycles if r.tuned_cycles is not None else r.default_cycles
-        table.add_row(r.task.name, str(r.task.weight), str(r.trials), f"{r.default_cycles:,}", f"{tuned:,}",
+        table.add_row(r.task.name, str(r.task.weight), str(r.trials), *([str(r.rejected)] if rejected else []),
+                      f"{r.default_cycles:,}", f"{tuned:,}",
                       f"{r.default_cycles / tuned:.2f}x")
     console.print(table)
     if refined is not None:

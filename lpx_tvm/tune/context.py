@@ -26,7 +26,8 @@ from ..errors import LPXError
 from ..machine.config import LPXConfig
 from ..tir_schedules import DenseWorkload, DepthwiseWorkload
 from ..tir_schedules.schedules import describe
-from .database import FAILED_SECS, TuningLog, best_records, tiling_of_record
+from .check import measured_records, record_passes
+from .database import TuningLog, best_records, tiling_of_record
 from .space import Task, workload_module
 
 
@@ -99,23 +100,20 @@ class RefineResult:
 
 
 def _candidates(db: TuningLog, task: Task, cfg: LPXConfig, top_k: int, best=None) -> list:
-    """[(record, tiling)] of the task's best ``top_k`` distinct tilings, best first (``best``:
-    the record the log applies without a choice in context, put first)."""
+    """[(record, tiling)] of the task's best ``top_k`` distinct tilings that pass their
+    functional check, best first (``best``: the record the log applies without a choice
+    in context, put first)."""
     mod = workload_module(task, cfg)
     if not db.has_workload(mod):
         return []
-    def latency(rec):
-        secs = [float(s) for s in rec.run_secs]
-        return sum(secs) / len(secs)
-
-    records = [r for r in db.get_top_k(db.commit_workload(mod), 1 << 30)
-               if r.run_secs and min(float(s) for s in r.run_secs) < FAILED_SECS]
     out, seen = [], set()
-    for rec in ([best] if best is not None else []) + sorted(records, key=latency):  # stable: ties keep the database's order
+    for rec in ([best] if best is not None else []) + measured_records(db, mod):
         t = tiling_of_record(rec)
         if t in seen:
             continue
         seen.add(t)
+        if not record_passes(db, task, cfg, rec):
+            continue
         out.append((rec, t))
         if len(out) == top_k:
             break
@@ -136,7 +134,7 @@ def refine_in_context(mod, tasks: list, cfg: LPXConfig, log_dir: str, *, top_k: 
     db = TuningLog(log_dir, writer=True)
     ctx = ModelContext(mod, cfg, tasks[0].precision if tasks else "fp16")
     order = sorted(tasks, key=task_macs, reverse=True)
-    best_isolated = best_records(db, cfg)
+    best_isolated = best_records(db, cfg, accept=db.passed)
     cands = {t.key: _candidates(db, t, cfg, top_k, best_isolated.get(t.key, (None,))[0]) for t in order}
     state = {"phase": "baseline", "task": None, "done": 0, "total": 2 + sum(len(c) for c in cands.values()),
              "best": None, "default": None, "start": start}

@@ -31,12 +31,17 @@ machine is in force; a ``{"kind": "isolated", "config_hash", "workloads": [hash,
 line (new records for those workloads) withdraws every earlier choice that names one of
 them. Tasks no choice in force names take their best isolated record, as does every task
 of a log without the file.
+
+``lpx_checked.json`` (JSON lines) holds the functional checks of records (:mod:`.check`):
+``{"workload": hash, "trace": sha256 of the trace, "error": null | what differs}``. Only
+records whose check passed are applied.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import tempfile
@@ -56,6 +61,7 @@ WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
 META = "lpx_tuning.json"
 APPLIED = "lpx_applied.json"
+CHECKS = "lpx_checked.json"
 LOCK = ".lock"
 
 FAILED_SECS = 1e9  # MetaSchedule marks a candidate that failed to build or run with 1e10 s
@@ -137,6 +143,11 @@ def _trace_key(record_json) -> str:
     return json.dumps(record_json[0], separators=(",", ":"))
 
 
+def _check_key(record) -> tuple:
+    trace = _trace_key(record.as_json())
+    return workload_key(record.workload), hashlib.sha256(trace.encode()).hexdigest()[:32]
+
+
 @derived_object
 class TuningLog(ms.database.PyDatabase):
     """A MetaSchedule database kept in memory and appended, record by record, to the
@@ -152,7 +163,8 @@ class TuningLog(ms.database.PyDatabase):
         self.seen = set()  # (workload key, trace) of every record
         self.trials = {}  # workload key -> distinct records (failed candidates included)
         self.applied = []  # the lines of APPLIED
-        self.read_to = {WORKLOADS: (0, 0), RECORDS: (0, 0), APPLIED: (0, 0)}  # (byte offset, lines) read
+        self.checks = {}  # (workload key, trace hash) -> None (passed) or what differs
+        self.read_to = {name: (0, 0) for name in (WORKLOADS, RECORDS, APPLIED, CHECKS)}  # (byte offset, lines) read
         self.appended = 0  # records this object appended
         if writer:
             with folder_lock(path):
@@ -195,6 +207,12 @@ class TuningLog(ms.database.PyDatabase):
             if not isinstance(obj, dict) or obj.get("kind") not in ("context", "isolated"):
                 raise TuningLogError(f"{path}:{lineno}: corrupt applied-schedules line")
             self.applied.append((lineno, obj))
+        path = self._file(CHECKS)
+        lines, self.read_to[CHECKS] = _read_lines(path, self.read_to[CHECKS], self.writer)
+        for lineno, obj in lines:
+            if not isinstance(obj, dict) or not {"workload", "trace", "error"} <= set(obj):
+                raise TuningLogError(f"{path}:{lineno}: corrupt check line")
+            self.checks[(obj["workload"], obj["trace"])] = obj["error"]
 
     def _workload(self, ref) -> tuple:
         """(key, Workload) a record names: a workload hash, or (older logs) a line index."""
@@ -247,6 +265,26 @@ class TuningLog(ms.database.PyDatabase):
         if not self.mem.has_workload(mod):
             return 0
         return self.trials.get(workload_key(self.mem.commit_workload(mod)), 0)
+
+    # ---- functional checks (check.py) ---------------------------------------------------
+    def check_of(self, record):
+        """``True`` (passed), what differs (a string: failed), or None (never checked)."""
+        key = _check_key(record)
+        if key not in self.checks:
+            return None
+        return True if self.checks[key] is None else self.checks[key]
+
+    def commit_check(self, record, error: "str | None") -> None:
+        """Keep the verdict of ``record``'s check (``error``: None, or what differs)."""
+        wkey, trace = key = _check_key(record)
+        with folder_lock(self.path):
+            self._sync()
+            if key not in self.checks:
+                self._append(CHECKS, {"workload": wkey, "trace": trace, "error": error})
+        self.checks[key] = error
+
+    def passed(self, record) -> bool:
+        return self.check_of(record) is True
 
     # ---- the schedules applied (in-context refinement) ---------------------------------
     def commit_applied(self, cfg: LPXConfig, choices: dict, **info) -> None:
@@ -408,12 +446,13 @@ def read_meta(path: str) -> dict:
         raise TuningLogError(f"{meta_path}: not valid JSON ({e})") from None
 
 
-def best_records(db, cfg: LPXConfig) -> dict:
+def best_records(db, cfg: LPXConfig, accept=None) -> dict:
     """{(workload, composite, batches): (best TuningRecord, latency_s)} of the records made
-    for machine ``cfg``; those made for other machines are left out."""
+    for machine ``cfg`` (and, with ``accept``, those ``accept(record)`` takes); those made
+    for other machines are left out."""
     best = {}
     for rec in db.get_all_tuning_records():
-        if not rec.run_secs:
+        if not rec.run_secs or (accept is not None and not accept(rec)):
             continue
         secs = [float(s) for s in rec.run_secs]
         if min(secs) >= FAILED_SECS:
@@ -439,8 +478,10 @@ def tiling_of_record(rec):
 def load_tuned(path: str, cfg: LPXConfig) -> dict:
     """{(workload, composite, batches): tiling} of the log at ``path`` for machine ``cfg``:
     the in-context choice where the log has one (a task it leaves at the default is
-    absent), else the best records. A log made for another machine is not applied (a
-    warning says so)."""
+    absent), else the best records. Only records whose functional check passed apply
+    (:mod:`.check`); a task whose better records are unchecked takes its best checked one
+    (a warning says so: ``lpx-tvm tune`` with the log checks them). A log made for another
+    machine is not applied (a warning says so)."""
     if not os.path.isdir(path):
         raise TuningLogError(f"{path}: no such tuning log folder")
     meta = read_meta(path)
@@ -450,16 +491,25 @@ def load_tuned(path: str, cfg: LPXConfig) -> dict:
                       "every layer uses its default schedule", TuningLogWarning, stacklevel=2)
         return {}
     db = TuningLog(path)
-    best = best_records(db, cfg)
-    if len(db) and not best:
+    every = best_records(db, cfg)
+    if len(db) and not every:
         warnings.warn(f"tuning log {path} has no records for machine {cfg.name} ({cfg.hash}): not applied",
                       TuningLogWarning, stacklevel=2)
+    best = best_records(db, cfg, accept=db.passed)
     tuned = {key: tiling_of_record(rec) for key, (rec, _) in best.items()}
+    unchecked = [key for key, (rec, _) in every.items()
+                 if db.check_of(rec) is None and (key not in best or every[key][1] < best[key][1])]
     for key, rec in db.applied_choices(cfg).items():
         if rec is None:
             tuned.pop(key, None)
-        else:
+        elif db.passed(rec):
             tuned[key] = tiling_of_record(rec)
+        elif db.check_of(rec) is None:
+            unchecked.append(key)
+    if unchecked:
+        warnings.warn(f"tuning log {path}: the best schedules of {len(set(unchecked))} task(s) were never checked "
+                      "against the default schedule and are not applied (run lpx-tvm tune with this log: it "
+                      "checks them without measuring again)", TuningLogWarning, stacklevel=2)
     return tuned
 
 

@@ -28,6 +28,7 @@ from ..errors import LPXError
 from ..machine.config import LPXConfig
 from ..pipeline import lower
 from ..target.codegen import TilingPolicy
+from .check import check_best
 from .cost_model import LPXCostModel
 from .database import SearchDatabase, TuningLog, best_records, tiling_of_record, write_meta
 from .measure import CACHED, LPXBuilder, LPXRunner, MeasuredCandidates, TaskFiles, make_pool, one_op_region, task_cycles
@@ -50,6 +51,7 @@ class TaskResult:
     tuned_cycles: "int | None" = None
     trials: int = 0
     error: "str | None" = None
+    rejected: int = 0  # fast records whose outputs differ from the default schedule's (check.py)
 
 
 @derived_object
@@ -102,8 +104,10 @@ def tune(tasks: list, cfg: LPXConfig, log_dir: str, trials: int, *, workers: int
     """Tune ``tasks`` (``trials`` measured candidates each) into the log at ``log_dir``.
 
     ``report(state, task_name)`` is called after every measured batch (the CLI's progress
-    bar). Returns a :class:`TaskResult` per task: default and best tuned cycles, and the
-    distinct candidates the log holds for it.
+    bar). The fastest records of every task are then checked against its default
+    schedule until one passes (:func:`~lpx_tvm.tune.check.check_best`). Returns a
+    :class:`TaskResult` per task: default and best checked tuned cycles, and the distinct
+    candidates the log holds for it.
     """
     if trials < 1:
         raise LPXError(f"--trials {trials}: at least one trial per task")
@@ -125,7 +129,10 @@ def tune(tasks: list, cfg: LPXConfig, log_dir: str, trials: int, *, workers: int
     if todo and any(r.trials < trials for r in results if r.default_cycles is not None):
         _search(todo, cfg, db, trials, state, workers=workers, ray_address=ray_address, seed=seed,
                 strategy=strategy, trials_per_iter=trials_per_iter)
-    best = best_records(db, cfg)
+    for r in results:
+        if r.default_cycles is not None:
+            r.rejected = check_best(db, r.task, cfg)
+    best = best_records(db, cfg, accept=db.passed)
     for r in results:
         if r.default_cycles is None:
             continue
