@@ -8,6 +8,8 @@
                   normalize the forms the patterns expect                  canonicalize_model
     partition     maximal LPX regions (BYOC patterns with real checks),
                   and the offload report                                   partition
+    ranges        refuse constants the precision would store as inf
+                  (fp16, bf16; additive masks before a softmax pass)       check_constant_ranges
     lower         each region -> one Program (scheduled TensorIR tiles and vector ops,
                   tilings from the tuning policy), with its layer names    lower_regions
     outline       region calls -> extern calls the VM makes at run time    outline
@@ -30,6 +32,7 @@ import dataclasses
 import uuid
 from collections import Counter
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -38,6 +41,7 @@ from .layer_names import region_layer_names
 from .machine.config import LPXConfig, load_config
 from .precision import Precision
 from .relax_passes import canonicalize, import_onnx, partition_for_lpx
+from .relax_passes.constant_range import check_constant_ranges
 from .relax_passes.qdq import FoldQDQ, has_qdq
 from .runtime.compiled_model import CompiledModel
 from .runtime.executable import LPXExecutable
@@ -121,11 +125,16 @@ def build_executable(cpu_mod: tvm.IRModule, regions: dict, cfg: LPXConfig, preci
 # ---- composed ------------------------------------------------------------------------
 
 def lower(mod: tvm.IRModule, cfg: LPXConfig, precision: str, policy: "TilingPolicy | None" = None) -> tuple:
-    """Canonicalize, partition, lower and outline: ``(cpu module, {name: CompiledRegion},
-    OffloadReport)``. ``policy`` gives the tilings and records the tuning tasks."""
+    """Canonicalize, partition, check constant ranges, lower and outline: ``(cpu module,
+    {name: CompiledRegion}, OffloadReport)``. ``policy`` gives the tilings and records the
+    tuning tasks."""
     mod, offload = partition(canonicalize_model(mod, precision), cfg, precision)
+    check_constant_ranges(mod, precision)
     names = region_names(mod)
-    regions = lower_regions(mod, cfg, precision, names, policy)
+    # What still overflows when constants are cast to the storage dtype is an additive
+    # mask meant as -inf (check_constant_ranges refused the rest): no numpy warning.
+    with np.errstate(over="ignore"):
+        regions = lower_regions(mod, cfg, precision, names, policy)
     return outline(mod, names), regions, offload
 
 

@@ -6,18 +6,28 @@ Made by the pipeline (:func:`lpx_tvm.pipeline.compile_model`) or loaded from an 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import LPXError
+from ..precision import Precision
 from .artifact import load_artifact, save_artifact
 from .executable import LPXExecutable
-from .report import Report, model_report
+from .report import Report, model_report, nonfinite_counts
 
 
 class InputError(LPXError):
     """Inputs that do not match the model: a missing or unknown name, a wrong shape."""
+
+
+class NonFiniteOutputWarning(UserWarning):
+    """A model output holds inf or NaN values (at fp16, most often an overflow)."""
+
+
+# What to try when a run at a narrow precision gives infinities.
+_WIDER = {Precision.FP16: Precision.BF16, Precision.BF16: Precision.FP32}
 
 
 @dataclass
@@ -43,6 +53,7 @@ class CompiledModel:
         self.executable = executable
         self.inputs = [(name, tuple(shape), dtype) for name, shape, dtype in signature.inputs]
         self.outputs = list(signature.outputs)
+        self._nonfinite = {}  # the last run's inf / NaN count per output
 
     @property
     def preset(self) -> str:
@@ -53,7 +64,10 @@ class CompiledModel:
         return self.executable.precision
 
     def run(self, inputs) -> dict:
-        """``inputs``: {name: array} (or a list in input order). Returns {output name: array}."""
+        """``inputs``: {name: array} (or a list in input order). Returns {output name: array}.
+
+        An output holding inf or NaN values is counted in the report
+        (``nonfinite_outputs``) and warned about (:class:`NonFiniteOutputWarning`)."""
         if not isinstance(inputs, dict):
             inputs = {name: a for (name, _, _), a in zip(self.inputs, inputs)}
         names = [n for n, _, _ in self.inputs]
@@ -68,13 +82,21 @@ class CompiledModel:
             if tuple(a.shape) != tuple(shape):
                 raise InputError(f"input {name!r}: expected shape {tuple(shape)}, got {tuple(a.shape)}")
             arrays.append(input_array(name, a, dtype))
-        outs = self.executable.run(arrays)
-        return dict(zip(self.outputs, outs))
+        # The simulator computes overflows as the hardware does (to inf); they are
+        # counted and reported below, not left to numpy's warnings.
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            outs = dict(zip(self.outputs, self.executable.run(arrays)))
+        self._nonfinite = nonfinite_counts(outs)
+        for name, count in self._nonfinite.items():
+            if count:
+                warnings.warn(nonfinite_message(name, count, outs[name].size, self.precision),
+                              NonFiniteOutputWarning, stacklevel=2)
+        return outs
 
     @property
     def report(self) -> Report:
         """The last run's :class:`~lpx_tvm.runtime.report.Report` (docs/report.md)."""
-        return model_report(self.executable)
+        return model_report(self.executable, self._nonfinite)
 
     def save(self, path: str) -> None:
         """Write a self-contained artifact folder (see docs/artifact.md)."""
@@ -85,6 +107,15 @@ def load(path: str) -> CompiledModel:
     """Load an artifact written by :meth:`CompiledModel.save` or ``lpx-tvm compile``."""
     executable, inputs, outputs = load_artifact(path)
     return CompiledModel(executable, ModelSignature(inputs, outputs))
+
+
+def nonfinite_message(name: str, count: int, size: int, precision: str) -> str:
+    """``output 'y': 4,096 of 4,096 values are not finite (inf/NaN): fp16 overflow? ...``"""
+    text = f"output {name!r}: {count:,} of {size:,} values are not finite (inf/NaN)"
+    wider = _WIDER.get(precision)
+    if wider is not None:
+        text += f": {precision} overflow? try --precision {wider}"
+    return text
 
 
 def input_array(name: str, a: np.ndarray, dtype) -> np.ndarray:

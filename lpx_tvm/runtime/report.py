@@ -83,6 +83,8 @@ class Report:
 
     For a program binary the compiler's fields are empty: ``precision`` None, ``offload``
     empty, ``weight_bytes`` and ``streamed_weight_bytes`` 0, ``tuning`` None.
+    ``nonfinite_outputs`` counts the inf and NaN values of each output (empty before a
+    model's first run and for a timing-only run).
     """
 
     preset: str
@@ -102,6 +104,8 @@ class Report:
     streamed_weight_bytes: int = 0
     chips_to_hold_weights: int = 1
     tuning: "dict | None" = None
+    # {output name: its inf / NaN values} of the run (fp16 overflows show up here)
+    nonfinite_outputs: dict = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> dict:
@@ -230,11 +234,21 @@ def _peak_dtype(cfg: LPXConfig, dtypes: list) -> str:
     return min(rates, key=lambda d: cfg.mxm_cycles_per_vector[d]) if rates else "int8"
 
 
+def nonfinite_counts(outputs: dict) -> dict:
+    """{name: number of inf and NaN values} of each output array (0 for integer outputs)."""
+    out = {}
+    for name, a in outputs.items():
+        a = np.asarray(a)
+        out[name] = int(a.size - np.count_nonzero(np.isfinite(a))) if a.dtype.kind in "fc" else 0
+    return out
+
+
 # ---- the two reports ---------------------------------------------------------------
 
-def model_report(exe) -> Report:
+def model_report(exe, nonfinite_outputs: "dict | None" = None) -> Report:
     """The report of an executable's last run (``exe``: an
-    :class:`~lpx_tvm.runtime.executable.LPXExecutable`)."""
+    :class:`~lpx_tvm.runtime.executable.LPXExecutable`; ``nonfinite_outputs``: that run's
+    :func:`nonfinite_counts`, by model output name)."""
     cfg, s = exe.config, exe.stats
     peak = cfg.peak_macs_per_cycle_for(exe.precision)  # int8: the int8 rate (4x fp16 on tsp)
     weight_bytes = sum(r.weight_bytes for r in exe.regions.values())
@@ -257,6 +271,7 @@ def model_report(exe) -> Report:
         # Chips whose SRAM would hold every weight resident (the multi-chip mapping's job).
         chips_to_hold_weights=max(1, math.ceil(weight_bytes / cfg.sram_bytes)),
         tuning=exe.tuning,
+        nonfinite_outputs=dict(nonfinite_outputs or {}),
     )
 
 
@@ -276,6 +291,7 @@ def program_report(result, program, sim_wall_s: float = 0.0) -> Report:
         layers=_in_order(layers), sim_wall_s=sim_wall_s,
         sram_bytes=c.sram_bytes_read + c.sram_bytes_written,
         offchip_bytes=c.offchip_bytes_read + c.offchip_bytes_written,
+        nonfinite_outputs=nonfinite_counts(result.outputs or {}),
     )
 
 
