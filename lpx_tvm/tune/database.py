@@ -148,8 +148,33 @@ def _check_key(record) -> tuple:
     return workload_key(record.workload), hashlib.sha256(trace.encode()).hexdigest()[:32]
 
 
+class _Queries(ms.database.PyDatabase):
+    """The Database queries, answered by the ``MemoryDatabase`` ``self.mem``."""
+
+    def has_workload(self, mod) -> bool:
+        return self.mem.has_workload(mod)
+
+    def get_top_k(self, workload, top_k: int):
+        return self.mem.get_top_k(workload, top_k)
+
+    def get_all_tuning_records(self):
+        return self.mem.get_all_tuning_records()
+
+    def query_tuning_record(self, mod, target, workload_name):
+        return self.mem.query_tuning_record(mod, target, workload_name)
+
+    def query_schedule(self, mod, target, workload_name):
+        return self.mem.query_schedule(mod, target, workload_name)
+
+    def query_ir_module(self, mod, target, workload_name):
+        return self.mem.query_ir_module(mod, target, workload_name)
+
+    def __len__(self) -> int:
+        return len(self.mem)
+
+
 @derived_object
-class TuningLog(ms.database.PyDatabase):
+class TuningLog(_Queries):
     """A MetaSchedule database kept in memory and appended, record by record, to the
     JSON-lines files of ``path`` (see the module docstring). ``writer``: this object
     appends (it takes the folder lock to load, and cuts off a truncated last line)."""
@@ -229,10 +254,7 @@ class TuningLog(ms.database.PyDatabase):
         offset, lines = self.read_to[name]
         self.read_to[name] = (offset + _append_line(self._file(name), obj), lines + 1)
 
-    # ---- the Database interface ---------------------------------------------------
-    def has_workload(self, mod) -> bool:
-        return self.mem.has_workload(mod)
-
+    # ---- the Database interface (writes; the queries: _Queries) --------------------
     def commit_workload(self, mod):
         if not self.mem.has_workload(mod):
             with folder_lock(self.path):
@@ -350,27 +372,9 @@ class TuningLog(ms.database.PyDatabase):
                                          f"({type(e).__name__}: {e})") from None
         return out
 
-    def get_top_k(self, workload, top_k: int):
-        return self.mem.get_top_k(workload, top_k)
-
-    def get_all_tuning_records(self):
-        return self.mem.get_all_tuning_records()
-
-    def query_tuning_record(self, mod, target, workload_name):
-        return self.mem.query_tuning_record(mod, target, workload_name)
-
-    def query_schedule(self, mod, target, workload_name):
-        return self.mem.query_schedule(mod, target, workload_name)
-
-    def query_ir_module(self, mod, target, workload_name):
-        return self.mem.query_ir_module(mod, target, workload_name)
-
-    def __len__(self) -> int:
-        return len(self.mem)
-
 
 @derived_object
-class SearchDatabase(ms.database.PyDatabase):
+class SearchDatabase(_Queries):
     """The database one tuning job's search sees: only what this job measured, so a job
     resumed after a kill makes the same decisions as one never interrupted (the search's
     start and its cost model depend on what the database holds). Every workload and
@@ -381,9 +385,6 @@ class SearchDatabase(ms.database.PyDatabase):
         super().__init__()
         self.log, self.on_new_record = log, on_new_record
         self.mem = ms.database.MemoryDatabase(module_equality="structural")
-
-    def has_workload(self, mod) -> bool:
-        return self.mem.has_workload(mod)
 
     def commit_workload(self, mod):
         self.log.commit_workload(mod)
@@ -396,24 +397,6 @@ class SearchDatabase(ms.database.PyDatabase):
             if (workload_key(wl), _trace_key(record.as_json())) not in self.log.seen:
                 self.on_new_record()
         self.log.commit_tuning_record(record)
-
-    def get_top_k(self, workload, top_k: int):
-        return self.mem.get_top_k(workload, top_k)
-
-    def get_all_tuning_records(self):
-        return self.mem.get_all_tuning_records()
-
-    def query_tuning_record(self, mod, target, workload_name):
-        return self.mem.query_tuning_record(mod, target, workload_name)
-
-    def query_schedule(self, mod, target, workload_name):
-        return self.mem.query_schedule(mod, target, workload_name)
-
-    def query_ir_module(self, mod, target, workload_name):
-        return self.mem.query_ir_module(mod, target, workload_name)
-
-    def __len__(self) -> int:
-        return len(self.mem)
 
 
 def write_meta(path: str, cfg: LPXConfig, precision: str, model: "str | None" = None) -> None:
