@@ -191,6 +191,7 @@ def _from_onnx(proto, inputs, where):
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
 
     from ..layer_names import attach
+    from .cpu_only import name_ifs
 
     shape_dict = {name: list(shape) for name, shape, _ in inputs}
     dtype_dict = {name: dtype for name, _, dtype in inputs}
@@ -212,9 +213,39 @@ def _from_onnx(proto, inputs, where):
             f"{where}: TVM's ONNX importer failed: {type(e).__name__}: {_first_line(e)}"
         ) from None
     values = importer._nodes  # ONNX value name -> Relax expression
+    _refuse_mistranslated(proto, values, where)
     results = [(node.name or node.output[0], values[out]) for node in proto.graph.node
                for out in node.output if out in values]
-    return attach(mod, results)
+    ifs = {values[node.output[0]]: node.name or node.output[0] for node in proto.graph.node
+           if node.op_type == "If" and node.output and node.output[0] in values}
+    return name_ifs(attach(mod, results), ifs)
+
+
+def _refuse_mistranslated(proto, values, where):
+    """Nodes TVM's importer accepts and translates into something else, a silent wrong
+    answer or a failure at run time for a valid model:
+
+    - an Expand whose target shape is known only at run time: it broadcasts to that
+      shape as given, where ONNX keeps the input's dimension wherever the target's is 1
+      (a (1, 16) input expanded to (5, 1) is (5, 16)), and checks nothing;
+    - a Unique without ``axis`` of an input of rank 2 or more whose inverse_indices are
+      read: they come out in the input's shape, not flattened, and the run fails.
+    """
+    from ._binding_rewrite import static_shape
+
+    for node in proto.graph.node:
+        name = node.name or node.output[0]
+        if node.op_type == "Expand" and node.output[0] in values and static_shape(values[node.output[0]]) is None:
+            raise ModelError(
+                f"{where}: Expand {name!r} takes its shape {node.input[1]!r} at run time, which TVM's ONNX "
+                "importer does not broadcast as ONNX does (a target dimension of 1 keeps the input's): give the "
+                "shape as a constant, or compute it from static shapes")
+        if node.op_type == "Unique" and len(node.output) > 2 and node.output[2] and node.input[0] in values:
+            rank = getattr(values[node.input[0]].ty, "ndim", -1)
+            if rank != 1 and not any(a.name == "axis" for a in node.attribute):
+                raise ModelError(
+                    f"{where}: Unique {name!r} without axis of a {rank}-D input: TVM's ONNX importer does not "
+                    "flatten its inverse_indices as ONNX does; flatten the input first (Reshape to 1-D)")
 
 
 def _opset(proto):
