@@ -1,7 +1,9 @@
 """lpx_tvm: a TVM-based compiler, cycle-exact simulator and runtime for the LPX processor.
 
 Importing the package registers the ``"lpx"`` target tag and Relax pipeline, so
-``tvm.compile(mod, target="lpx", relax_pipeline="lpx")`` works after ``import lpx_tvm``.
+``tvm.compile(mod, target="lpx", relax_pipeline="lpx")`` works after ``import lpx_tvm``
+(registered when TVM is imported: the package itself imports neither TVM nor torch,
+:mod:`lpx_tvm.tvm_hooks`).
 PyTorch models come in through :func:`from_torch` and ``torch.compile(m, backend="lpx")``
 (see docs/pytorch.md); torch is optional and imported only when they are used.
 
@@ -11,14 +13,16 @@ only loads and runs an artifact (:func:`load`) never imports it.
 
 import importlib
 
-from . import tvm_hooks  # noqa: F401 (registers the target tag and the Relax pipeline)
+from . import tvm_hooks
 from .errors import LPXError
-from .machine.config import LPXConfig, load_config
 
 __version__ = "0.1.0"
 
+tvm_hooks.register_when_tvm_is_imported()
+
 # Top-level names -> the module that defines them, imported on first use.
 _LAZY = {
+    "LPXConfig": "machine.config", "load_config": "machine.config",
     "build": "api", "compile_model": "api", "load": "runtime.compiled_model",
     "from_torch": "frontends.torch", "import_torch": "frontends.torch",
     "dynamo_backend": "frontends.dynamo", "DynamoBackend": "frontends.dynamo",

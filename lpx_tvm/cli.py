@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 from . import __version__
 from .errors import LPXError
@@ -361,6 +362,13 @@ def _kernel(args) -> int:
     need = 3 if args.name == "gemm" else 2
     if len(args.shape) != need:
         raise ProgramError(f"{args.name} takes {need} sizes, got {len(args.shape)}")
+    if args.name == "gemm":
+        from .machine.config import load_config
+        from .machine.schema import compiler_problem
+
+        problem = compiler_problem(load_config(args.preset))
+        if problem:
+            raise ProgramError(problem)
     if args.name == "layernorm":
         cols = args.shape[1]
         prog = kernels.layernorm(args.preset, *args.shape, np.ones(cols), np.zeros(cols), args.dtype)
@@ -528,22 +536,69 @@ def _one_line(e: BaseException) -> str:
 
 def main(argv=None) -> int:
     """Run the ``lpx-tvm`` command line; return the exit code (0; 2 for a problem with the
-    input; 3 for an internal error; 130 when interrupted)."""
+    input; 3 for an internal error; 130 when interrupted).
+
+    Warnings raised while a command runs are held back: after a success each is one
+    ``lpx-tvm: warning:`` line at the end; after a failure only the error line is
+    printed, and ``--debug`` shows the warnings (and TVM's log lines) below it.
+    """
     args = build_parser().parse_args(argv)
-    try:
-        return args.handler(args)
-    except (LPXError, OSError) as e:
-        print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
-        return EXIT_INPUT
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except Exception as e:  # anything else is a bug of ours: say so in one line
-        if args.debug:
-            raise
-        print(f"{PROG}: internal error (a bug in lpx_tvm): {type(e).__name__}: {_one_line(e)}; "
-              f"run again with --debug for the traceback", file=sys.stderr)
-        return EXIT_INTERNAL
+    failure = []  # the exception, held until _release_failure
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            status = args.handler(args)
+        except (LPXError, OSError) as e:
+            status, error = EXIT_INPUT, f"{PROG}: error: {_one_line(e)}"
+            failure.append(e)
+        except KeyboardInterrupt as e:
+            status, error = EXIT_INTERRUPTED, f"{PROG}: interrupted"
+            failure.append(e)
+        except Exception as e:  # anything else is a bug of ours: say so in one line
+            if args.debug:
+                _print_warnings(caught)
+                raise
+            failure.append(e)
+            status = EXIT_INTERNAL
+            error = (f"{PROG}: internal error (a bug in lpx_tvm): {type(e).__name__}: {_one_line(e)}; "
+                     f"run again with --debug for the traceback")
+    if not failure:
+        _print_warnings(caught)
+        return status
+    # What the failure's traceback holds (TVM's builders among it) is freed here, where
+    # TVM's C++ log lines about it cannot come before or after the error line.
+    late = _release_failure(failure)
+    print(error, file=sys.stderr)
+    if args.debug:
+        _print_warnings(caught)
+        sys.stderr.write(late)
+    return status
+
+
+def _release_failure(held: list) -> str:
+    """Drop the exception in ``held`` and collect what its traceback's frames kept alive;
+    returns what TVM wrote to fd 2 meanwhile ("" when TVM was never imported)."""
+    import gc
+
+    if "tvm" not in sys.modules:
+        held.clear()
+        return ""
+    from .relax_passes.tvm_output import captured_fd2
+
+    with captured_fd2() as captured:
+        held.clear()
+        gc.collect()
+    return captured[0]
+
+
+def _print_warnings(caught) -> None:
+    seen = set()
+    for w in caught:
+        line = f"{PROG}: warning: {_one_line(w.message)}"
+        if w.category is not UserWarning:
+            line += f" ({w.category.__name__})"
+        if line not in seen:
+            seen.add(line)
+            print(line, file=sys.stderr)
 
 
 if __name__ == "__main__":

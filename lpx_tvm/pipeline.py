@@ -36,9 +36,10 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .errors import LPXError
+from .errors import ConfigError, LPXError
 from .layer_names import region_layer_names
 from .machine.config import LPXConfig, load_config
+from .machine.schema import compiler_problem
 from .precision import Precision
 from .relax_passes import canonicalize, import_onnx, partition_for_lpx
 from .relax_passes.constant_range import check_constant_ranges
@@ -74,7 +75,11 @@ def canonicalize_model(mod: tvm.IRModule, precision: str) -> tvm.IRModule:
 
 
 def partition(mod: tvm.IRModule, cfg: LPXConfig, precision: str) -> tuple:
-    """``(module with LPX regions as Codegen="lpx" functions, OffloadReport)``."""
+    """``(module with LPX regions as Codegen="lpx" functions, OffloadReport)``; a machine
+    the compiler cannot target is refused here, before any region is made."""
+    problem = compiler_problem(cfg)
+    if problem:
+        raise ConfigError(problem)
     return partition_for_lpx(mod, cfg, precision)
 
 

@@ -269,6 +269,23 @@ def _some_sxm(m):
         return "needs at least one SXM"
 
 
+# ---- what the compiler needs beyond the machine model ---------------------------------
+
+# The ISA and the simulator take any weight matrix up to `lanes` x `lanes`; the compiler
+# and the GEMM kernel tile K and N by whole stream vectors.
+COMPILER_RULE = "`mxm.rows` and `mxm.cols` equal to `lanes`"
+
+
+def compiler_problem(cfg) -> "str | None":
+    """Why the compiler cannot target machine ``cfg`` (an ``LPXConfig``), or None."""
+    keys = [f"mxm.{k}={v}" for k, v in (("rows", cfg.mxm_rows), ("cols", cfg.mxm_cols)) if v != cfg.lanes]
+    if not keys:
+        return None
+    return (f"machine {cfg.name}: {' and '.join(keys)} with lanes={cfg.lanes}: the compiler and the GEMM "
+            "kernel tile the MXM by whole stream vectors and need mxm.rows = mxm.cols = lanes (programs for "
+            "this machine can still be assembled and simulated: lpx-tvm asm, lpx-tvm run)")
+
+
 # ---- validation with one line per problem ---------------------------------------------
 
 

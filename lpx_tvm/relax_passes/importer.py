@@ -7,6 +7,8 @@ one-line :class:`ModelError` that names the file, the input or the ONNX op at fa
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -191,11 +193,17 @@ def _from_onnx(proto, inputs, where):
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
 
     from ..layer_names import attach
+    from .cpu_only import name_ifs
+
+    from .tvm_output import captured_fd2
 
     shape_dict = {name: list(shape) for name, shape, _ in inputs}
     dtype_dict = {name: dtype for name, _, dtype in inputs}
+    importer, failure = None, None
     try:
-        with warnings.catch_warnings():
+        # TVM's importer prints the inputs of the node it fails on to stdout (our error
+        # names the node), and warns about what it does not use.
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             # tvm.relax.frontend.onnx.from_onnx, keeping the importer: its table of ONNX
             # values gives each node's result, so the report can name layers by node.
@@ -204,17 +212,67 @@ def _from_onnx(proto, inputs, where):
     except tvm.error.OpNotImplemented as e:
         ops = str(e).split(":", 1)[-1].splitlines()[0].strip()
         ops = ", ".join(sorted(op.strip() for op in ops.split(",") if op.strip()))
-        raise ModelError(
-            f"{where}: ONNX op(s) not supported by TVM's ONNX importer: {ops}"
-        ) from None
+        failure = f"ONNX op(s) not supported by TVM's ONNX importer: {ops}"
     except Exception as e:
-        raise ModelError(
-            f"{where}: TVM's ONNX importer failed: {type(e).__name__}: {_first_line(e)}"
-        ) from None
+        failure = _import_failure(proto, importer, e)
+    if failure is not None:
+        with captured_fd2():
+            # Its block builder, left inside the function it was building, warns on fd 2
+            # as it is freed ("destroyed with remaining blocks"): after the error, noise.
+            importer = None
+        raise ModelError(f"{where}: {failure}")
     values = importer._nodes  # ONNX value name -> Relax expression
+    _refuse_mistranslated(proto, values, where)
     results = [(node.name or node.output[0], values[out]) for node in proto.graph.node
                for out in node.output if out in values]
-    return attach(mod, results)
+    ifs = {values[node.output[0]]: node.name or node.output[0] for node in proto.graph.node
+           if node.op_type == "If" and node.output and node.output[0] in values}
+    return name_ifs(attach(mod, results), ifs)
+
+
+def _import_failure(proto, importer, exc) -> str:
+    """The error of a failed import, naming the node it failed on (the first whose
+    result the importer has not made)."""
+    import tvm
+
+    cause = f"{type(exc).__name__}: {_first_line(exc)}"
+    made = importer._nodes if importer is not None else {}
+    node = next((n for n in proto.graph.node if any(out and out not in made for out in n.output)), None)
+    if node is None:
+        return f"TVM's ONNX importer failed: {cause}"
+    name = f"{node.op_type} {node.name or node.output[0]!r}"
+    shape = made.get(node.input[1]) if node.op_type == "Reshape" and len(node.input) > 1 else None
+    if shape is not None and not isinstance(shape, (tvm.ir.GenericConst, tvm.relax.ShapeExpr)):
+        return (f"{name} takes its shape {node.input[1]!r} at run time: LPX compiles static shapes; give the "
+                f"shape as a constant (TVM's ONNX importer: {cause})")
+    return f"TVM's ONNX importer failed on {name}: {cause}"
+
+
+def _refuse_mistranslated(proto, values, where):
+    """Nodes TVM's importer accepts and translates into something else, a silent wrong
+    answer or a failure at run time for a valid model:
+
+    - an Expand whose target shape is known only at run time: it broadcasts to that
+      shape as given, where ONNX keeps the input's dimension wherever the target's is 1
+      (a (1, 16) input expanded to (5, 1) is (5, 16)), and checks nothing;
+    - a Unique without ``axis`` of an input of rank 2 or more whose inverse_indices are
+      read: they come out in the input's shape, not flattened, and the run fails.
+    """
+    from ._binding_rewrite import static_shape
+
+    for node in proto.graph.node:
+        name = node.name or node.output[0]
+        if node.op_type == "Expand" and node.output[0] in values and static_shape(values[node.output[0]]) is None:
+            raise ModelError(
+                f"{where}: Expand {name!r} takes its shape {node.input[1]!r} at run time, which TVM's ONNX "
+                "importer does not broadcast as ONNX does (a target dimension of 1 keeps the input's): give the "
+                "shape as a constant, or compute it from static shapes")
+        if node.op_type == "Unique" and len(node.output) > 2 and node.output[2] and node.input[0] in values:
+            rank = getattr(values[node.input[0]].ty, "ndim", -1)
+            if rank != 1 and not any(a.name == "axis" for a in node.attribute):
+                raise ModelError(
+                    f"{where}: Unique {name!r} without axis of a {rank}-D input: TVM's ONNX importer does not "
+                    "flatten its inverse_indices as ONNX does; flatten the input first (Reshape to 1-D)")
 
 
 def _opset(proto):

@@ -17,6 +17,7 @@ from tvm import relax
 from tvm.relax.backend.pattern_registry import get_patterns_with_prefix
 
 from ..runtime.report import Offload
+from . import cpu_only
 from .patterns import PATTERN_PREFIX, check_settings  # importing registers the patterns
 
 __all__ = ["CpuOp", "OffloadReport", "offload_report", "partition_for_lpx"]
@@ -122,7 +123,7 @@ def partition_for_lpx(mod: tvm.IRModule, config=None, precision: str = "fp16"):
                     bind_constants=True,
                     annotate_codegen=False,
                 ),
-                relax.transform.MergeCompositeFunctions(),
+                _merge_regions,
             ]
         )
         partitioned = seq(mod)
@@ -130,6 +131,14 @@ def partition_for_lpx(mod: tvm.IRModule, config=None, precision: str = "fp16"):
     report.config = settings.config.name
     report.precision = settings.precision
     return partitioned, report
+
+
+@tvm.ir.transform.module_pass(opt_level=0, name="lpx.MergeRegions")
+def _merge_regions(mod, ctx):
+    """``MergeCompositeFunctions``, with the bindings it cannot visit (Ifs, match_casts,
+    packed calls: :mod:`.cpu_only`) hidden from it and left on the CPU."""
+    mod, hidden = cpu_only.hide(mod)
+    return cpu_only.restore(relax.transform.MergeCompositeFunctions()(mod), hidden)
 
 
 def offload_report(mod: tvm.IRModule, log=None) -> OffloadReport:
@@ -155,10 +164,12 @@ def offload_report(mod: tvm.IRModule, log=None) -> OffloadReport:
         if _attr(func, "Codegen") or _attr(func, "Composite"):
             continue
         # A host function: its op calls run on the CPU, its calls of LPX regions do not.
+        # (An If's function says why its ops do: cpu_only.)
+        whole = _attr(func, cpu_only.CPU_REASON_ATTR)
         for var, call in _call_bindings(func.body):
             if _is_op_call(call):
                 op = _op_name(call)
-                reason = (log.reason_for(var) if log is not None else None) or _no_pattern(op, call)
+                reason = whole or (log.reason_for(var) if log is not None else None) or _no_pattern(op, call)
                 cpu[op] += 1
                 cpu_ops.append(CpuOp(op, var.name, reason))
                 if reason not in reasons.setdefault(op, []):
@@ -249,4 +260,6 @@ def _no_pattern(op, call):
         # (int64 token ids, wrapped for negative values).
         return ("no LPX pattern for take: an embedding lookup moves one table row per token and does no "
                 "arithmetic; its int64 indices come from the CPU, so it does not pay to send them to LPX")
+    if not cpu_only.static_type(call.ty):
+        return f"no LPX pattern for {op}: its result's shape depends on run-time values, and LPX schedules are static"
     return f"no LPX pattern for {op}"

@@ -234,7 +234,14 @@ def _binary_rule(a, settings):
         return found
     problem = binary_operands_problem(op_name(op), expr_shape(lhs), expr_shape(rhs), is_const(lhs),
                                       is_const(rhs), expr_shape(op))
-    return (op, problem) if problem else None
+    return (op, problem) if problem else _scalar_problem(op)
+
+
+def _scalar_problem(op):
+    """An elementwise op of single numbers (a Range's bounds, a size computed at run
+    time): nothing for the lanes to share, and a region's inputs and outputs are tensors
+    of at least one dimension."""
+    return None if expr_shape(op) else (op, f"{op_name(op)} of 0-d values (0-d values stay on the CPU)")
 
 
 def _unary_rule(a, settings):
@@ -243,8 +250,8 @@ def _unary_rule(a, settings):
     if found:
         return found
     if op.op.name == "relax.clip":
-        return _clip_problem(op)
-    return None
+        return _clip_problem(op) or _scalar_problem(op)
+    return _scalar_problem(op)
 
 
 def _pool2d_rule(a, settings):
