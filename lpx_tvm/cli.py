@@ -362,13 +362,6 @@ def _kernel(args) -> int:
     need = 3 if args.name == "gemm" else 2
     if len(args.shape) != need:
         raise ProgramError(f"{args.name} takes {need} sizes, got {len(args.shape)}")
-    if args.name == "gemm":
-        from .machine.config import load_config
-        from .machine.schema import compiler_problem
-
-        problem = compiler_problem(load_config(args.preset))
-        if problem:
-            raise ProgramError(problem)
     if args.name == "layernorm":
         cols = args.shape[1]
         prog = kernels.layernorm(args.preset, *args.shape, np.ones(cols), np.zeros(cols), args.dtype)

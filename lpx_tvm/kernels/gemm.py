@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import SchedulingError
+from ..errors import ConfigError
 from ..target.builder import ProgramBuilder
 from ..machine.isa import DType
+from ..machine.schema import compiler_problem
 from .args import check_sizes, kernel_dtype
 
 _ACC = {DType.INT8: DType.INT32, DType.UINT8: DType.INT32, DType.FP16: DType.FP32,
@@ -41,9 +42,10 @@ def gemm(config, M: int, K: int, N: int, dtype="fp16", *, bias=None, relu: bool 
     dt = kernel_dtype(name, dtype, tuple(_ACC))
     acc_dt = _ACC[dt]
     out_dt = DType.parse(out_dtype) if out_dtype else acc_dt
-    lanes, R, C = cfg.lanes, cfg.mxm_rows, cfg.mxm_cols
-    if R != lanes:
-        raise SchedulingError("the GEMM kernel assumes MXM rows == lanes (one A vector per K tile)")
+    R, C = cfg.mxm_rows, cfg.mxm_cols
+    problem = compiler_problem(cfg)  # one A vector per K tile, one weight tile per lane tile
+    if problem:
+        raise ConfigError(problem)
     A = b.input("A", (M, K), dt)
     B = b.input("B", (K, N), dt) if weights is None else b.constant("B", weights, dt)
     bias_t = None if bias is None else b.constant("bias", np.asarray(bias).reshape(1, N), acc_dt)

@@ -76,3 +76,10 @@ def test_the_gemm_kernel_command_refuses_it_in_one_line(tmp_path, capsys):
 
 def test_every_preset_is_a_machine_the_compiler_takes():
     assert [compiler_problem(load_config(name)) for name in PRESETS] == [None] * len(PRESETS)
+
+
+def test_the_gemm_kernel_refuses_it_through_the_api_too(tmp_path):
+    from lpx_tvm.kernels import gemm
+
+    with pytest.raises(ConfigError, match="machine mini_r16_c8: mxm.cols=8 with lanes=16"):
+        gemm(load_config(_machine(tmp_path, 16, 8)), 16, 16, 16, "fp32")
