@@ -87,15 +87,48 @@ def test_corrupt_npz(tmp_path, capsys):
     assert "junk.npz" in _one_error_line(capsys)
 
 
-def test_demo_on_a_small_onnx_file(tmp_path, capsys):
+def _softmax_model(tmp_path):
+    """A MatMul and a Softmax of random weights, as an .onnx file."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32), "w")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Softmax", ["m"], ["y"])],
                               "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])], initializer=[w])
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_demo_on_a_small_onnx_file(tmp_path, capsys):
+    path = _softmax_model(tmp_path)
     assert main(["demo", "--model", str(path), "--preset", "mini", "--precision", "fp32"]) == 0
-    assert "relative L2 error vs onnxruntime" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "output y: relative L2 error vs onnxruntime" in out
+    assert "logits m (the softmax input): relative L2 error vs onnxruntime" in out
+
+
+@pytest.mark.parametrize("wrong", ["swapped classes", "one logit off by 1%"])
+def test_the_demo_refuses_a_wrong_answer(wrong, tmp_path, capsys, monkeypatch):
+    # The simulated outputs perturbed after the run: the demo's comparison must say so
+    # (exit 2, one line), also where the softmax output alone would hide it.
+    from lpx_tvm.runtime.compiled_model import CompiledModel
+
+    run = CompiledModel.run
+
+    def perturbed(self, inputs):
+        out = run(self, inputs)
+        m = out["m"].copy()
+        if wrong == "swapped classes":  # the same probabilities, for the wrong classes
+            m[:, [0, 1]] = m[:, [1, 0]]
+            out["y"] = out["y"][:, [1, 0, 2, 3]]
+        else:  # one of the 12 logits 1% off (the softmax output left right)
+            m[0, 0] *= 1.01
+        out["m"] = m
+        return out
+
+    monkeypatch.setattr(CompiledModel, "run", perturbed)
+    path = _softmax_model(tmp_path)
+    assert main(["demo", "--model", str(path), "--preset", "mini", "--precision", "fp32"]) == 2
+    assert "differ from onnxruntime beyond tolerance" in _one_error_line(capsys)
