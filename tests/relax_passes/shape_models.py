@@ -148,8 +148,28 @@ def range_of_size(opset):
     return _model(nodes, inits, "range_of_size", ["B", "S"], ["B", "S"], opset), (2, 7)
 
 
+def same_pad(opset):
+    """TensorFlow's "same" padding of a stride-2 3x3 convolution computed from the input's
+    size, as TF exporters and timm's Conv2dSame write it: total = (ceil(H / 2) - 1) * 2 + 3 - H,
+    split begin = total // 2, end = total - begin (TVM's importer: "cannot handle ShapeExpr
+    inputs" at the Pad)."""
+    weight = np.random.default_rng(4).standard_normal((4, 4, 3, 3)).astype(np.float32) * 0.3
+    inits = [_const("st2", np.array([2])), _const("st4", np.array([4])), _const("one", np.array([1])),
+             _const("two", np.array([2])), _const("three", np.array([3])), _const("nc0", np.array([0, 0])),
+             _const("w", weight)]
+    nodes = [N("Shape", ["x"], ["s"], name="shape"), N("Slice", ["s", "st2", "st4"], ["hw"], name="hw"),
+             N("Add", ["hw", "one"], ["hw1"], name="hw_plus_1"), N("Div", ["hw1", "two"], ["out"], name="out_size"),
+             N("Sub", ["out", "one"], ["o1"], name="o1"), N("Mul", ["o1", "two"], ["o2"], name="o2"),
+             N("Add", ["o2", "three"], ["o3"], name="o3"), N("Sub", ["o3", "hw"], ["total"], name="total"),
+             N("Div", ["total", "two"], ["begin"], name="begin"), N("Sub", ["total", "begin"], ["end"], name="end"),
+             N("Concat", ["nc0", "begin", "nc0", "end"], ["pads"], axis=0, name="pads"),
+             N("Pad", ["x", "pads"], ["p"], name="pad_same"),
+             N("Conv", ["p", "w"], ["y"], strides=[2, 2], name="conv")]
+    return _model(nodes, inits, "same_pad", ["N", 4, "H", "W"], ["N", 4, "H2", "W2"], opset), (1, 4, 9, 8)
+
+
 BUILDERS = [reshape_chain, expand_range, resize_sizes, reduceprod_flatten, scaled_resize, tiled_class_token,
-            range_of_size]
+            range_of_size, same_pad]
 OPSETS = (11, 13, 17, 20)
 
 
