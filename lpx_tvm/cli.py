@@ -72,8 +72,13 @@ def _asm(args) -> int:
 # ---- run --------------------------------------------------------------------------
 
 def _run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="an .onnx model, an artifact folder (lpx-tvm compile) or a program binary (.lpx)")
+    p.add_argument("model", help="an .onnx model, a model bundled with onnx (light_resnet50, ...), an artifact "
+                                 "folder (lpx-tvm compile) or a program binary (.lpx)")
     p.add_argument("--inputs", help="npz file whose keys are the model's input names")
+    p.add_argument("--fill-mode", choices=FILL_MODES,
+                   help="fill the inputs --inputs does not give (all of them without --inputs): random (seeded "
+                        "standard normal values; integers 0 to 9), zeros or ones")
+    _input_shapes_arg(p)
     p.add_argument("--outputs", help="npz file to write the outputs to, keyed by output name")
     p.add_argument("--report", help="JSON report to write (cycles, latency, utilization, offload, layers)")
     p.add_argument("--trace", help="Chrome/Perfetto trace JSON to write (program binaries)")
@@ -86,12 +91,12 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 
 # The flags of `run` that each kind of model takes (the others are refused, never ignored).
 _RUN_FLAGS = {
-    "onnx": ("preset", "precision", "tuning_log"),
-    "artifact": (),  # built for one machine and precision, its schedules fixed
+    "onnx": ("preset", "precision", "tuning_log", "input_shapes"),
+    "artifact": (),  # built for one machine, precision and input shapes, its schedules fixed
     "program": ("preset", "timing_only", "trace"),
 }
 _FLAG_NAMES = {"preset": "--preset", "precision": "--precision", "tuning_log": "--tuning-log",
-               "timing_only": "--timing-only", "trace": "--trace"}
+               "timing_only": "--timing-only", "trace": "--trace", "input_shapes": "--input-shapes"}
 
 
 def _refuse_flags(args, kind: str, what: str):
@@ -101,7 +106,7 @@ def _refuse_flags(args, kind: str, what: str):
     if given:
         why = {"artifact": "an artifact runs as it was compiled (compile it again to change them)",
                "onnx": "a whole-model trace and timing-only runs are for program binaries (.lpx) for now",
-               "program": "a program binary is already compiled"}[kind]
+               "program": "a program binary is already compiled, for its input shapes"}[kind]
         raise LPXError(f"{what}: {', '.join(_FLAG_NAMES[f] for f in given)} cannot be used here: {why}")
 
 
@@ -139,13 +144,10 @@ def _run(args) -> int:
     if args.model.endswith(".lpx"):
         _refuse_flags(args, "program", args.model)
         return _run_program(args)
-    from .errors import LPXError
-
-    if not os.path.exists(args.model):
-        raise LPXError(f"{args.model}: no such file or artifact")
-    _refuse_flags(args, "artifact" if os.path.isdir(args.model) else "onnx", args.model)
+    path = _bundled_model(args.model)
+    _refuse_flags(args, "artifact" if os.path.isdir(path) else "onnx", args.model)
     model = _load_model(args)
-    inputs = _load_npz(args.inputs) if args.inputs else {}
+    inputs = _run_inputs(args, model.inputs)
     outputs = model.run(inputs)
     if args.outputs:
         import numpy as np
@@ -159,14 +161,86 @@ def _run(args) -> int:
 
 
 def _load_model(args):
+    """The model ``run`` runs: an artifact folder loaded, or an ONNX file (or a bundled
+    model's name) compiled."""
     import os
 
     from . import compile_model, load
 
-    if os.path.isdir(args.model):
-        return load(args.model)
-    return compile_model(args.model, preset=args.preset or "tsp", precision=args.precision or Precision.FP16,
-                         tuning_log=args.tuning_log)
+    path = _bundled_model(args.model)
+    if os.path.isdir(path):
+        return load(path)
+    return compile_model(path, preset=args.preset or "tsp", precision=args.precision or Precision.FP16,
+                         input_shapes=_parse_input_shapes(args.input_shapes), tuning_log=args.tuning_log)
+
+
+def _run_inputs(args, specs) -> dict:
+    """The inputs of a run: the ``--inputs`` npz, and ``--fill-mode`` values for the
+    inputs ``specs`` ``[(name, shape, dtype)]`` it does not give."""
+    inputs = _load_npz(args.inputs) if args.inputs else {}
+    if args.fill_mode:
+        inputs.update(fill_inputs([spec for spec in specs if spec[0] not in inputs], args.fill_mode))
+    return inputs
+
+
+FILL_MODES = ("random", "zeros", "ones")
+
+
+def fill_inputs(specs, mode: str, seed: int = 0) -> dict:
+    """Input arrays for ``specs`` ``[(name, shape, dtype)]``: ``random`` gives seeded
+    standard normal values (integers 0 to 9, small enough for any index input; booleans
+    at random), ``zeros`` and ``ones`` constant arrays."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for name, shape, dtype in specs:
+        dtype = np.dtype(dtype)
+        shape = tuple(int(d) for d in shape)
+        if mode == "zeros":
+            arrays[name] = np.zeros(shape, dtype)
+        elif mode == "ones":
+            arrays[name] = np.ones(shape, dtype)
+        elif dtype.kind == "b":
+            arrays[name] = rng.integers(0, 2, shape).astype(dtype)
+        elif dtype.kind in "iu":
+            arrays[name] = rng.integers(0, 10, shape).astype(dtype)
+        else:
+            arrays[name] = rng.standard_normal(shape).astype(dtype)
+    return arrays
+
+
+def _input_shapes_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input-shapes", metavar="NAME:DIMS[,NAME:DIMS...]",
+                   help="ONNX models: static shapes for inputs with dynamic dimensions, e.g. "
+                        "input:1x3x224x224,mask:1x128 (an input name may hold ':'; the last one separates)")
+
+
+def _parse_input_shapes(text):
+    """``name:1x3x224x224[,name2:...]`` -> {name: (1, 3, 224, 224), ...}; None for None."""
+    if text is None:
+        return None
+    import re
+
+    from .errors import LPXError
+
+    def bad(why):
+        return LPXError(f"--input-shapes {text!r}: {why}; expected NAME:DIMS[,NAME:DIMS...], "
+                        "e.g. input:1x3x224x224")
+
+    shapes = {}
+    for item in text.split(","):
+        name, sep, dims = item.strip().rpartition(":")
+        if not sep or not name:
+            raise bad(f"{item.strip()!r} has no input name before ':'" if sep else
+                      f"{item.strip()!r} is not NAME:DIMS")
+        sizes = dims.strip().lower().split("x")
+        if not all(re.fullmatch(r"\s*[0-9]+\s*", d) and int(d) > 0 for d in sizes):
+            raise bad(f"the shape {dims.strip()!r} of {name!r} is not positive integers joined by 'x'")
+        if name in shapes:
+            raise bad(f"{name!r} is given twice")
+        shapes[name] = tuple(int(d) for d in sizes)
+    return shapes
 
 
 def _run_program(args) -> int:
@@ -180,7 +254,7 @@ def _run_program(args) -> int:
 
     prog = load_program(args.model)
     cfg = _program_preset(prog, args.preset)
-    inputs = _load_npz(args.inputs) if args.inputs else {}
+    inputs = _run_inputs(args, [(b.name, b.layout.shape, b.layout.dtype.np) for b in prog.inputs])
     t = time.perf_counter()
     result = Simulator(cfg).run(prog, inputs, timing_only=args.timing_only, trace=bool(args.trace))
     report = program_report(result, prog, time.perf_counter() - t)
@@ -197,17 +271,20 @@ def _run_program(args) -> int:
 # ---- compile ----------------------------------------------------------------------
 
 def _compile_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="an .onnx model")
+    p.add_argument("model", help="an .onnx model or a model bundled with onnx (light_resnet50, ...)")
     p.add_argument("-o", "--output", required=True, help="artifact folder to write")
     p.add_argument("--preset", default="tsp", help="tsp, mini, lp30 or a JSON machine file")
     p.add_argument("--precision", default="fp16", choices=Precision.names())
     p.add_argument("--tuning-log", help="tuning log folder (lpx-tvm tune) whose schedules to use")
+    _input_shapes_arg(p)
 
 
 def _compile(args) -> int:
     from . import compile_model
 
-    model = compile_model(args.model, preset=args.preset, precision=args.precision, tuning_log=args.tuning_log)
+    shapes = _parse_input_shapes(args.input_shapes)
+    model = compile_model(_bundled_model(args.model), preset=args.preset, precision=args.precision,
+                          input_shapes=shapes, tuning_log=args.tuning_log)
     model.save(args.output)
     n = len(model.executable.regions)
     print(f"{args.output}: {n} LPX region{'s' if n != 1 else ''} for {model.preset} ({args.precision})")

@@ -3,6 +3,10 @@
 LPX schedules are static, so every input dimension must be known at compile time:
 a symbolic dimension has to be pinned with ``input_shapes``. Each failure ends in a
 one-line :class:`ModelError` that names the file, the input or the ONNX op at fault.
+
+A graph that reads its inputs' shapes (exporters' shape subgraphs for dynamic
+dimensions) is first frozen to the static input shapes and its shape arithmetic folded
+to constants (:mod:`.freeze_shapes`); other graphs go to TVM's importer as they are.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -71,9 +76,40 @@ def import_onnx(model, input_shapes=None) -> ImportedModel:
     where, proto = _load(model)
     _refuse_training_nodes(proto, where)
     inputs = _static_inputs(proto, input_shapes or {}, where)
-    mod = _from_onnx(proto, inputs, where)
+    proto, fold_failure = _fold_shape_subgraphs(proto, inputs)
+    proto = _drop_empty_resize_scales(proto)
+    mod = _from_onnx(proto, inputs, where, fold_failure)
     outputs = [out.name for out in proto.graph.output]
     return ImportedModel(mod=mod, inputs=inputs, outputs=outputs, opset=_opset(proto))
+
+
+def _fold_shape_subgraphs(proto, inputs):
+    """(the graph to import, why folding failed or None). Only a graph with shape
+    subgraphs is folded: the others import as they are, unchanged."""
+    from .freeze_shapes import fold_shapes, has_shape_subgraph
+
+    if not has_shape_subgraph(proto):
+        return proto, None
+    try:
+        return fold_shapes(proto, {name: shape for name, shape, _ in inputs}), None
+    except Exception as e:  # onnxruntime's errors have no common type; TVM may still import it
+        return proto, re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", _first_line(e))
+
+
+def _drop_empty_resize_scales(proto):
+    """Resize before opset 13 takes ``scales`` even when it gives ``sizes``, as an empty
+    tensor (torch's F.interpolate(size=...)); TVM's importer refuses both inputs. The
+    empty input becomes an omitted one, which means the same (on a copy)."""
+    empty = {init.name for init in proto.graph.initializer if list(init.dims) == [0]}
+    nodes = [i for i, node in enumerate(proto.graph.node) if node.op_type == "Resize" and len(node.input) > 3
+             and node.input[3] and node.input[2] in empty]
+    if not nodes:
+        return proto
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    for i in nodes:
+        copy.graph.node[i].input[2] = ""
+    return copy
 
 
 def _refuse_training_nodes(proto, where):
@@ -188,7 +224,7 @@ def _given_shape(name, shape, declared, where):
     return shape
 
 
-def _from_onnx(proto, inputs, where):
+def _from_onnx(proto, inputs, where, fold_failure=None):
     import tvm
     from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
 
@@ -215,6 +251,8 @@ def _from_onnx(proto, inputs, where):
         failure = f"ONNX op(s) not supported by TVM's ONNX importer: {ops}"
     except Exception as e:
         failure = _import_failure(proto, importer, e)
+    if failure is not None and fold_failure is not None:
+        failure += f" (folding its shape computations with onnxruntime failed: {fold_failure})"
     if failure is not None:
         with captured_fd2():
             # Its block builder, left inside the function it was building, warns on fd 2
