@@ -415,7 +415,7 @@ class ProgramBuilder:
         dt = DType.parse(dtype)
         shape = tuple(int(s) for s in shape)
         key = None
-        if data is not None and role is None and slices is None:
+        if data is not None and role is None and slices is None and tile_avoid is None:
             # Identical constants (a bias or fill row asked for again) share one image.
             # (keyed by a digest: the cache must not hold a second copy of every weight)
             raw = np.ascontiguousarray(data, dt.np).reshape(-1).view(np.uint8)

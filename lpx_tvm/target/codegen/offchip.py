@@ -53,7 +53,6 @@ def spill_param(ctx: LoweringContext, name: str, shape: tuple) -> Spilled:
 
 def lower_by_bands(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """Lower one op whose operands and result live off chip, band by band."""
-    kind = op.main.op
     if op.composite == "lpx.reshape":
         x = ctx.values[op.main.args[0].name]
         if not reshape_keeps_storage(x.shape, op.shape):
