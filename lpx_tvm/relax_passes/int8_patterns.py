@@ -31,6 +31,7 @@ from ..precision import Precision
 from ..target.codegen.rules import (
     activation_row_problem,
     grouped_conv_problem,
+    int8_working_set_problem,
     spatial_mean_problem,
 )
 from .check_context import current_settings
@@ -136,6 +137,23 @@ def _dequantize_rule(a, settings):
     return (a["root"], problem) if problem else None
 
 
+def _fits_rule(*keys):
+    """The activations at ``keys`` (the op's inputs and its result) fit the SRAM together
+    (:func:`~lpx_tvm.target.codegen.rules.int8_working_set_problem`)."""
+    def rule(a, settings):
+        values = []
+        for k in keys:
+            expr = a[k]
+            shape = None if is_const(expr) else static_shape(expr.ty)
+            if shape is not None:
+                values.append((shape, 1 if expr.ty.dtype in INT_DTYPES else 4))
+        weight = a.get("weight")
+        weight_bytes = weight.value.numpy().nbytes if weight is not None and is_const(weight) else 0
+        problem = int8_working_set_problem(values, settings.config, weight_bytes)
+        return (a["root"], problem) if problem else None
+    return rule
+
+
 # ---- patterns ---------------------------------------------------------------------
 
 
@@ -193,17 +211,23 @@ def int8_pattern_table() -> list:
         return int8_check
 
     table = [
-        ("lpx.quantize", *_unary("relax.quantize"), [_quantize_rule, _scales_rule("root")]),
-        ("lpx.dequantize", *_unary("relax.dequantize"), [_dequantize_rule, _scales_rule("root")]),
-        ("lpx.qmax_pool2d", *_unary("relax.nn.max_pool2d"), [_int_rule("input", "root"), _qpool_rule]),
+        ("lpx.quantize", *_unary("relax.quantize"), [_quantize_rule, _scales_rule("root"),
+                                                     _fits_rule("input", "root")]),
+        ("lpx.dequantize", *_unary("relax.dequantize"), [_dequantize_rule, _scales_rule("root"),
+                                                         _fits_rule("input", "root")]),
+        ("lpx.qmax_pool2d", *_unary("relax.nn.max_pool2d"), [_int_rule("input", "root"), _qpool_rule,
+                                                             _fits_rule("input", "root")]),
         ("lpx.qadd", *_qadd_pattern(), [_int_rule("lhs", "rhs", "quantize"), _qadd_rule,
-                                        _scales_rule("dq_lhs", "dq_rhs", "quantize")]),
+                                        _scales_rule("dq_lhs", "dq_rhs", "quantize"),
+                                        _fits_rule("lhs", "rhs", "quantize")]),
         ("lpx.qglobal_avg_pool2d", *_qgap_pattern(False), [_int_rule("input", "quantize"), _qgap_rule,
-                                                          _scales_rule("dq", "quantize")]),
+                                                          _scales_rule("dq", "quantize"),
+                                                          _fits_rule("input", "quantize")]),
         ("lpx.qglobal_avg_pool2d_reshape", *_qgap_pattern(True), [_int_rule("input", "quantize"), _qgap_rule,
-                                                         _scales_rule("dq", "quantize")]),
-        ("lpx.qconv2d", *_qmxm_pattern("relax.nn.conv2d"), [_qmxm_rule]),
-        ("lpx.qdense", *_qmxm_pattern("relax.matmul"), [_qmxm_rule]),
+                                                                  _scales_rule("dq", "quantize"),
+                                                                  _fits_rule("input", "quantize")]),
+        ("lpx.qconv2d", *_qmxm_pattern("relax.nn.conv2d"), [_qmxm_rule, _fits_rule("input", "quantize")]),
+        ("lpx.qdense", *_qmxm_pattern("relax.matmul"), [_qmxm_rule, _fits_rule("input", "quantize")]),
     ]
     return [(name, pat, ann, only_int8(name, rules)) for name, pat, ann, rules in table]
 

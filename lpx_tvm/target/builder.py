@@ -404,17 +404,18 @@ class ProgramBuilder:
                 self._sram.free(sl, addr, n * lay.row_stride)
 
     def tensor(self, name: str, shape, dtype, *, role: "str | None" = None, data=None, slices=None,
-               avoid=(), row_align: int = 1, spread: int = 1) -> SramTensor:
+               avoid=(), tile_avoid=None, row_align: int = 1, spread: int = 1) -> SramTensor:
         """Allocate a tensor in SRAM, one column tile of ``lanes`` columns per allocation.
 
         ``avoid``: slices to keep clear of, e.g. those of a tensor this one is read beside
-        in one group (a slice has one read port). A tile larger than a slice is cut into
+        in one group (a slice has one read port); ``tile_avoid`` instead gives the slices
+        each column tile keeps clear of (tile j: ``tile_avoid[j]``). A tile larger than a slice is cut into
         chunks of a multiple of ``row_align`` rows (e.g. whole image rows); ``spread`` asks
         for that many chunks even when a slice would hold the tile."""
         dt = DType.parse(dtype)
         shape = tuple(int(s) for s in shape)
         key = None
-        if data is not None and role is None and slices is None:
+        if data is not None and role is None and slices is None and tile_avoid is None:
             # Identical constants (a bias or fill row asked for again) share one image.
             # (keyed by a digest: the cache must not hold a second copy of every weight)
             raw = np.ascontiguousarray(data, dt.np).reshape(-1).view(np.uint8)
@@ -436,7 +437,8 @@ class ProgramBuilder:
             if rows > fit and chunk_rows == 0:
                 raise SramFull(f"tensor {name}: a row group of {row_align} vectors does not fit one slice")
             try:
-                tiles = self._alloc_chunks(rows, ntiles, w, chunk_rows, slices, avoid, constant=data is not None)
+                tiles = self._alloc_chunks(rows, ntiles, w, chunk_rows, slices, avoid, constant=data is not None,
+                                           tile_avoid=tile_avoid)
                 break
             except SchedulingError as e:
                 # No hole holds a whole chunk: try chunks half as long (whole row groups).
@@ -458,12 +460,14 @@ class ProgramBuilder:
             self._const_cache[key] = out
         return out
 
-    def _alloc_chunks(self, rows, ntiles, w, chunk_rows, slices, avoid, constant=False) -> list:
+    def _alloc_chunks(self, rows, ntiles, w, chunk_rows, slices, avoid, constant=False, tile_avoid=None) -> list:
         per = chunk_rows or rows
         nchunks = -(-rows // per)
         tiles = []
         try:
             for j in range(ntiles):
+                if tile_avoid is not None:
+                    avoid = tile_avoid[j]
                 for q in range(nchunks):
                     n = min(rows, (q + 1) * per) - q * per
                     want = None if slices is None else slices[(j * nchunks + q) % len(slices)]

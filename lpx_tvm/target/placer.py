@@ -135,6 +135,20 @@ class Placer:
                         f"group {g.tag!r}: {n.op} on unit {n.units[0]} overlaps another instruction of the "
                         "same group on the same port; read from another slice or split the group")
                 return None, best - n.offset
+        try:
+            streams, bump = self._streams(g, values, dirs, units, t)
+        except SchedulingError:
+            # Values free to go either way took the streams a value bound to one direction
+            # needs: give the bound values theirs first.
+            bound = [v for v in values if dirs[id(v)]] + [v for v in values if not dirs[id(v)]]
+            streams, bump = self._streams(g, bound, dirs, units, t)
+        if streams is None:
+            return None, bump
+        return (units, streams), None
+
+    def _streams(self, g: Group, values, dirs, units, t: int):
+        """A stream for each value, taken in the order of ``values``, or (None, next cycle
+        worth trying)."""
         streams = {}
         local_s = defaultdict(list)
         for v in values:
@@ -157,7 +171,7 @@ class Placer:
                 if best is None:
                     raise SchedulingError(f"group {g.tag!r} needs more simultaneous streams than the machine has")
                 return None, t + best
-        return (units, streams), None
+        return streams, None
 
     def _dinterval(self, v: Value, units, t: int, direction: str):
         p = v.node

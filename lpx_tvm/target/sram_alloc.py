@@ -56,6 +56,10 @@ class SramAllocator:
             if best_key is None or key < best_key:
                 best, best_key = (s, start), key
         if best is None:
+            if slice is None and any(length >= lines for s in avoid for _, length in self._free[s]):
+                raise SramFull(f"SRAM full: {lines} free lines in one piece only on slices to keep clear of "
+                               f"({sorted(set(avoid))}; {sum(self.used)} of "
+                               f"{len(self._free) * self.lines} lines in use)")
             where = f"slice {slice}" if slice is not None else "any slice"
             raise SramFull(f"SRAM full: {where} has no {lines} free lines in one piece "
                                   f"({sum(self.used)} of {len(self._free) * self.lines} lines in use)")

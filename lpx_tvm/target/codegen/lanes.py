@@ -31,6 +31,16 @@ def lane_pass(ctx: LoweringContext, tag: str, src, dst, before: int, width: int,
     g.write(v, dst)
 
 
+def tiles_moved_into(moves, lanes: int, ntiles: int) -> list:
+    """For each of the ``ntiles`` column tiles of a :func:`move_lanes` result, the column
+    tiles of the source it receives lanes from (a group reads them beside it)."""
+    out = [set() for _ in range(ntiles)]
+    for _, _, _, xc, yc, w in moves:
+        for c in range(w):
+            out[(yc + c) // lanes].add((xc + c) // lanes)
+    return out
+
+
 def move_lanes(ctx: LoweringContext, tag: str, x: Stored, y: Stored, moves):
     """``y[yr:yr+n, yc:yc+w] = x[xr:xr+n, xc:xc+w]`` for each (xr, yr, n, xc, yc, w) of
     ``moves``, which together cover every element of ``y``: per piece within one column

@@ -23,6 +23,8 @@ from .rules import activation_row_problem, reshape_keeps_storage
 from .storage import Stored, row_align, stored_shape
 
 WINDOW_OPS = ("nn.conv2d", "nn.max_pool2d", "nn.avg_pool2d")
+# Ops whose result rows take lanes of other rows of their input (no row bands).
+LANE_MOVES = ("lpx.split_heads", "lpx.merge_heads")
 
 
 @dataclass
@@ -51,8 +53,7 @@ def spill_param(ctx: LoweringContext, name: str, shape: tuple) -> Spilled:
 
 def lower_by_bands(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """Lower one op whose operands and result live off chip, band by band."""
-    kind = op.main.op
-    if kind == "reshape":
+    if op.composite == "lpx.reshape":
         x = ctx.values[op.main.args[0].name]
         if not reshape_keeps_storage(x.shape, op.shape):
             raise UnsupportedOnLPX(f"reshape {x.shape} -> {op.shape} moves data between lanes")
@@ -155,7 +156,8 @@ def _bands(ctx: LoweringContext, op: RegionOp, tensors: list):
         return
     rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
     rows_of = lambda a: math.prod(a.shape[:-1]) if len(a.shape) > 1 else 1  # noqa: E731
-    if op.main.op == "permute_dims" or (op.main.op == "matmul" and not op.main.args[1].is_const):
+    if op.main.op == "permute_dims" or op.composite in LANE_MOVES or \
+            (op.main.op == "matmul" and not op.main.args[1].is_const):
         # Rows of the result do not map to rows of every input: one band holds it all.
         cost = (sum(rows_of(a) * tiles(a.shape[-1]) for a in tensors) + 1.5 * rows * tiles(shape[-1])) * size
         if cost > budget:

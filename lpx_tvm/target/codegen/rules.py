@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .options import SMALLEST_BAND_SHARE
+from .options import SMALLEST_BAND_SHARE, CodegenOptions
 
 
 def _ints(shape) -> tuple:
@@ -72,6 +72,29 @@ def activation_row_problem(shape: tuple, itemsize: int, cfg, precision: str) -> 
         return (f"one row of activation {_ints(shape)} needs {nbytes} bytes at {precision}, more than "
                 f"1/{round(1 / SMALLEST_BAND_SHARE)} of the {cfg.name} SRAM ({cfg.sram_bytes} bytes), "
                 "the least a band must leave")
+    return None
+
+
+def stored_bytes(shape: tuple, itemsize: int, lanes: int) -> int:
+    """SRAM bytes of an activation stored as its matrix, columns padded to whole lane tiles."""
+    rows, cols = _matrix(shape)
+    return rows * -(-cols // lanes) * lanes * itemsize
+
+
+def int8_working_set_problem(values, cfg, weight_bytes: int = 0) -> "str | None":
+    """Why one int8 op, reading and writing the activations ``values`` ([(shape,
+    itemsize)]) with ``weight_bytes`` of constant weights, cannot be lowered, or None.
+
+    An int8 region keeps every value in SRAM (there is no band lowering for int8), so
+    what one op reads and writes must fit beside each other in the SRAM its resident
+    weights leave (weights past their share stream from off-chip memory).
+    """
+    need = sum(stored_bytes(shape, itemsize, cfg.lanes) for shape, itemsize in values)
+    room = cfg.sram_bytes - min(weight_bytes, int(CodegenOptions().weight_budget * cfg.sram_bytes))
+    if need > room:
+        shapes = ", ".join(str(_ints(shape)) for shape, _ in values)
+        return (f"its activations {shapes} need {need} bytes of SRAM together, more than the {room} bytes "
+                f"the {cfg.name} SRAM has beside its weights; int8 ops keep their values on chip (no bands)")
     return None
 
 

@@ -3,6 +3,7 @@ read side by side on different slices (a slice has one read port)."""
 
 from __future__ import annotations
 
+from ...errors import SramFull
 from ..builder import OffchipTensor
 from .context import LoweringContext
 from .passes import rowwise
@@ -10,13 +11,42 @@ from .storage import Stored, row_align, slices_of, stored_shape
 
 
 def new_value(ctx: LoweringContext, name: str, shape: tuple, is_output: bool = False, avoid=(),
-              dtype=None) -> Stored:
+              dtype=None, beside=None) -> Stored:
     """A new value of logical ``shape`` (an output binding when ``is_output``), clear of
-    the slices of the values in ``avoid``."""
-    role = "output" if is_output else None
-    t = ctx.builder.tensor(name, stored_shape(shape), dtype or ctx.dtype, role=role, avoid=slices_of(avoid),
-                           row_align=row_align(shape), spread=ctx.spread_of(shape))
+    the slices of the values in ``avoid`` — or, when those cover every slice with room
+    (a value of many column tiles spreads over all of them), each column tile clear of
+    the slices of the tiles of ``avoid`` read beside it (:func:`beside_slices`; ``beside``
+    names those tiles when the default rule does not know them)."""
+    kw = dict(role="output" if is_output else None, row_align=row_align(shape), spread=ctx.spread_of(shape))
+    stored, dt = stored_shape(shape), dtype or ctx.dtype
+    try:
+        t = ctx.builder.tensor(name, stored, dt, avoid=slices_of(avoid), **kw)
+    except SramFull:
+        if not avoid:
+            raise
+        ntiles = -(-stored[-1] // ctx.cfg.lanes)
+        t = ctx.builder.tensor(name, stored, dt, tile_avoid=beside_slices(avoid, ntiles, beside), **kw)
     return Stored(t, shape)
+
+
+def beside_slices(values, ntiles: int, beside=None) -> list:
+    """For each of ``ntiles`` column tiles of a new value, the slices of ``values`` a group
+    reads beside that tile: the tiles ``beside[i][j]`` of value i when given, else tile j
+    of a value with as many tiles, the single tile of a one-tile value (a per-row
+    statistic read with every tile), else all of the value."""
+    out = [set() for _ in range(ntiles)]
+    for i, v in enumerate(values):
+        per_tile = tile_slices(v)
+        for j in range(ntiles):
+            if beside is not None and beside[i] is not None:
+                out[j] |= set().union(*(per_tile[t] for t in beside[i][j]))
+            elif len(per_tile) == ntiles:
+                out[j] |= per_tile[j]
+            elif len(per_tile) == 1:
+                out[j] |= per_tile[0]
+            else:
+                out[j] |= set(slices_of([v]))
+    return out
 
 
 def copy_value(ctx: LoweringContext, x: Stored, name: str, is_output: bool = False, avoid=(),

@@ -8,11 +8,11 @@ import numpy as np
 
 from ..context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
-from ..lanes import lane_map, move_lanes
+from ..lanes import lane_map, move_lanes, tiles_moved_into
 from ..passes import write_rows
 from ..registry import register_lowering
 from ..rules import concat_axis_problem, reshape_keeps_storage
-from ..storage import Stored, chunk_of, one, runs
+from ..storage import Stored, chunk_of, one, runs, stored_shape
 from ..values import copy_value, new_value, whole_groups
 
 
@@ -101,7 +101,10 @@ def lower_concat(ctx: LoweringContext, op: RegionOp, is_output: bool):
     if problem:
         raise UnsupportedOnLPX(problem)
     lanes = ctx.cfg.lanes
-    y = new_value(ctx, op.out, op.shape, is_output, avoid=parts)
+    widths = [x.shape[1] if rank == 4 else x.shape[-1] for x in parts]
+    beside = [_moved_into(ctx, [(0, 0, 0, 0, sum(widths[:i]), w)], stored_shape(op.shape))
+              for i, w in enumerate(widths)]
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=parts, beside=beside)
     rows = y.tensor.layout.rows
     written = set()
     offset = 0
@@ -144,8 +147,9 @@ def lower_slice(ctx: LoweringContext, op: RegionOp, is_output: bool):
     width = x.shape[-1]
     begin, end = (b + width if b < 0 else b for b in (begin, end))
     end = min(end, width)
-    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
-    move_lanes(ctx, f"{op.out}.slice", x, y, [(0, 0, x.tensor.layout.rows, begin, 0, end - begin)])
+    moves = [(0, 0, x.tensor.layout.rows, begin, 0, end - begin)]
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x], beside=[_moved_into(ctx, moves, op.shape)])
+    move_lanes(ctx, f"{op.out}.slice", x, y, moves)
     ctx.values[op.out] = y
 
 
@@ -154,8 +158,9 @@ def lower_split_heads(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """(s, h*d) -> (h, s, d): head i is lanes i*d .. of every row, moved to rows i*s .."""
     x = ctx.value(op.main.args[0])
     h, s, d = op.shape
-    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
-    move_lanes(ctx, f"{op.out}.split_heads", x, y, [(0, i * s, s, i * d, 0, d) for i in range(h)])
+    moves = [(0, i * s, s, i * d, 0, d) for i in range(h)]
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x], beside=[_moved_into(ctx, moves, op.shape)])
+    move_lanes(ctx, f"{op.out}.split_heads", x, y, moves)
     ctx.values[op.out] = y
 
 
@@ -164,6 +169,12 @@ def lower_merge_heads(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """(h, s, d) -> (s, h*d): the inverse of :func:`lower_split_heads`."""
     x = ctx.value(op.main.args[0])
     h, s, d = x.shape
-    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
-    move_lanes(ctx, f"{op.out}.merge_heads", x, y, [(i * s, 0, s, 0, i * d, d) for i in range(h)])
+    moves = [(i * s, 0, s, 0, i * d, d) for i in range(h)]
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x], beside=[_moved_into(ctx, moves, op.shape)])
+    move_lanes(ctx, f"{op.out}.merge_heads", x, y, moves)
     ctx.values[op.out] = y
+
+
+def _moved_into(ctx: LoweringContext, moves, shape) -> list:
+    """Per column tile of a lane-move result of logical ``shape``, the source tiles moved into it."""
+    return tiles_moved_into(moves, ctx.cfg.lanes, -(-shape[-1] // ctx.cfg.lanes))

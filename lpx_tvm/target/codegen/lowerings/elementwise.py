@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ....errors import SramFull
 from ..context import LoweringContext
 from ..epilogue import apply_epilogue, epilogue_steps
 from ..graph import RegionOp, UnsupportedOnLPX
@@ -48,14 +49,14 @@ def lower_binary(ctx: LoweringContext, op: RegionOp, is_output: bool):
         imm = float(cv.reshape(-1)[0])
         rowwise(ctx, tag, [x], y, lambda g, vs: apply_epilogue(g, g.vxm(vop, vs[0], imm=imm), clips, 0, 0))
     elif kind == "channel":
-        row = ctx.temp(ctx.builder.constant(f"{op.out}.operand", cv.reshape(1, -1), ctx.dtype,
-                                            avoid=slices_of([x, y])))
+        row_for = _channel_rows(ctx, f"{op.out}.operand", cv.reshape(1, -1), x, y)
         rows = x.tensor.layout.rows
         tensors = [x.tensor, y.tensor]
         for j in range(x.tensor.ntiles):
             for r0, r1 in runs(rows, lambda r: tuple(chunk_of(t, r) for t in tensors)):
                 g = ctx.builder.group(tag)
-                v = g.vxm(vop, g.read(one(x.tensor.segments(j, r0, r1))), g.read(row.tile(j).repeat(r1 - r0)))
+                v = g.vxm(vop, g.read(one(x.tensor.segments(j, r0, r1))),
+                          g.read(row_for(j, chunk_of(x.tensor, r0)).tile(j).repeat(r1 - r0)))
                 finish(g, apply_epilogue(g, v, clips, j, r1 - r0), one(y.tensor.segments(j, r0, r1)))
     else:  # the value's own shape
         arr = cv.transpose(0, 2, 3, 1) if x.nhwc else cv
@@ -64,6 +65,28 @@ def lower_binary(ctx: LoweringContext, op: RegionOp, is_output: bool):
                       cv.shape)
         rowwise(ctx, tag, [x, full], y, lambda g, vs: apply_epilogue(g, g.vxm(vop, vs[0], vs[1]), clips, 0, 0))
     ctx.values[op.out] = y
+
+
+def _channel_rows(ctx: LoweringContext, name: str, row, x: Stored, y: Stored):
+    """The constant ``row`` (one value per channel) read beside ``x``: ``(tile, chunk of
+    x) -> SRAM tensor`` of it. One copy clear of the slices of ``x`` and ``y`` when there
+    is one; else (``x``'s chunks cover every slice) two copies on different slices, and
+    each chunk of ``x`` reads the one not on its own slice."""
+    b = ctx.builder
+    try:
+        one_copy = ctx.temp(b.constant(name, row, ctx.dtype, avoid=slices_of([x, y])))
+        return lambda j, q: one_copy
+    except SramFull:
+        pass
+    first = ctx.temp(b.constant(name, row, ctx.dtype))
+    second = ctx.temp(b.constant(f"{name}.2", row, ctx.dtype,
+                                 tile_avoid=[{sl} for sl, _ in first.layout.tiles]))
+    lay = x.tensor.layout
+
+    def copy_for(j: int, q: int):
+        return second if lay.chunk(j, q)[0][0] == first.layout.tiles[j][0] else first
+
+    return copy_for
 
 
 @register_lowering("nn.relu", "sigmoid", "tanh", "erf", "nn.gelu", "nn.gelu_tanh", "nn.silu", "clip")

@@ -102,11 +102,19 @@ def lower_qadd(ctx: LoweringContext, op: RegionOp, is_output: bool):
     other = apart(ctx, other, x, op.out)
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x], dtype=out_dt)
 
-    def body(g, vs):
-        s = g.vxm("vxm.add", _dequantized(g, vs[0], sa, za), _dequantized(g, vs[1], sb, zb))
-        return _quantized(g, s, sy, zy, out_dt)
+    def dequantized_sum(g, vs):
+        return g.vxm("vxm.add", _dequantized(g, vs[0], sa, za), _dequantized(g, vs[1], sb, zb))
 
-    rowwise(ctx, f"{op.out}.qadd", [x, other], y, body)
+    # Every VXM op of one group holds an ALU for as long as the rows stream through it:
+    # a chain longer than the machine has ALUs runs as two groups, through an fp32 sum.
+    chain = (3 + bool(za)) + (2 + bool(zb)) + (3 + bool(zy))
+    if chain <= ctx.cfg.vxm_alus:
+        rowwise(ctx, f"{op.out}.qadd", [x, other], y,
+                lambda g, vs: _quantized(g, dequantized_sum(g, vs), sy, zy, out_dt))
+    else:
+        total = ctx.temp(new_value(ctx, f"{op.out}.sum", op.shape, avoid=[x, other], dtype=DType.FP32))
+        rowwise(ctx, f"{op.out}.qadd", [x, other], total, dequantized_sum)
+        rowwise(ctx, f"{op.out}.qadd_requant", [total], y, lambda g, vs: _quantized(g, vs[0], sy, zy, out_dt))
     ctx.values[op.out] = y
 
 
