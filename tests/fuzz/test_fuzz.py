@@ -25,26 +25,12 @@ SAMPLE = (
     + [("tsp", family, i) for family in onnx_graphs.FAMILIES for i in range(5)]
 )
 
-_SRAM_PIECE = "SRAM full: any slice has no 4 free lines in one piece"
-_SRAM_TOP = "SRAM full: no slice has 4 free lines at its top for constants"
-
-# (preset, family, index) -> the outcome's first line today. All are compiler failures on
-# small valid models shown as user errors (exit 2).
-KNOWN_FAILURES = {
-    # attention blocks 48 or 64 wide (4 heads), FFN 128 to 256: under 30% of the SRAM in use
-    ("mini", "transformer", 0): f"user-error: tensor lv1 (19, 256) fp32: {_SRAM_PIECE} (9472 of 32768 lines in use)",
-    ("mini", "transformer", 1): f"user-error: tensor lv1 (23, 128) fp32: {_SRAM_PIECE} (4864 of 32768 lines in use)",
-    # Where with a runtime condition over a 4-D value
-    ("mini", "elementwise", 12): "user-error: group 'gv.where' needs more simultaneous streams than the machine has",
-    # a per-channel (or last-axis) constant operand of Add / Sub / Mul, e.g. a standalone BatchNorm
-    ("mini", "elementwise", 20): f"user-error: tensor gv.operand (1, 3) fp32: {_SRAM_TOP} (1560 of 32768 lines in use)",
-    ("mini", "cnn", 38): f"user-error: tensor lv_1.operand (1, 4) fp32: {_SRAM_TOP} (2792 of 32768 lines in use)",
-    # Where with a runtime condition over a 2-D value
-    ("mini", "elementwise", 46): f"user-error: tensor lv.apart (23, 62) fp32: {_SRAM_PIECE} (1104 of 32768 lines in use)",
-    # a full-tensor constant of a batch-2 value in a region that runs image by image
-    ("mini", "elementwise", 124): "user-error: constant of shape (2, 9, 9, 11) broadcast against (1, 9, 9, 11): "
-                                  "only scalars, one value per channel or a full tensor are supported",
-}
+# (preset, family, index) -> the outcome's first line today, for graphs that fail because
+# of a compiler bug not fixed yet. Empty: the five kinds the bench found on mini (SRAM
+# full with most of it free, a Where needing more streams than the machine has, a
+# broadcast offloaded then refused) are fixed, and their reproducers above (elementwise
+# 12, 20, 46, 124; cnn 38; transformer 0 and 1) are regression tests now.
+KNOWN_FAILURES = {}
 
 
 class KnownFailure(Exception):
