@@ -49,23 +49,43 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
 
 
+# The default program of the task checked last, its inputs, outputs and simulator:
+# consecutive checks are of one task (check_best's records, the refinement's candidates).
+_last_default = {}
+
+
+def _default_run(task: Task, cfg: LPXConfig, seed: int) -> tuple:
+    """(default program, seeded inputs, its outputs, a Simulator of ``cfg``) for ``task``."""
+    from ..sim import Simulator
+
+    # By the task object: tasks of one workload hold other weights in other models. The
+    # entry keeps the task alive, so its id is not reused while it is there.
+    key = (id(task), cfg.hash, seed)
+    if key not in _last_default:
+        _last_default.clear()
+        default = compile_task(task, cfg)
+        inputs = random_inputs(default, seed)
+        sim = Simulator(cfg)
+        # A copy: a Simulator reuses its memory from run to run.
+        want = {name: np.array(out, copy=True) for name, out in sim.run(default, inputs).outputs.items()}
+        _last_default[key] = (task, default, inputs, want, sim)
+    return _last_default[key][1:]
+
+
 def check_tiling(task: Task, cfg: LPXConfig, tiling, seed: int = 0) -> "str | None":
     """None if ``tiling`` computes what the default tiling computes for ``task`` on seeded
     random inputs, else what differs (an output and its error, or the compile error)."""
     from ..errors import LPXError
-    from ..sim import Simulator
 
-    default = compile_task(task, cfg)
+    default, inputs, want, sim = _default_run(task, cfg, seed)
     try:
         tuned = compile_task(task, cfg, tiling)
     except LPXError as e:
         return f"does not compile: {e}"
     if [(b.name, b.layout.shape) for b in tuned.inputs] != [(b.name, b.layout.shape) for b in default.inputs]:
         return "takes other inputs than the default program"
-    inputs = random_inputs(default, seed)
-    want = Simulator(cfg).run(default, inputs).outputs
     try:
-        got = Simulator(cfg).run(tuned, inputs).outputs
+        got = sim.run(tuned, inputs).outputs
     except LPXError as e:
         return f"does not run: {e}"
     tolerance = TOLERANCE[Precision(task.precision)]
@@ -95,6 +115,7 @@ def check_best(db, task: Task, cfg: LPXConfig, limit: int = 8) -> int:
     """Check ``task``'s records fastest first until one passes, so the record a build
     applies is known to be right (at most ``limit`` checks run: a compiler that lowers one
     tiling wrongly usually lowers its neighbours wrongly too). The number that failed."""
+    from .database import measured_records
     from .space import workload_module
 
     mod = workload_module(task, cfg)
@@ -116,17 +137,4 @@ def check_best(db, task: Task, cfg: LPXConfig, limit: int = 8) -> int:
     return failed
 
 
-def measured_records(db, mod) -> list:
-    """The records of workload ``mod`` that ran, fastest first (ties in the log's order)."""
-    from .database import FAILED_SECS
-
-    def latency(rec):
-        secs = [float(s) for s in rec.run_secs]
-        return sum(secs) / len(secs)
-
-    records = [r for r in db.get_top_k(db.commit_workload(mod), 1 << 30)
-               if r.run_secs and min(float(s) for s in r.run_secs) < FAILED_SECS]
-    return sorted(records, key=latency)
-
-
-__all__ = ["TOLERANCE", "check_best", "check_tiling", "measured_records", "random_inputs", "record_passes", "relative_error"]
+__all__ = ["TOLERANCE", "check_best", "check_tiling", "random_inputs", "record_passes", "relative_error"]

@@ -26,8 +26,8 @@ from ..errors import LPXError
 from ..machine.config import LPXConfig
 from ..tir_schedules import DenseWorkload, DepthwiseWorkload
 from ..tir_schedules.schedules import describe
-from .check import measured_records, record_passes
-from .database import TuningLog, best_records, tiling_of_record
+from .check import record_passes
+from .database import TuningLog, best_records, measured_records, tiling_of_record
 from .space import Task, workload_module
 
 

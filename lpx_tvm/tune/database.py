@@ -266,6 +266,13 @@ class TuningLog(_Queries):
                     self.by_line.append(wl)
         return self.mem.commit_workload(mod)
 
+    def holds(self, record) -> bool:
+        """Whether the log has a record of ``record``'s workload and trace."""
+        if not self.mem.has_workload(record.workload.mod):
+            return False
+        wl = self.mem.commit_workload(record.workload.mod)
+        return (workload_key(wl), _trace_key(record.as_json())) in self.seen
+
     def commit_tuning_record(self, record) -> bool:
         """Append ``record`` unless the log has one of its workload and trace; True if appended."""
         wl = self.commit_workload(record.workload.mod)
@@ -392,10 +399,8 @@ class SearchDatabase(_Queries):
 
     def commit_tuning_record(self, record) -> None:
         self.mem.commit_tuning_record(record)
-        if self.on_new_record is not None and not self.log.appended:
-            wl = self.log.commit_workload(record.workload.mod)
-            if (workload_key(wl), _trace_key(record.as_json())) not in self.log.seen:
-                self.on_new_record()
+        if self.on_new_record is not None and not self.log.appended and not self.log.holds(record):
+            self.on_new_record()
         self.log.commit_tuning_record(record)
 
 
@@ -429,25 +434,36 @@ def read_meta(path: str) -> dict:
         raise TuningLogError(f"{meta_path}: not valid JSON ({e})") from None
 
 
+def latency(record) -> "float | None":
+    """A record's mean measured seconds, or None for a candidate that failed to build or run."""
+    secs = [float(s) for s in record.run_secs] if record.run_secs else []
+    if not secs or min(secs) >= FAILED_SECS:
+        return None
+    return sum(secs) / len(secs)
+
+
 def best_records(db, cfg: LPXConfig, accept=None) -> dict:
     """{(workload, composite, batches): (best TuningRecord, latency_s)} of the records made
     for machine ``cfg`` (and, with ``accept``, those ``accept(record)`` takes); those made
     for other machines are left out."""
     best = {}
     for rec in db.get_all_tuning_records():
-        if not rec.run_secs or (accept is not None and not accept(rec)):
-            continue
-        secs = [float(s) for s in rec.run_secs]
-        if min(secs) >= FAILED_SECS:
+        lat = latency(rec)
+        if lat is None or (accept is not None and not accept(rec)):
             continue
         w, composite, batches, config_hash = task_key_of(rec.workload.mod)
         if config_hash != cfg.hash:
             continue
         key = (w, composite, batches)
-        lat = sum(secs) / len(secs)
         if key not in best or lat < best[key][1]:
             best[key] = (rec, lat)
     return best
+
+
+def measured_records(db, mod) -> list:
+    """The records of workload ``mod`` that ran, fastest first (ties in the log's order)."""
+    records = [r for r in db.get_top_k(db.commit_workload(mod), 1 << 30) if latency(r) is not None]
+    return sorted(records, key=latency)
 
 
 def tiling_of_record(rec):

@@ -26,7 +26,7 @@ from ..errors import LPXError
 from ..target.codegen.graph import Operand, Region
 from ..machine.config import LPXConfig
 from ..tir_schedules.schedules import tiling_of
-from .database import FAILED_SECS, tiling_of_record
+from .database import latency, tiling_of_record
 from .space import Task, task_key_of
 
 
@@ -201,6 +201,12 @@ class TaskFiles:
 
 
 CACHED = "lpx-measured:"  # the artifact path of a candidate measured before
+FAILED_BEFORE = "failed when this tuning log measured it"  # the build error of one that failed
+
+
+def served_from_log(result) -> bool:
+    """Whether a build result is a candidate the log had measured (run or failed)."""
+    return (result.artifact_path or "").startswith(CACHED) or result.error_msg == FAILED_BEFORE
 
 
 class MeasuredCandidates:
@@ -212,10 +218,9 @@ class MeasuredCandidates:
         self.secs = {}  # (task key, tiling) -> [seconds] or None (failed)
         self.served = []  # [seconds] or None, by the number a built path names
         for rec in records:
-            secs = [float(s) for s in rec.run_secs] if rec.run_secs else None
-            if secs is not None and min(secs) >= FAILED_SECS:
-                secs = None
-            self.secs[(task_key_of(rec.workload.mod), tiling_of_record(rec))] = secs
+            ran = latency(rec) is not None
+            self.secs[(task_key_of(rec.workload.mod), tiling_of_record(rec))] = \
+                [float(s) for s in rec.run_secs] if ran else None
 
     def lookup(self, key, tiling):
         """A built result for a candidate measured before, or None."""
@@ -223,7 +228,7 @@ class MeasuredCandidates:
             return None
         secs = self.secs[(key, tiling)]
         if secs is None:
-            return ms.builder.BuilderResult(None, "failed when this tuning log measured it")
+            return ms.builder.BuilderResult(None, FAILED_BEFORE)
         self.served.append(secs)
         return ms.builder.BuilderResult(f"{CACHED}{len(self.served) - 1}", None)
 

@@ -31,7 +31,8 @@ from ..target.codegen import TilingPolicy
 from .check import check_best
 from .cost_model import LPXCostModel
 from .database import SearchDatabase, TuningLog, best_records, tiling_of_record, write_meta
-from .measure import CACHED, LPXBuilder, LPXRunner, MeasuredCandidates, TaskFiles, make_pool, one_op_region, task_cycles
+from .measure import (LPXBuilder, LPXRunner, MeasuredCandidates, TaskFiles, make_pool, one_op_region, served_from_log,
+                      task_cycles)
 from .space import Task, design_space, task_key_of, workload_module
 
 TARGET = {"kind": "llvm", "keys": ["lpx", "cpu"]}
@@ -68,8 +69,7 @@ class _Progress(ms.measure_callback.PyMeasureCallback):
         name = st["names"][task_id]
         for b, r in zip(builder_results, runner_results):
             st["done"] += 1
-            st["served"] += bool(b.artifact_path and b.artifact_path.startswith(CACHED)) or \
-                (b.error_msg or "").startswith("failed when this tuning log")
+            st["served"] += served_from_log(b)
             if r.run_secs and not r.error_msg:
                 cycles = round(float(r.run_secs[0]) * st["clock_hz"])
                 if name not in st["best"] or cycles < st["best"][name]:
@@ -123,8 +123,8 @@ def tune(tasks: list, cfg: LPXConfig, log_dir: str, trials: int, *, workers: int
             continue
         results.append(TaskResult(task, default, trials=db.trial_count(workload_module(task, cfg))))
         todo.append(task)
-    state = {"names": [t.name for t in todo], "done": 0, "served": 0, "total": trials * len(todo),
-             "trials": {}, "best": {}, "clock_hz": cfg.clock_hz, "start": time.perf_counter(),
+    state = {"names": [t.name for t in todo], "done": 0, "served": 0, "total": trials * len(todo), "best": {},
+             "clock_hz": cfg.clock_hz, "start": time.perf_counter(),
              "report": report, "default": {r.task.name: r.default_cycles for r in results}}
     if todo and any(r.trials < trials for r in results if r.default_cycles is not None):
         _search(todo, cfg, db, trials, state, workers=workers, ray_address=ray_address, seed=seed,
