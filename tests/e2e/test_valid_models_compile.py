@@ -142,6 +142,18 @@ def _weights(rng, *shape):
     return (rng.standard_normal(shape) / math.sqrt(math.prod(shape[1:]))).astype(np.float32)
 
 
+def _int8_on_mini_matches_ort(tmp_path, nodes, inits, shape):
+    """The float graph quantized (QDQ), compiled at int8 on mini and checked against
+    onnxruntime on a seeded input; the compiled model."""
+    src = tmp_path / "float.onnx"
+    onnx.save(_float_model(nodes, inits, shape, shape), str(src))
+    path = quantize(src, tmp_path / "qdq.onnx", shape)
+    feed = {"x": np.random.default_rng(3).standard_normal(shape).astype(np.float32)}
+    compiled = lpx_tvm.compile_model(path, preset="mini", precision="int8")
+    check_against_ort(path, feed, compiled)
+    return compiled
+
+
 def test_int8_residual_block_with_concat(tmp_path):
     c, hw = 8, 9
     rng = np.random.default_rng(0)
@@ -150,12 +162,7 @@ def test_int8_residual_block_with_concat(tmp_path):
              helper.make_node("Concat", ["a", "b"], ["cat"], axis=1),
              helper.make_node("Conv", ["cat", "wc"], ["c"]), helper.make_node("Add", ["c", "x"], ["y"])]
     inits = {"wa": _weights(rng, c, c, 3, 3), "wb": _weights(rng, c, c, 1, 1), "wc": _weights(rng, c, 2 * c, 1, 1)}
-    src = tmp_path / "float.onnx"
-    onnx.save(_float_model(nodes, inits, (1, c, hw, hw), (1, c, hw, hw)), str(src))
-    path = quantize(src, tmp_path / "qdq.onnx", (1, c, hw, hw))
-    feed = {"x": np.random.default_rng(3).standard_normal((1, c, hw, hw)).astype(np.float32)}
-    compiled = lpx_tvm.compile_model(path, preset="mini", precision="int8")
-    check_against_ort(path, feed, compiled)
+    compiled = _int8_on_mini_matches_ort(tmp_path, nodes, inits, (1, c, hw, hw))
     assert compiled.report["offload"]["composites"]["lpx.qadd"] == 1, compiled.report["offload"]
 
 
@@ -167,12 +174,7 @@ def test_int8_too_large_for_the_sram_stays_on_the_cpu(tmp_path):
     nodes = [helper.make_node("Conv", ["x", "wa"], ["a0"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["a0"], ["a"]),
              helper.make_node("Conv", ["a", "wb"], ["y"], pads=[1, 1, 1, 1])]
     inits = {"wa": _weights(rng, c, c, 3, 3), "wb": _weights(rng, c, c, 3, 3)}
-    src = tmp_path / "float.onnx"
-    onnx.save(_float_model(nodes, inits, (1, c, hw, hw), (1, c, hw, hw)), str(src))
-    path = quantize(src, tmp_path / "qdq.onnx", (1, c, hw, hw))
-    feed = {"x": np.random.default_rng(3).standard_normal((1, c, hw, hw)).astype(np.float32)}
-    compiled = lpx_tvm.compile_model(path, preset="mini", precision="int8")
-    check_against_ort(path, feed, compiled)
+    compiled = _int8_on_mini_matches_ort(tmp_path, nodes, inits, (1, c, hw, hw))
     reasons = compiled.report["offload"]["reasons"]
     assert any("int8 ops keep their values on chip (no bands)" in r for r in reasons["quantize"]), reasons
     assert any("(1, 32, 96, 96)" in r and "524288 bytes" in r for r in reasons["quantize"]), reasons
