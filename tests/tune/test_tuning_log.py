@@ -22,7 +22,7 @@ from lpx_tvm.tune.tuner import extract_tasks, tune
 from test_tune import MINI, conv_model, matmul_model
 
 MODELS = {"matmul": matmul_model, "conv": conv_model}
-TRIALS, SEED, PER_ITER = 12, 2, 2
+TRIALS, SEED, PER_ITER = 16, 2, 2
 
 JOB = """
 import sys
@@ -82,7 +82,7 @@ def test_a_job_killed_ten_times_resumes_to_the_uninterrupted_records(tmp_path, u
         deadline = time.time() + 120
         while time.time() < deadline and proc.poll() is None and _lines(path) <= seen:
             time.sleep(0.02)
-        time.sleep(rng.uniform(0, 0.4))
+        time.sleep(rng.uniform(0, 0.2))
         if proc.poll() is not None:
             assert proc.returncode == 0, proc.stderr.read().decode()[-2000:]
             break  # finished before the kill: nothing left to interrupt
