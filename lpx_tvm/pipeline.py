@@ -36,7 +36,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .errors import ConfigError, LPXError
+from .errors import ConfigError, LPXError, SramFull
 from .layer_names import region_layer_names
 from .machine.config import LPXConfig, load_config
 from .machine.schema import compiler_problem
@@ -44,6 +44,7 @@ from .precision import Precision
 from .relax_passes import canonicalize, import_onnx, partition_for_lpx
 from .relax_passes.constant_range import check_constant_ranges
 from .relax_passes.qdq import FoldQDQ, has_qdq
+from .relax_passes.split_region import op_calls, split_region
 from .runtime.compiled_model import CompiledModel
 from .runtime.executable import LPXExecutable
 from .runtime.region import TARGET_TAG
@@ -93,18 +94,37 @@ def region_names(mod: tvm.IRModule) -> dict:
 
 
 def lower_regions(mod: tvm.IRModule, cfg: LPXConfig, precision: str, names: dict,
-                  policy: "TilingPolicy | None" = None) -> dict:
-    """{name: CompiledRegion} of the module's LPX regions (``names`` from
-    :func:`region_names`), each with its layer-name table (docs/report.md)."""
+                  policy: "TilingPolicy | None" = None) -> tuple:
+    """``(module, names, {name: CompiledRegion})`` of the module's LPX regions (``names``
+    from :func:`region_names`), each with its layer-name table (docs/report.md).
+
+    A region whose ops fit the SRAM one by one but not together (:class:`SramFull`) is
+    split in two and each half compiled (``relax_passes.split_region``): the module and
+    the names returned have the halves in its place.
+    """
     policy = TilingPolicy() if policy is None else policy
+    names, compiled = dict(names), {}
+    pending = sorted(lpx_functions(mod))
+    while pending:
+        fn = pending.pop(0)
+        func = mod[fn]
+        try:
+            compiled[fn] = compile_region(cfg, precision, names[fn], func, policy)
+        except SramFull:
+            if op_calls(func) < 2:
+                raise
+            mod = split_region(mod, fn)
+            name = names.pop(fn)
+            names[f"{fn}_a"], names[f"{fn}_b"] = f"{name}a", f"{name}b"
+            pending[:0] = [f"{fn}_a", f"{fn}_b"]
     funcs = sorted(lpx_functions(mod).items())
     known = [region_layer_names(func) for _, func in funcs]
     # Structurally equal composites share one definition, and with it the source name of
     # the first: a name more than one layer carries is not trusted.
     uses = Counter(name for table in known for name in table.values())
     regions = {}
-    for i, (fn, func) in enumerate(funcs):
-        region = compile_region(cfg, precision, names[fn], func, policy)
+    for i, (fn, _) in enumerate(funcs):
+        region = compiled[fn]
         # Every layer tag gets a name: the source's, else the tag in its region (by index,
         # which, unlike the region's name, is the same in every build).
         table = {}
@@ -112,7 +132,7 @@ def lower_regions(mod: tvm.IRModule, cfg: LPXConfig, precision: str, names: dict
             name = known[i].get(layer)
             table[layer] = name if name is not None and uses[name] == 1 else f"region{i}/{layer}"
         regions[names[fn]] = dataclasses.replace(region, layer_names=table)
-    return regions
+    return mod, names, regions
 
 
 def outline(mod: tvm.IRModule, names: dict) -> tvm.IRModule:
@@ -139,7 +159,8 @@ def lower(mod: tvm.IRModule, cfg: LPXConfig, precision: str, policy: "TilingPoli
     # What still overflows when constants are cast to the storage dtype is an additive
     # mask meant as -inf (check_constant_ranges refused the rest): no numpy warning.
     with np.errstate(over="ignore"):
-        regions = lower_regions(mod, cfg, precision, names, policy)
+        mod, names, regions = lower_regions(mod, cfg, precision, names, policy)
+    offload.regions = len(regions)
     return outline(mod, names), regions, offload
 
 

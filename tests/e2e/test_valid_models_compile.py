@@ -178,3 +178,30 @@ def test_int8_too_large_for_the_sram_stays_on_the_cpu(tmp_path):
     reasons = compiled.report["offload"]["reasons"]
     assert any("int8 ops keep their values on chip (no bands)" in r for r in reasons["quantize"]), reasons
     assert any("(1, 32, 96, 96)" in r and "524288 bytes" in r for r in reasons["quantize"]), reasons
+
+
+def test_int8_region_too_large_together_is_split(tmp_path):
+    """Eight (1, 16, 40, 40) branches, each dequantized as a region output, and a concat:
+    every op fits mini's SRAM alone, their region does not. The compiler splits it
+    (``relax_passes.split_region``) until each part fits, and the result matches."""
+    c, hw, branches = 16, 40, 8
+    rng = np.random.default_rng(0)
+    nodes, inits = [], {}
+    for i in range(branches):
+        nodes += [helper.make_node("Conv", ["x", f"w{i}"], [f"c{i}"]), helper.make_node("Relu", [f"c{i}"], [f"b{i}"])]
+        inits[f"w{i}"] = _weights(rng, c, c, 1, 1)
+    nodes += [helper.make_node("Concat", [f"b{i}" for i in range(branches)], ["cat"], axis=1),
+              helper.make_node("Conv", ["cat", "wo"], ["y"])]
+    inits["wo"] = _weights(rng, c, c * branches, 1, 1)
+    compiled = _int8_on_mini_matches_ort(tmp_path, nodes, inits, (1, c, hw, hw))
+    assert len(compiled.executable.regions) > 2, compiled.report["offload"]
+    assert compiled.report["offload"]["regions"] == len(compiled.executable.regions)
+
+
+def test_int8_conv_with_channel_constants_on_every_slice(tmp_path):
+    """256 output channels on mini (16 lanes, 8 slices): the bias tiles cover every slice,
+    and the requantization multipliers go beside them tile by tile."""
+    c = 256
+    rng = np.random.default_rng(1)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["y"])]
+    _int8_on_mini_matches_ort(tmp_path, nodes, {"w": _weights(rng, c, c, 1, 1)}, (1, c, 2, 2))

@@ -43,6 +43,16 @@ def _zero_point(operand) -> int:
     return int(round(scalar(operand)))
 
 
+def _beside(ctx, name, array, first):
+    """A constant read beside ``first``, tile by tile: clear of every slice of ``first``,
+    or, where ``first``'s tiles already cover every slice (e.g. 256 channels on 16
+    lanes), clear of the slice of the same tile."""
+    slices = [sl for sl, _ in first.layout.tiles]
+    if len(set(slices)) < ctx.builder.config.mem_slices:
+        return ctx.builder.constant(name, array, DType.FP32, avoid=slices)
+    return ctx.builder.constant(name, array, DType.FP32, tile_avoid=[{sl} for sl in slices])
+
+
 @register_lowering("lpx.qconv2d", "lpx.qdense")
 def lower_qmxm(ctx: LoweringContext, op: RegionOp, is_output: bool):
     out_dt = relax_dtype(op.dtype)
@@ -63,8 +73,7 @@ def lower_qmxm(ctx: LoweringContext, op: RegionOp, is_output: bool):
     zy = _zero_point(qs.args[2])
     bias_t = ctx.temp(ctx.builder.constant(f"{op.out}.bias", bias.reshape(1, channels), DType.INT32))
     # The drain reads both beside the accumulators: on different slices (one read port each).
-    mult = ctx.temp(ctx.builder.constant(f"{op.out}.requant", (1.0 / scale).reshape(1, channels), DType.FP32,
-                                         avoid=[sl for sl, _ in bias_t.layout.tiles]))
+    mult = ctx.temp(_beside(ctx, f"{op.out}.requant", (1.0 / scale).reshape(1, channels), bias_t))
     q = QEpilogue(float(zx), [("bias", bias_t), ("requant", mult, zy, out_dt)], out_dt)
     if conv:
         return lower_conv2d(ctx, view, is_output, q)
