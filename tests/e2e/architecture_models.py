@@ -27,9 +27,25 @@ class LastHiddenState(torch.nn.Module):
         return self.model(x).last_hidden_state
 
 
+def calibrated(module, shape):
+    """``module`` with the BatchNorm statistics of eight seeded random inputs, in eval
+    mode. Random weights with the initial statistics (mean 0, variance 1) shrink the
+    activations layer by layer (MobileNetV2's output is ~1e-24), and a wrong compiler
+    matches a vanishing output; measured statistics keep every layer near unit scale."""
+    norms = [m for m in module.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    for bn in norms:
+        bn.reset_running_stats()
+        bn.momentum = None  # the cumulative average over the calibration batch
+    module.train()
+    with torch.no_grad():
+        module(torch.randn(8, *shape[1:], generator=torch.Generator().manual_seed(1)))
+    return module.eval()
+
+
 def mobilenet_v2(image=64, depth_multiplier=0.35):
     cfg = transformers.MobileNetV2Config(image_size=image, depth_multiplier=depth_multiplier)
-    return LastHiddenState(transformers.MobileNetV2Model(cfg).eval()), (torch.randn(1, 3, image, image),)
+    shape = (1, 3, image, image)
+    return LastHiddenState(calibrated(transformers.MobileNetV2Model(cfg), shape)), (torch.randn(*shape),)
 
 
 def convnext(image=64, hidden_sizes=(16, 32, 64, 128), depths=(1, 1, 1, 1)):
@@ -119,12 +135,14 @@ class DBNetText(torch.nn.Module):
 
 def detector(image=64):
     torch.manual_seed(0)
-    return FPNDetector().eval(), (torch.randn(1, 3, image, image),)
+    shape = (1, 3, image, image)
+    return calibrated(FPNDetector(), shape), (torch.randn(*shape),)
 
 
 def text_detector(image=64):
     torch.manual_seed(0)
-    return DBNetText().eval(), (torch.randn(1, 3, image, image),)
+    shape = (1, 3, image, image)
+    return calibrated(DBNetText(), shape), (torch.randn(*shape),)
 
 
 def export_onnx(module, example_inputs, path, opset=17):
