@@ -38,6 +38,7 @@ composites                              keys
                                         ``root`` (the reshape to (N*H*W, C))
 ``lpx.rows_to_pixels``                  ``input`` (N*H*W, C), ``reshape`` (to (N, H, W, C)),
                                         ``root`` (``permute_dims`` [0, 3, 1, 2])
+``lpx.resize2d``                        ``input``, ``root`` (``Resize2DAttrs``)
 =====================================  =================================================
 """
 
@@ -59,6 +60,7 @@ from ..target.codegen.rules import (
     reshape_keeps_storage,
     spatial_mean_problem,
 )
+from ..target.codegen.lowerings.resize import resize_problem
 from .check_context import (
     CheckSettings,
     Rejection,
@@ -481,6 +483,22 @@ def _rows_to_pixels_rule(a, settings):
     return _pixel_rows_problem(permute, expr_shape(permute), expr_shape(data))
 
 
+# ---- image.resize2d (ONNX Resize, torch interpolate) --------------------------------
+
+
+def _resize_rule(a, settings):
+    op = a["root"]
+    found = _tensors_problem(op, [a["input"]], settings)
+    if found:
+        return found
+    attrs = op.attrs
+    if attrs.out_dtype is not None and str(attrs.out_dtype) not in ("", "void", str(op.args[0].ty.dtype)):
+        return op, f"resize to dtype {attrs.out_dtype}: LPX resizes within one dtype"
+    problem = resize_problem(len(expr_shape(a["input"])), str(attrs.layout), str(attrs.method),
+                             str(attrs.coordinate_transformation_mode), str(attrs.rounding_method))
+    return (op, problem) if problem else None
+
+
 # ---- patterns -----------------------------------------------------------------------
 
 
@@ -583,6 +601,7 @@ def pattern_table() -> list:
     # NCHW values and their pixel rows: the same op chains as a head merge / split.
     table.append(("pixels_to_rows", *_merge_heads_pattern(), [_pixels_to_rows_rule]))
     table.append(("rows_to_pixels", *_split_heads_pattern(), [_rows_to_pixels_rule]))
+    table.append(("resize2d", *_unary_pattern("relax.image.resize2d"), [_resize_rule]))
 
     families = (
         ("conv2d", _conv2d_pattern, _conv2d_rule, _bias_rule(_conv_bias_shapes)),
