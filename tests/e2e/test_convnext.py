@@ -93,3 +93,31 @@ def test_channels_first_layer_norm_matches_torch():
     tvm.testing.assert_allclose(compiled.run([x.numpy()])["output_0"], want, rtol=1e-4, atol=1e-4)
     assert not compiled.report["offload"]["cpu"]
     assert np.abs(want).max() > 0.1
+
+
+def test_channels_first_layer_norm_off_chip():
+    """The pixel-rows views are aliases off chip too (a region whose values do not fit
+    the mini SRAM runs by bands)."""
+    norm_cls = transformers.models.convnext.modeling_convnext.ConvNextLayerNorm
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+            self.norm = norm_cls(16, eps=1e-6, data_format="channels_first")
+            self.out = torch.nn.Conv2d(16, 8, 1)
+
+        def forward(self, x):
+            return self.out(self.norm(self.conv(x)))
+
+    torch.manual_seed(3)
+    model = Block().eval()
+    with torch.no_grad():
+        model.norm.weight.uniform_(0.5, 1.5)
+        model.norm.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(1, 3, 72, 80)  # 16 x 72 x 80 fp32 values: 360 KiB each, the SRAM is 512 KiB
+    compiled = lpx_tvm.from_torch(model, (x,), preset="mini", precision="fp32")
+    with torch.no_grad():
+        want = model(x).numpy()
+    tvm.testing.assert_allclose(compiled.run([x.numpy()])["output_0"], want, rtol=1e-4, atol=1e-4)
+    assert not compiled.report["offload"]["cpu"]

@@ -124,3 +124,13 @@ def test_fpn_upsample_matches_torch():
     tvm.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     offload = compiled.report["offload"]
     assert offload["cpu"] == {} and offload["lpx"].get("image.resize2d") == 3, offload
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_resize_off_chip_by_bands(mode):
+    """A resize whose values do not fit the mini SRAM: it runs by bands of output rows,
+    each reading the input rows its taps need (the band's offset in the whole resize
+    sets the taps)."""
+    shape = (1, 16, 45, 40)
+    compiled = _check(_resize_model(shape, 13, mode, "half_pixel", sizes=(101, 67)), shape, "mini", "fp32", 1e-4)
+    assert compiled.report["offload"]["regions"] == 1

@@ -143,6 +143,18 @@ def axis_runs(taps: list, max_step: int = 16) -> list:
     return out
 
 
+def resize_band_rows(attrs: dict, size_in: int, size_out: int):
+    """For a resize run by bands of output rows: (h0, rows) -> (first input row, input
+    rows, None), the input rows the band's taps read."""
+    taps = axis_taps(size_in, size_out, attrs.get("method", "linear"),
+                     attrs.get("coordinate_transformation_mode", "half_pixel"), attrs.get("rounding_method", ""))
+
+    def rows(h0, nrows):
+        read = [i for t in taps[h0:h0 + nrows] for i, _ in t]
+        return min(read), max(read) + 1 - min(read), None
+    return rows
+
+
 def is_identity(taps: list, size_in: int) -> bool:
     """True when an axis keeps its size and every output index copies its own input."""
     return len(taps) == size_in and all(t == ((o, 1.0),) for o, t in enumerate(taps))
@@ -232,7 +244,13 @@ def lower_resize2d(ctx: LoweringContext, op: RegionOp, is_output: bool):
         raise UnsupportedOnLPX(problem)
     n, c, h, w = x.shape
     oh, ow = op.shape[2], op.shape[3]
-    htaps, wtaps = (axis_taps(i, o, method, mode, rounding) for i, o in ((h, oh), (w, ow)))
+    wtaps = axis_taps(w, ow, method, mode, rounding)
+    if "band" in a:  # output rows out0 .. of a resize of full_h rows to full_oh, from input row in0 on
+        out0, in0, full_h, full_oh = a["band"]
+        htaps = [tuple((i - in0, wt) for i, wt in t)
+                 for t in axis_taps(full_h, full_oh, method, mode, rounding)[out0:out0 + oh]]
+    else:
+        htaps = axis_taps(h, oh, method, mode, rounding)
     hruns, wruns = axis_runs(htaps), axis_runs(wtaps)
     tag = f"{op.out}.resize"
     if method == "nearest_neighbor":
