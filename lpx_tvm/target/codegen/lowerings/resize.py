@@ -165,8 +165,8 @@ def is_identity(taps: list, size_in: int) -> bool:
 
 @dataclass(frozen=True)
 class Window:
-    """``rows`` x ``cols`` pixel rows of a value from row ``first``: window row k starts
-    ``k * pitch`` rows on, its pixels ``step`` rows apart."""
+    """Where a job's window (its rows x cols pixel rows) sits in a value: from pixel row
+    ``first``, window row k starts ``k * pitch`` rows on, its pixels ``step`` rows apart."""
 
     first: int
     pitch: int
