@@ -21,9 +21,11 @@ The pass order, top to bottom:
 8. ``lpx.MaskingAdd``: ``where(constant mask, x, -inf)`` (an attention mask) becomes
    ``x + constant``.
 9. ``lpx.Decompose``: split becomes strided slices, ``power(x, 2 or 3)`` multiplies.
-10. ``lpx.HeadsTo3D``: unit-batch multi-head attention runs on (heads, seq, dim) 3-D
+10. ``lpx.ChannelsLast``: the NHWC sections of CNN blocks (permute to NHWC, ops along
+   C, permute back) run on the (N*H*W, C) pixel-rows view of their values.
+11. ``lpx.HeadsTo3D``: unit-batch multi-head attention runs on (heads, seq, dim) 3-D
    values instead of 4-D ones (which LPX stores as images).
-11. ``CanonicalizeBindings`` and dead code elimination: the aliases and the unused
+12. ``CanonicalizeBindings`` and dead code elimination: the aliases and the unused
    bindings and PrimFuncs the rewrites leave.
 
 Everything else is left as it was.
@@ -34,6 +36,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .channels_last import ChannelsLast
 from .collapse_affine import CollapseAffine
 from .decompose import Decompose
 from .eval_constants import EvalConstants, has_constant_calls
@@ -46,6 +49,7 @@ from .unstack_reduce import UnstackReduce
 
 __all__ = [
     "canonicalize",
+    "ChannelsLast",
     "CollapseAffine",
     "Decompose",
     "EvalConstants",
@@ -89,6 +93,7 @@ def canonicalize(mod: tvm.IRModule) -> tvm.IRModule:
             NormalizeClip(),
             MaskingAdd(),
             Decompose(),
+            ChannelsLast(),
             relax.transform.CanonicalizeBindings(),  # HeadsTo3D follows values, not aliases
             HeadsTo3D(),
             relax.transform.CanonicalizeBindings(),

@@ -34,6 +34,11 @@ composites                              keys
                                         ``root`` (``permute_dims`` [1, 0, 2])
 ``lpx.merge_heads``                     ``input`` (h, s, d), ``permute`` ([1, 0, 2]),
                                         ``root`` (the reshape to (s, h*d))
+``lpx.pixels_to_rows``                  ``input`` (N, C, H, W), ``permute`` ([0, 2, 3, 1]),
+                                        ``root`` (the reshape to (N*H*W, C))
+``lpx.rows_to_pixels``                  ``input`` (N*H*W, C), ``reshape`` (to (N, H, W, C)),
+                                        ``root`` (``permute_dims`` [0, 3, 1, 2])
+``lpx.resize2d``                        ``input``, ``root`` (``Resize2DAttrs``)
 =====================================  =================================================
 """
 
@@ -55,6 +60,7 @@ from ..target.codegen.rules import (
     reshape_keeps_storage,
     spatial_mean_problem,
 )
+from ..target.codegen.lowerings.resize import resize_problem
 from .check_context import (
     CheckSettings,
     Rejection,
@@ -445,6 +451,54 @@ def _slice_rule(a, settings):
     return None
 
 
+# ---- NCHW values and their pixel rows (lpx.ChannelsLast) ------------------------------
+
+
+def _pixel_rows_problem(op, shape4, rows_shape):
+    """Why ``rows_shape`` is not the (N*H*W, C) pixel-rows view of the NCHW ``shape4``, or None."""
+    n, c, h, w = shape4
+    if len(rows_shape) != 2 or tuple(rows_shape) != (n * h * w, c):
+        return op, (f"{tuple(rows_shape)} is not the (N*H*W, C) = {(n * h * w, c)} pixel rows of {tuple(shape4)}: "
+                    "only that view keeps the NHWC storage")
+    return None
+
+
+def _pixels_to_rows_rule(a, settings):
+    reshape, permute, data = a["root"], a["permute"], a["input"]
+    found = _tensors_problem(reshape, [data], settings)
+    if found:
+        return found
+    if len(expr_shape(data)) != 4 or [int(x) for x in permute.attrs.axes] != [0, 2, 3, 1]:
+        return reshape, "pixel rows are permute_dims [0, 2, 3, 1] of a 4-D value then a reshape to 2-D"
+    return _pixel_rows_problem(reshape, expr_shape(data), expr_shape(reshape))
+
+
+def _rows_to_pixels_rule(a, settings):
+    permute, data = a["root"], a["input"]
+    found = _tensors_problem(permute, [data], settings)
+    if found:
+        return found
+    if len(expr_shape(permute)) != 4 or [int(x) for x in permute.attrs.axes] != [0, 3, 1, 2]:
+        return permute, "an image from pixel rows is a reshape to (N, H, W, C) then permute_dims [0, 3, 1, 2]"
+    return _pixel_rows_problem(permute, expr_shape(permute), expr_shape(data))
+
+
+# ---- image.resize2d (ONNX Resize, torch interpolate) --------------------------------
+
+
+def _resize_rule(a, settings):
+    op = a["root"]
+    found = _tensors_problem(op, [a["input"]], settings)
+    if found:
+        return found
+    attrs = op.attrs
+    if attrs.out_dtype is not None and str(attrs.out_dtype) not in ("", "void", str(op.args[0].ty.dtype)):
+        return op, f"resize to dtype {attrs.out_dtype}: LPX resizes within one dtype"
+    problem = resize_problem(len(expr_shape(a["input"])), str(attrs.layout), str(attrs.method),
+                             str(attrs.coordinate_transformation_mode), str(attrs.rounding_method))
+    return (op, problem) if problem else None
+
+
 # ---- patterns -----------------------------------------------------------------------
 
 
@@ -544,6 +598,10 @@ def pattern_table() -> list:
     table.append(("slice", *_unary_pattern("relax.strided_slice"), [_slice_rule]))
     table.append(("split_heads", *_split_heads_pattern(), [_split_heads_rule]))
     table.append(("merge_heads", *_merge_heads_pattern(), [_merge_heads_rule]))
+    # NCHW values and their pixel rows: the same op chains as a head merge / split.
+    table.append(("pixels_to_rows", *_merge_heads_pattern(), [_pixels_to_rows_rule]))
+    table.append(("rows_to_pixels", *_split_heads_pattern(), [_rows_to_pixels_rule]))
+    table.append(("resize2d", *_unary_pattern("relax.image.resize2d"), [_resize_rule]))
 
     families = (
         ("conv2d", _conv2d_pattern, _conv2d_rule, _bias_rule(_conv_bias_shapes)),

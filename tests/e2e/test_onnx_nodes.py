@@ -2,7 +2,7 @@
 
 Every node test case of Conv, Gemm, MatMul, Relu, Add, Mul, Sub, MaxPool, AveragePool,
 GlobalAveragePool, Flatten, Concat, BatchNormalization (inference), Sigmoid, Tanh,
-Clip, Softmax, LayerNormalization (output Y), Gelu, Erf, Transpose and Where is compiled and run, and each output is compared with the case's expected output.
+Clip, Softmax, LayerNormalization (output Y), Gelu, Erf, Transpose, Where and Resize is compiled and run, and each output is compared with the case's expected output.
 The offload report must then match docs/ops.md exactly: the Relax ops the ONNX node
 becomes run on LPX, unless the table "Node test cases that run on the CPU" lists them
 with the reason the report gives. Cases the docs list as not importable by TVM are
@@ -62,6 +62,7 @@ PREFIXES = {
     "Erf": ("erf",),
     "Transpose": ("transpose",),
     "Where": ("where",),
+    "Resize": ("resize",),
 }
 
 # The Relax ops an ONNX node becomes after canonicalization (BatchNormalization
@@ -89,6 +90,7 @@ MAIN_OPS = {
     "Erf": ("erf",),
     "Transpose": ("permute_dims",),
     "Where": ("where",),
+    "Resize": ("image.resize2d",),
 }
 # Cases whose node becomes other ops: Clip with no bounds and Transpose (0, 1, 2) are the
 # identity (no op at all), Clip(min=0) with no max is a ReLU, Clip with only a max is a minimum, min > max
@@ -119,6 +121,7 @@ OUTPUTS_COMPARED = {"LayerNormalization": 1}
 # Ops whose inputs after the first are parameters in a deployed model: these cases also
 # run as "-const".
 CONST_VARIANT_OPS = {"Conv", "Gemm", "MatMul", "BatchNormalization", "Clip", "Add", "Sub", "Mul", "LayerNormalization"}
+CONST_VARIANT_OPS |= {"Resize"}  # roi, scales and sizes
 
 
 # ---- the cases ----------------------------------------------------------------------

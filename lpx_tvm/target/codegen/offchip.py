@@ -18,11 +18,13 @@ from ..builder import OffchipTensor
 from .context import LoweringContext
 from .graph import Operand, RegionOp, UnsupportedOnLPX
 from .passes import finish
+from .lowerings.resize import resize_band_rows
 from .registry import lower
 from .rules import activation_row_problem, reshape_keeps_storage
 from .storage import Stored, row_align, stored_shape
 
 WINDOW_OPS = ("nn.conv2d", "nn.max_pool2d", "nn.avg_pool2d")
+PIXEL_ROW_VIEWS = ("lpx.pixels_to_rows", "lpx.rows_to_pixels")
 # Ops whose result rows take lanes of other rows of their input (no row bands).
 LANE_MOVES = ("lpx.split_heads", "lpx.merge_heads")
 
@@ -53,6 +55,9 @@ def spill_param(ctx: LoweringContext, name: str, shape: tuple) -> Spilled:
 
 def lower_by_bands(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """Lower one op whose operands and result live off chip, band by band."""
+    if op.composite in PIXEL_ROW_VIEWS:  # an NCHW value and its pixel rows: the same bytes
+        ctx.values[op.out] = Spilled(ctx.values[op.main.args[0].name].tensor, tuple(op.shape))
+        return
     if op.composite == "lpx.reshape":
         x = ctx.values[op.main.args[0].name]
         if not reshape_keeps_storage(x.shape, op.shape):
@@ -151,6 +156,9 @@ def _bands(ctx: LoweringContext, op: RegionOp, tensors: list):
                     loads[a.name] = _Load((image * a.shape[2] + r0) * w, nr * w, 0, (1, a.shape[1], nr, w))
                     if pads is not None:
                         band_op = _with_padding(band_op, pads)
+                    if op.main.op == "image.resize2d":  # where the band sits in the whole resize
+                        band_op = replace(band_op, main=replace(band_op.main, attrs={
+                            **band_op.main.attrs, "band": (h0, r0, a.shape[2], oh)}))
                 band_op = _with_shapes(band_op, {k: v.shape for k, v in loads.items()})
                 yield band_op, loads, ((i * oh + h0) * ow, 0)
         return
@@ -265,6 +273,8 @@ def _row_source(op: RegionOp, a: Operand, out_shape: tuple):
             r0, r1 = max(0, start), min(height, end)
             return r0, r1 - r0, (r0 - start, pl, end - r1, pr)
         return window
+    if op.main.op == "image.resize2d":
+        return resize_band_rows(op.main.attrs, a.shape[2], out_shape[2])
     if a.shape[2:] == tuple(out_shape[2:]):
         return lambda h0, nrows: (h0, nrows, None)
     if a.shape[2:] == (1, 1):
