@@ -19,7 +19,10 @@
   with a constant per-column w), becomes one ``nn.rms_norm``.
 - ``power(x, c)`` with a constant c of 2 or 3 (the cube in the tanh form of GELU)
   becomes ``x * x`` or ``x * x * x``, elementwise multiplies (two roundings instead of
-  one; within the float tolerance of the rest of the graph).
+  one; within the float tolerance of the rest of the graph). Other constant exponents
+  the VXM reaches: 0.5 becomes ``sqrt``, -0.5 ``rsqrt``, 1 the value itself, other
+  integers 4 <= n <= 16 multiplies by repeated squaring (fewer than n - 1 roundings'
+  worth of error), and negative integers -16 <= n <= -1 ``1 / x^|n|``.
 """
 
 from __future__ import annotations
@@ -61,6 +64,49 @@ def _power(x, k, builder):
     if k == 2:
         return relax.op.multiply(x, x)
     return relax.op.multiply(builder.emit(relax.op.multiply(x, x)), x)
+
+
+# The largest |n| of an integer power written as multiplies.
+MAX_INTEGER_POWER = 16
+
+
+def _constant_exponent(call) -> float | None:
+    """c when ``call`` is ``power(x, c)`` with c a constant scalar LPX raises to (see the
+    module docstring), else None."""
+    c = call.args[1]
+    if not is_const(c) or c.value.numpy().size != 1:
+        return None
+    k = float(c.value.numpy().reshape(()))
+    if k in (0.5, -0.5) or (k == int(k) and 1 <= abs(k) <= MAX_INTEGER_POWER):
+        return k
+    return None
+
+
+def _integer_power_of(x, n, builder):
+    """x^n for an integer n >= 1 by repeated squaring (x^4 = (x * x) * (x * x))."""
+    if n == 1:
+        return x
+    half = _integer_power_of(x, n // 2, builder)
+    half = builder.emit(half) if isinstance(half, relax.Call) else half
+    square = relax.op.multiply(half, half)
+    if n % 2 == 0:
+        return square
+    return relax.op.multiply(builder.emit(square), x)
+
+
+def _constant_power(x, k, builder):
+    if k == 0.5:
+        return relax.op.sqrt(x)
+    if k == -0.5:
+        return relax.op.rsqrt(x)
+    if k in (2.0, 3.0):
+        return _power(x, int(k), builder)  # as before the general case: x * x, (x * x) * x
+    n = int(abs(k))
+    positive = _integer_power_of(x, n, builder)
+    if k > 0:
+        return positive
+    positive = builder.emit(positive) if isinstance(positive, relax.Call) else positive
+    return relax.op.divide(relax.const(1.0, x.ty.dtype), positive)
 
 
 def _permutes(values, uses, drop, rebuild):
@@ -262,10 +308,10 @@ def _plan(func):
                 rebuild[item] = lambda visit, builder, x=value.args[0], a=axis, b=begin, e=end: \
                     relax.op.strided_slice(visit(x), axes=[a], begin=[b], end=[e])
             drop.add(var)
-        elif op_is(value, "relax.power") and is_float(value.ty.dtype) and _integer_power(value) \
+        elif op_is(value, "relax.power") and is_float(value.ty.dtype) and _constant_exponent(value) is not None \
                 and static_shape(value.args[0]) == static_shape(value):
-            rebuild[var] = lambda visit, builder, x=value.args[0], k=_integer_power(value): \
-                _power(visit(x), k, builder)
+            rebuild[var] = lambda visit, builder, x=value.args[0], k=_constant_exponent(value): \
+                _constant_power(visit(x), k, builder)
     _permutes(values, uses, drop, rebuild)
     _layout_noise(values, uses, drop, rebuild)
     _softmax_guards(values, rebuild)
@@ -276,7 +322,8 @@ def _plan(func):
 
 @relax.transform.function_pass(opt_level=0, name="lpx.Decompose")
 class Decompose:
-    """Rewrite split into strided slices, permute chains into one, small integer powers into multiplies."""
+    """Rewrite split into strided slices, permute chains into one, constant powers into multiplies,
+    square roots and reciprocals."""
 
     def transform_function(self, func, mod, ctx):
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
