@@ -5,6 +5,10 @@ Each entry of :data:`UNARY_CHAINS` maps a Relax op to ``chain(group, value, step
 value``: the VXM ops it becomes on one run of rows, one op per ALU step. Every VXM op
 rounds once to the value's dtype (docs/isa.md, "Numerics"); docs/ops.md gives each
 composition's accuracy. :func:`.elementwise.lower_unary` runs these chains.
+
+Streams do not buffer: the two operands of a binary op must arrive in the same cycle,
+so where a chain forks, both branches take the same number of ALU ops (a branch that
+has nothing to do multiplies by 1, which is exact).
 """
 
 from __future__ import annotations
@@ -16,9 +20,14 @@ import numpy as np
 _HUGE = 2.0 ** 127
 
 
+def _same(g, v):
+    """x * 1: x itself, one ALU op later (it keeps a fork's branches in step)."""
+    return g.vxm("vxm.mul", v, imm=1.0)
+
+
 def _abs(g, v, step):
-    """max(x, -x): exact (negation is exact)."""
-    return g.vxm("vxm.max", v, g.vxm("vxm.mul", v, imm=-1.0))
+    """max(x * 1, x * -1): exact (negation is exact)."""
+    return g.vxm("vxm.max", _same(g, v), g.vxm("vxm.mul", v, imm=-1.0))
 
 
 def _negative(g, v, step):
@@ -46,22 +55,26 @@ def _sign(g, v, step):
     return g.vxm("vxm.min", g.vxm("vxm.max", big, imm=-1.0), imm=1.0)
 
 
-def scaled_negative_part(g, v, slope):
-    """relu(x) + slope * min(x, 0), ``slope`` an immediate or a stream: x where x >= 0,
-    else x * slope rounded once; the add is exact (one side is 0)."""
-    negative = g.vxm("vxm.min", v, imm=0.0)
-    scaled = g.vxm("vxm.mul", negative, slope) if not isinstance(slope, float) else \
-        g.vxm("vxm.mul", negative, imm=slope)
-    return g.vxm("vxm.add", g.vxm("vxm.max", v, imm=0.0), scaled)
+def _times(g, v, slope):
+    """v * slope, ``slope`` an immediate (a float) or a stream."""
+    return g.vxm("vxm.mul", v, imm=slope) if isinstance(slope, float) else g.vxm("vxm.mul", v, slope)
+
+
+def leaky(g, v, slope, within_unit: bool):
+    """x where x >= 0, else x * slope rounded once, ``slope`` an immediate or a stream.
+
+    Slopes in [0, 1] (``within_unit``): max(x * 1, x * slope), 3 ops (|x * slope| <= |x|,
+    so the max picks x for x >= 0 and x * slope for x < 0). Others:
+    max(x, 0) * 1 + min(x, 0) * slope, 5 ops (the add is exact: one side is 0)."""
+    if within_unit:
+        return g.vxm("vxm.max", _same(g, v), _times(g, v, slope))
+    scaled = _times(g, g.vxm("vxm.min", v, imm=0.0), slope)
+    return g.vxm("vxm.add", _same(g, g.vxm("vxm.max", v, imm=0.0)), scaled)
 
 
 def _leakyrelu(g, v, step):
-    """max(x, a*x) for 0 <= a <= 1 (|a*x| <= |x|, so the max picks x for x >= 0 and a*x
-    for x < 0: exact); other slopes relu(x) + a * min(x, 0)."""
     alpha = float(np.float32(step.attrs["alpha"]))
-    if 0.0 <= alpha <= 1.0:
-        return g.vxm("vxm.max", v, g.vxm("vxm.mul", v, imm=alpha))
-    return scaled_negative_part(g, v, alpha)
+    return leaky(g, v, alpha, 0.0 <= alpha <= 1.0)
 
 
 UNARY_CHAINS = {

@@ -16,7 +16,7 @@ from ..registry import register_lowering
 from ..rules import binary_operands_problem, constant_broadcast, divide_operands_problem, prelu_slope_problem
 from ..storage import Stored, chunk_of, one, row_align, runs, slices_of, stored_shape
 from ..values import apart, clashes, copy_value, new_value
-from .activations import UNARY_CHAINS, scaled_negative_part
+from .activations import UNARY_CHAINS, leaky
 
 # Relax unary ops that are one VXM transcendental each.
 UNARY_VXM = {"sigmoid": "vxm.sigmoid", "tanh": "vxm.tanh", "erf": "vxm.erf", "nn.gelu": "vxm.gelu",
@@ -123,8 +123,8 @@ def lower_divide(ctx: LoweringContext, op: RegionOp, is_output: bool):
 
 @register_lowering("nn.prelu")
 def lower_prelu(ctx: LoweringContext, op: RegionOp, is_output: bool):
-    """PReLU with a constant slope (one value, or one per channel):
-    ``relu(x) + slope * min(x, 0)`` (:func:`.activations.scaled_negative_part`)."""
+    """PReLU with a constant slope (one value, or one per channel), as
+    :func:`.activations.leaky`."""
     data, slope = op.main.args
     problem = prelu_slope_problem(data.shape, slope.shape, int(op.main.attrs["axis"]), slope.is_const)
     if problem:
@@ -132,13 +132,14 @@ def lower_prelu(ctx: LoweringContext, op: RegionOp, is_output: bool):
     x = ctx.value(data)
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
     values = np.asarray(slope.const, np.float32).reshape(-1)
+    within_unit = bool(np.all((values >= 0) & (values <= 1)))
     tag = f"{op.out}.prelu"
     if values.size == 1:
         s = float(values[0])
-        rowwise(ctx, tag, [x], y, lambda g, vs: scaled_negative_part(g, vs[0], s))
+        rowwise(ctx, tag, [x], y, lambda g, vs: leaky(g, vs[0], s, within_unit))
     else:
         channel_rowwise(ctx, tag, f"{op.out}.slope", values.reshape(1, -1), x, y,
-                        lambda g, v, row, j, n: scaled_negative_part(g, v, row))
+                        lambda g, v, row, j, n: leaky(g, v, row, within_unit))
     ctx.values[op.out] = y
 
 
