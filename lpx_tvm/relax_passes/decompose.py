@@ -23,6 +23,11 @@
   the VXM reaches: 0.5 becomes ``sqrt``, -0.5 ``rsqrt``, 1 the value itself, other
   integers 4 <= n <= 16 multiplies by repeated squaring (fewer than n - 1 roundings'
   worth of error), and negative integers -16 <= n <= -1 ``1 / x^|n|``.
+- PRelu whose slope the importer broadcasts itself, ``where(x < 0, x * s, x)``, becomes
+  ``nn.leakyrelu(x, s)`` for a constant s of one value, ``nn.prelu(x, s)`` for one
+  value per channel, and ``relu(x) + minimum(x, 0) * s`` for an s of x's shape
+  (constant or not): the same arithmetic, x * s rounded once where x < 0 (the add is
+  exact, one side is 0).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 
+from ..target.codegen.rules import channel_axis, constant_broadcast
 from ._binding_rewrite import bindings, is_const, is_float, op_is, rewrite_bindings, static_shape
 
 __all__ = ["Decompose"]
@@ -285,6 +291,49 @@ def _rms_norms(values, uses, drop, rebuild):
             break
 
 
+def _slope_of(value, values, uses):
+    """(x, the less and multiply vars, slope s) when ``value`` is ``where(x < 0, x * s, x)``
+    with a constant s that broadcasts as one value or one per channel, else None."""
+    cond, scaled, x = value.args
+    less, mul = values.get(cond), values.get(scaled)
+    if not (op_is(less, "relax.less") and op_is(mul, "relax.multiply")) or uses.get(cond) != 1 \
+            or uses.get(scaled) != 1 or not less.args[0].same_as(x) or not is_const(less.args[1]) \
+            or np.any(less.args[1].value.numpy() != 0):
+        return None
+    a, b = mul.args
+    slope = b if a.same_as(x) else a if b.same_as(x) else None
+    shape = static_shape(value)
+    if slope is None or shape is None or static_shape(x) != shape or not is_float(value.ty.dtype):
+        return None
+    if static_shape(slope) == shape:
+        return x, (cond, scaled), slope
+    if is_const(slope) and constant_broadcast(shape, slope.value.numpy().shape) in ("scalar", "channel"):
+        return x, (cond, scaled), slope.value.numpy()
+    return None
+
+
+def _prelus(values, uses, drop, rebuild):
+    """``where(x < 0, x * s, x)`` (the importer's PRelu for a slope it broadcasts) is a
+    leaky ReLU, a PReLU, or a ReLU plus the scaled negative part (see the module docstring)."""
+    for var, value in values.items():
+        found = _slope_of(value, values, uses) if op_is(value, "relax.where") and var not in rebuild else None
+        if found is None:
+            continue
+        x, inner, slope = found
+        drop.update(inner)
+        rank = len(static_shape(value))
+        if not isinstance(slope, np.ndarray):  # an s of x's shape
+            rebuild[var] = lambda visit, builder, x=x, s=slope, dt=str(value.ty.dtype): relax.op.add(
+                builder.emit(relax.op.nn.relu(visit(x))),
+                builder.emit(relax.op.multiply(builder.emit(relax.op.minimum(visit(x), relax.const(0.0, dt))),
+                                               visit(s))))
+        elif slope.size == 1:
+            rebuild[var] = lambda visit, builder, x=x, a=float(slope.reshape(())): relax.op.nn.leakyrelu(visit(x), a)
+        else:
+            rebuild[var] = lambda visit, builder, x=x, s=slope.reshape(-1), axis=channel_axis(rank): \
+                relax.op.nn.prelu(visit(x), relax.const(s), axis=axis)
+
+
 def _plan(func):
     drop, rebuild = set(), {}
     values = dict(bindings(func))
@@ -317,6 +366,7 @@ def _plan(func):
     _softmax_guards(values, rebuild)
     _softmax_axes(values, rebuild)
     _rms_norms(values, uses, drop, rebuild)
+    _prelus(values, uses, drop, rebuild)
     return drop, rebuild
 
 

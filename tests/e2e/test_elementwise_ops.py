@@ -183,3 +183,31 @@ def test_activations_match_onnxruntime(op, attrs):
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     # 1 - exp(x) cancels for x near 0 (no expm1 on the VXM): an absolute error of ulps of 1.
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=4e-7, equal_nan=True)
+
+
+@pytest.mark.parametrize("shape, slope_shape, runtime", [
+    ((3, 6, 10), (10,), False),  # per channel of a 3-D value: nn.prelu along the last axis
+    ((2, 3, 4, 5), (1,), False),  # one slope: a leaky ReLU
+    ((2, 3, 4, 5), (2, 3, 4, 5), False),  # a slope per element: relu(x) + min(x, 0) * s
+    ((2, 3, 4, 5), (2, 3, 4, 5), True),  # the same with a runtime slope
+])
+def test_prelu_forms_match_onnxruntime_exactly(shape, slope_shape, runtime):
+    rng = np.random.default_rng(5)
+    x = _wide(rng, int(np.prod(shape)), -30, 30).reshape(shape)
+    x.reshape(-1)[:5] = [0.0, -np.inf, np.inf, np.nan, -1e-45]
+    slope = rng.uniform(-1, 2, slope_shape).astype(np.float32)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)]
+    inits = []
+    if runtime:
+        inputs.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, slope_shape))
+    else:
+        inits.append(numpy_helper.from_array(slope, "s"))
+    graph = helper.make_graph([helper.make_node("PRelu", ["x", "s"], ["out"])], "prelu", inputs,
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, shape)], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    compiled = lpx_tvm.compile_model(model, preset="mini", precision="fp32")
+    assert compiled.report["offload"]["cpu"] == {}, compiled.report["offload"]["reasons"]
+    feeds = {"x": x, "s": slope} if runtime else {"x": x}
+    got = compiled.run(feeds)["out"]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_array_equal(got, want)  # x * s rounded once, as onnxruntime

@@ -153,12 +153,13 @@ MAIN_OPS_OF_CASE = {
     "test_clip_default_int8_max-const": ("call_tir",),
     # A tensor over a constant is a multiply by its reciprocal (lpx.CollapseAffine), a
     # constant exponent 2 multiplies, a one-input Min / Max a stack and a reduction, and a
-    # PRelu slope that broadcasts along the last axis where(x < 0, x * slope, x).
+    # PRelu slope of the input's shape where(x < 0, x * slope, x), which lpx.Decompose
+    # writes as relu(x) + minimum(x, 0) * slope.
     **{f"test_div{c}-const": ("multiply",) for c in ("", "_example", "_bcast")},
     "test_pow_bcast_scalar-const": ("multiply",),
     "test_min_one_input": ("stack", "min"),
     "test_max_one_input": ("stack", "max"),
-    **{case: ("less", "multiply", "where") for case in ("test_prelu_example", "test_prelu_example-const")},
+    **{case: ("nn.relu", "minimum", "multiply", "add") for case in ("test_prelu_example", "test_prelu_example-const")},
     # Runtime clip bounds: the importer emits generated TIR maximum / minimum (with NaN
     # handling for floats), which run on the CPU; docs/ops.md lists them.
     **{case: ("call_tir",) for case in (
