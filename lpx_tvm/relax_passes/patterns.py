@@ -64,6 +64,7 @@ from .check_context import (
     check_settings,
     current_settings,
 )
+from .decompose import MAX_INTEGER_POWER
 from .int8_patterns import int8_pattern_table
 from .pattern_utils import (
     PATTERN_PREFIX,
@@ -497,7 +498,7 @@ def _power_rule(a, settings):
     if scalar_value(exponent) is None:
         return op, f"power with an exponent of shape {expr_shape(exponent)}: LPX raises to one constant exponent"
     return op, (f"power with exponent {scalar_value(exponent):g}: LPX raises to 0.5, -0.5 and the integers "
-                "2 <= |n| <= 16; other exponents need exp(c * log(x)) and the VXM has no log")
+                f"1 <= |n| <= {MAX_INTEGER_POWER}; other exponents need exp(c * log(x)) and the VXM has no log")
 
 
 def _no_vxm_op_rule(a, settings):
