@@ -211,3 +211,25 @@ def test_prelu_forms_match_onnxruntime_exactly(shape, slope_shape, runtime):
     got = compiled.run(feeds)["out"]
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_array_equal(got, want)  # x * s rounded once, as onnxruntime
+
+
+@pytest.mark.parametrize("precision", list(DTYPES))
+def test_silu_forks_in_step(precision):
+    """nn.silu (torch's SiLU) is x * sigmoid(x): x waits on the stream for the sigmoid."""
+    from tvm import relax
+
+    shape = (6, 40)
+    x = _wide(np.random.default_rng(3), 240, -20, 7).reshape(shape)
+    x.reshape(-1)[:4] = [0.0, -np.inf, np.inf, np.nan]
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.nn.silu(xv))
+        bb.emit_func_output(y)
+    (got,) = lpx_tvm.build(bb.get(), preset="mini", precision=precision).run([x])
+    xs = _at(x, precision)
+    with np.errstate(all="ignore"):
+        sig = np.asarray(1.0 / (1.0 + np.exp(-xs)), np.float64).astype(DTYPES[precision]).astype(np.float64)
+        want = np.where(np.isneginf(xs), np.nan, xs * sig)  # -inf * sigmoid(-inf) = -inf * 0
+    _compare(got, want, precision, 1)

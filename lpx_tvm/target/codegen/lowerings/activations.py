@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ....machine.timing import vxm_latency
+from ..graph import UnsupportedOnLPX
+
 # 2^127 twice: any nonzero finite float times 2^254 is at least 2^105 in magnitude
 # (the least fp32 subnormal is 2^-149), so a clip to [-1, 1] leaves only its sign.
 _HUGE = 2.0 ** 127
@@ -23,6 +26,23 @@ _HUGE = 2.0 ** 127
 def _same(g, v):
     """x * 1: x itself, one ALU op later (it keeps a fork's branches in step)."""
     return g.vxm("vxm.mul", v, imm=1.0)
+
+
+def waiting_for(g, v, op: str):
+    """x, as many ALU steps of x * 1 later as the VXM op ``op`` takes (for a fork with
+    ``op`` on its other branch: SiLU's x * sigmoid(x))."""
+    lat, step = vxm_latency(g.cfg, op), vxm_latency(g.cfg, "vxm.mul")
+    if lat % step:
+        raise UnsupportedOnLPX(f"{op} takes {lat} cycles, not a whole number of {step}-cycle ALU steps: "
+                               "its operand cannot wait for it on the stream")
+    for _ in range(lat // step):
+        v = _same(g, v)
+    return v
+
+
+def _silu(g, v, step):
+    """x * sigmoid(x), x kept in step with the sigmoid (:func:`waiting_for`)."""
+    return g.vxm("vxm.mul", waiting_for(g, v, "vxm.sigmoid"), g.vxm("vxm.sigmoid", v))
 
 
 def _abs(g, v, step):
@@ -85,4 +105,5 @@ UNARY_CHAINS = {
     "sqrt": _sqrt,
     "sign": _sign,
     "nn.leakyrelu": _leakyrelu,
+    "nn.silu": _silu,
 }

@@ -165,7 +165,7 @@ def _channel_rows(ctx: LoweringContext, name: str, row, x: Stored, y: Stored):
     return copy_for
 
 
-@register_lowering("nn.relu", "sigmoid", "tanh", "erf", "nn.gelu", "nn.gelu_tanh", "nn.silu", "clip", *UNARY_CHAINS)
+@register_lowering("nn.relu", "sigmoid", "tanh", "erf", "nn.gelu", "nn.gelu_tanh", "clip", *UNARY_CHAINS)
 def lower_unary(ctx: LoweringContext, op: RegionOp, is_output: bool):
     x = ctx.value(op.main.args[0])
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
@@ -183,8 +183,6 @@ def lower_unary(ctx: LoweringContext, op: RegionOp, is_output: bool):
                     v = g.vxm("vxm.min", v, imm=hi)
             elif s.op in UNARY_VXM:
                 v = g.vxm(UNARY_VXM[s.op], v)
-            elif s.op == "nn.silu":  # x * sigmoid(x)
-                v = g.vxm("vxm.mul", v, g.vxm("vxm.sigmoid", v))
             elif s.op in UNARY_CHAINS:
                 v = UNARY_CHAINS[s.op](g, v, s)
             else:
