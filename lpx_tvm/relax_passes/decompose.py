@@ -19,7 +19,15 @@
   with a constant per-column w), becomes one ``nn.rms_norm``.
 - ``power(x, c)`` with a constant c of 2 or 3 (the cube in the tanh form of GELU)
   becomes ``x * x`` or ``x * x * x``, elementwise multiplies (two roundings instead of
-  one; within the float tolerance of the rest of the graph).
+  one; within the float tolerance of the rest of the graph). Other constant exponents
+  the VXM reaches: 0.5 becomes ``sqrt``, -0.5 ``rsqrt``, 1 the value itself, other
+  integers 4 <= n <= 16 multiplies by repeated squaring (fewer than n - 1 roundings'
+  worth of error), and negative integers -16 <= n <= -1 ``1 / x^|n|``.
+- PRelu whose slope the importer broadcasts itself, ``where(x < 0, x * s, x)``, becomes
+  ``nn.leakyrelu(x, s)`` for a constant s of one value, ``nn.prelu(x, s)`` for one
+  value per channel, and ``relu(x) + minimum(x, 0) * s`` for an s of x's shape
+  (constant or not): the same arithmetic, x * s rounded once where x < 0 (the add is
+  exact, one side is 0).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 
+from ..target.codegen.rules import channel_axis, constant_broadcast
 from ._binding_rewrite import bindings, is_const, is_float, op_is, rewrite_bindings, static_shape
 
 __all__ = ["Decompose"]
@@ -61,6 +70,49 @@ def _power(x, k, builder):
     if k == 2:
         return relax.op.multiply(x, x)
     return relax.op.multiply(builder.emit(relax.op.multiply(x, x)), x)
+
+
+# The largest |n| of an integer power written as multiplies.
+MAX_INTEGER_POWER = 16
+
+
+def _constant_exponent(call) -> float | None:
+    """c when ``call`` is ``power(x, c)`` with c a constant scalar LPX raises to (see the
+    module docstring), else None."""
+    c = call.args[1]
+    if not is_const(c) or c.value.numpy().size != 1:
+        return None
+    k = float(c.value.numpy().reshape(()))
+    if k in (0.5, -0.5) or (k == int(k) and 1 <= abs(k) <= MAX_INTEGER_POWER):
+        return k
+    return None
+
+
+def _integer_power_of(x, n, builder):
+    """x^n for an integer n >= 1 by repeated squaring (x^4 = (x * x) * (x * x))."""
+    if n == 1:
+        return x
+    half = _integer_power_of(x, n // 2, builder)
+    half = builder.emit(half) if isinstance(half, relax.Call) else half
+    square = relax.op.multiply(half, half)
+    if n % 2 == 0:
+        return square
+    return relax.op.multiply(builder.emit(square), x)
+
+
+def _constant_power(x, k, builder):
+    if k == 0.5:
+        return relax.op.sqrt(x)
+    if k == -0.5:
+        return relax.op.rsqrt(x)
+    if k in (2.0, 3.0):
+        return _power(x, int(k), builder)  # as before the general case: x * x, (x * x) * x
+    n = int(abs(k))
+    positive = _integer_power_of(x, n, builder)
+    if k > 0:
+        return positive
+    positive = builder.emit(positive) if isinstance(positive, relax.Call) else positive
+    return relax.op.divide(relax.const(1.0, x.ty.dtype), positive)
 
 
 def _permutes(values, uses, drop, rebuild):
@@ -239,6 +291,49 @@ def _rms_norms(values, uses, drop, rebuild):
             break
 
 
+def _slope_of(value, values, uses):
+    """(x, the less and multiply vars, slope s) when ``value`` is ``where(x < 0, x * s, x)``
+    with a constant s that broadcasts as one value or one per channel, else None."""
+    cond, scaled, x = value.args
+    less, mul = values.get(cond), values.get(scaled)
+    if not (op_is(less, "relax.less") and op_is(mul, "relax.multiply")) or uses.get(cond) != 1 \
+            or uses.get(scaled) != 1 or not less.args[0].same_as(x) or not is_const(less.args[1]) \
+            or np.any(less.args[1].value.numpy() != 0):
+        return None
+    a, b = mul.args
+    slope = b if a.same_as(x) else a if b.same_as(x) else None
+    shape = static_shape(value)
+    if slope is None or shape is None or static_shape(x) != shape or not is_float(value.ty.dtype):
+        return None
+    if static_shape(slope) == shape:
+        return x, (cond, scaled), slope
+    if is_const(slope) and constant_broadcast(shape, slope.value.numpy().shape) in ("scalar", "channel"):
+        return x, (cond, scaled), slope.value.numpy()
+    return None
+
+
+def _prelus(values, uses, drop, rebuild):
+    """``where(x < 0, x * s, x)`` (the importer's PRelu for a slope it broadcasts) is a
+    leaky ReLU, a PReLU, or a ReLU plus the scaled negative part (see the module docstring)."""
+    for var, value in values.items():
+        found = _slope_of(value, values, uses) if op_is(value, "relax.where") and var not in rebuild else None
+        if found is None:
+            continue
+        x, inner, slope = found
+        drop.update(inner)
+        rank = len(static_shape(value))
+        if not isinstance(slope, np.ndarray):  # an s of x's shape
+            rebuild[var] = lambda visit, builder, x=x, s=slope, dt=str(value.ty.dtype): relax.op.add(
+                builder.emit(relax.op.nn.relu(visit(x))),
+                builder.emit(relax.op.multiply(builder.emit(relax.op.minimum(visit(x), relax.const(0.0, dt))),
+                                               visit(s))))
+        elif slope.size == 1:
+            rebuild[var] = lambda visit, builder, x=x, a=float(slope.reshape(())): relax.op.nn.leakyrelu(visit(x), a)
+        else:
+            rebuild[var] = lambda visit, builder, x=x, s=slope.reshape(-1), axis=channel_axis(rank): \
+                relax.op.nn.prelu(visit(x), relax.const(s), axis=axis)
+
+
 def _plan(func):
     drop, rebuild = set(), {}
     values = dict(bindings(func))
@@ -262,21 +357,23 @@ def _plan(func):
                 rebuild[item] = lambda visit, builder, x=value.args[0], a=axis, b=begin, e=end: \
                     relax.op.strided_slice(visit(x), axes=[a], begin=[b], end=[e])
             drop.add(var)
-        elif op_is(value, "relax.power") and is_float(value.ty.dtype) and _integer_power(value) \
+        elif op_is(value, "relax.power") and is_float(value.ty.dtype) and _constant_exponent(value) is not None \
                 and static_shape(value.args[0]) == static_shape(value):
-            rebuild[var] = lambda visit, builder, x=value.args[0], k=_integer_power(value): \
-                _power(visit(x), k, builder)
+            rebuild[var] = lambda visit, builder, x=value.args[0], k=_constant_exponent(value): \
+                _constant_power(visit(x), k, builder)
     _permutes(values, uses, drop, rebuild)
     _layout_noise(values, uses, drop, rebuild)
     _softmax_guards(values, rebuild)
     _softmax_axes(values, rebuild)
     _rms_norms(values, uses, drop, rebuild)
+    _prelus(values, uses, drop, rebuild)
     return drop, rebuild
 
 
 @relax.transform.function_pass(opt_level=0, name="lpx.Decompose")
 class Decompose:
-    """Rewrite split into strided slices, permute chains into one, small integer powers into multiplies."""
+    """Rewrite split into strided slices, permute chains into one, constant powers into multiplies,
+    square roots and reciprocals."""
 
     def transform_function(self, func, mod, ctx):
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):

@@ -56,7 +56,9 @@ from ..target.codegen.rules import (
     activation_row_problem,
     binary_operands_problem,
     concat_axis_problem,
+    divide_operands_problem,
     grouped_conv_problem,
+    prelu_slope_problem,
     reshape_keeps_storage,
     spatial_mean_problem,
 )
@@ -68,6 +70,7 @@ from .check_context import (
     check_settings,
     current_settings,
 )
+from .decompose import MAX_INTEGER_POWER
 from .int8_patterns import int8_pattern_table
 from .pattern_utils import (
     PATTERN_PREFIX,
@@ -497,6 +500,72 @@ def _resize_rule(a, settings):
     problem = resize_problem(len(expr_shape(a["input"])), str(attrs.layout), str(attrs.method),
                              str(attrs.coordinate_transformation_mode), str(attrs.rounding_method))
     return (op, problem) if problem else None
+# ---- elementwise ops composed on the VXM (lowerings/activations.py, elementwise.py) ---
+
+# Unary ops the VXM computes as a short chain of its ops.
+_VXM_UNARY = (("abs", "relax.abs"), ("negative", "relax.negative"), ("exp", "relax.exp"),
+              ("sqrt", "relax.sqrt"), ("rsqrt", "relax.rsqrt"), ("sign", "relax.sign"),
+              ("leakyrelu", "relax.nn.leakyrelu"))
+
+# Ops the VXM has no instruction or exact composition for: they stay on the CPU, and
+# the offload report says why.
+_NO_VXM_OP = {
+    "log": "the VXM has no log (its transcendentals are exp, tanh, sigmoid, erf, GELU, rsqrt and recip)",
+    "floor": "the VXM has no floor (its float -> int conversion rounds to nearest and saturates at 2^31)",
+    "ceil": "the VXM has no ceil (its float -> int conversion rounds to nearest and saturates at 2^31)",
+    "round": "the VXM has no round for the whole float range (its float -> int conversion saturates at 2^31)",
+}
+
+
+def _divide_rule(a, settings):
+    op, lhs, rhs = a["root"], a["lhs"], a["rhs"]
+    found = _tensors_problem(op, [lhs, rhs], settings) or _same_dtype_problem(op, lhs, rhs)
+    if found:
+        return found
+    problem = divide_operands_problem(expr_shape(lhs), expr_shape(rhs), is_const(lhs), is_const(rhs),
+                                      expr_shape(op))
+    return (op, problem) if problem else _scalar_problem(op)
+
+
+def _prelu_rule(a, settings):
+    op = a["root"]
+    data, slope = op.args
+    found = _tensors_problem(op, [data], settings)
+    if found:
+        return found
+    problem = prelu_slope_problem(expr_shape(data), expr_shape(slope), int(op.attrs.axis), is_const(slope))
+    return (op, problem) if problem else _scalar_problem(op)
+
+
+def _power_rule(a, settings):
+    """lpx.Decompose has turned the exponents LPX raises to into other ops: what is left
+    stays on the CPU."""
+    op = a["root"]
+    found = _tensors_problem(op, [op.args[0]], settings)
+    if found:
+        return found
+    exponent = op.args[1]
+    if not is_const(exponent):
+        return op, "power with a runtime exponent: x^y is exp(y * log(x)) and the VXM has no log"
+    if scalar_value(exponent) is None:
+        return op, f"power with an exponent of shape {expr_shape(exponent)}: LPX raises to one constant exponent"
+    return op, (f"power with exponent {scalar_value(exponent):g}: LPX raises to 0.5, -0.5 and the integers "
+                f"1 <= |n| <= {MAX_INTEGER_POWER}; other exponents need exp(c * log(x)) and the VXM has no log")
+
+
+def _no_vxm_op_rule(a, settings):
+    op = a["root"]
+    return _tensors_problem(op, [op.args[0]], settings) or (op, _NO_VXM_OP[op_name(op)])
+
+
+def _vxm_elementwise_table() -> list:
+    table = [(op, *_unary_pattern(relax_op), [_unary_rule]) for op, relax_op in _VXM_UNARY]
+    table += [(op, *_binary_pattern(f"relax.{op}"), [_binary_rule]) for op in ("minimum", "maximum")]
+    table.append(("divide", *_binary_pattern("relax.divide"), [_divide_rule]))
+    table.append(("prelu", *_unary_pattern("relax.nn.prelu"), [_prelu_rule]))
+    table.append(("power", *_unary_pattern("relax.power"), [_power_rule]))
+    table += [(op, *_unary_pattern(f"relax.{op}"), [_no_vxm_op_rule]) for op in _NO_VXM_OP]
+    return table
 
 
 # ---- patterns -----------------------------------------------------------------------
@@ -585,6 +654,7 @@ def pattern_table() -> list:
         ("silu", "relax.nn.silu"),
     ):
         table.append((op, *_unary_pattern(relax_op), [_unary_rule]))
+    table += _vxm_elementwise_table()
     for op in ("max_pool2d", "avg_pool2d"):
         table.append((op, *_unary_pattern(f"relax.nn.{op}"), [_pool2d_rule]))
     table.append(("global_avg_pool2d", *_unary_pattern("relax.mean"), [_global_avg_pool2d_rule]))

@@ -2,7 +2,10 @@
 
 Every node test case of Conv, Gemm, MatMul, Relu, Add, Mul, Sub, MaxPool, AveragePool,
 GlobalAveragePool, Flatten, Concat, BatchNormalization (inference), Sigmoid, Tanh,
-Clip, Softmax, LayerNormalization (output Y), Gelu, Erf, Transpose, Where and Resize is compiled and run, and each output is compared with the case's expected output.
+Clip, Softmax, LayerNormalization (output Y), Gelu, Erf, Transpose, Where, Resize and the VXM
+elementwise ops and activations (Abs, Neg, Exp, Sqrt, Div, Min, Max, Reciprocal, Pow,
+Sign, Floor, Log, LeakyRelu, PRelu, HardSigmoid, HardSwish, Elu, Selu, Softplus, Mish)
+is compiled and run, and each output is compared with the case's expected output.
 The offload report must then match docs/ops.md exactly: the Relax ops the ONNX node
 becomes run on LPX, unless the table "Node test cases that run on the CPU" lists them
 with the reason the report gives. Cases the docs list as not importable by TVM are
@@ -63,6 +66,27 @@ PREFIXES = {
     "Transpose": ("transpose",),
     "Where": ("where",),
     "Resize": ("resize",),
+    # The VXM elementwise ops and activations.
+    "Abs": ("abs",),
+    "Neg": ("neg",),
+    "Exp": ("exp",),
+    "Sqrt": ("sqrt",),
+    "Div": ("div",),
+    "Min": ("min",),
+    "Max": ("max",),
+    "Reciprocal": ("reciprocal",),
+    "Pow": ("pow",),
+    "Sign": ("sign",),
+    "Floor": ("floor",),
+    "Log": ("log",),
+    "LeakyRelu": ("leakyrelu",),
+    "PRelu": ("prelu",),
+    "HardSigmoid": ("hardsigmoid",),
+    "HardSwish": ("hardswish",),
+    "Elu": ("elu",),
+    "Selu": ("selu",),
+    "Softplus": ("softplus",),
+    "Mish": ("mish",),
 }
 
 # The Relax ops an ONNX node becomes after canonicalization (BatchNormalization
@@ -91,6 +115,28 @@ MAIN_OPS = {
     "Transpose": ("permute_dims",),
     "Where": ("where",),
     "Resize": ("image.resize2d",),
+    # The VXM elementwise ops and activations (HardSigmoid is an affine then a clip,
+    # HardSwish x * clip(x + 3, 0, 6) / 6, Elu and Selu relus of x and of 1 - exp(x)).
+    "Abs": ("abs",),
+    "Neg": ("negative",),
+    "Exp": ("exp",),
+    "Sqrt": ("sqrt",),
+    "Div": ("divide",),
+    "Min": ("minimum",),
+    "Max": ("maximum",),
+    "Reciprocal": ("divide",),
+    "Pow": ("power",),
+    "Sign": ("sign",),
+    "Floor": ("floor",),
+    "Log": ("log",),
+    "LeakyRelu": ("nn.leakyrelu",),
+    "PRelu": ("nn.prelu",),
+    "HardSigmoid": ("multiply", "add", "clip"),
+    "HardSwish": ("add", "clip", "multiply"),
+    "Elu": ("exp", "subtract", "nn.relu", "multiply", "add"),
+    "Selu": ("exp", "subtract", "nn.relu", "multiply", "add"),
+    "Softplus": ("nn.relu", "abs", "negative", "exp", "add", "log"),
+    "Mish": ("exp", "add", "log", "tanh", "multiply"),
 }
 # Cases whose node becomes other ops: Clip with no bounds and Transpose (0, 1, 2) are the
 # identity (no op at all), Clip(min=0) with no max is a ReLU, Clip with only a max is a minimum, min > max
@@ -107,6 +153,15 @@ MAIN_OPS_OF_CASE = {
     "test_clip_min_greater_than_max-const": ("maximum", "minimum"),
     "test_clip_default_int8_min-const": ("call_tir",),
     "test_clip_default_int8_max-const": ("call_tir",),
+    # A tensor over a constant is a multiply by its reciprocal (lpx.CollapseAffine), a
+    # constant exponent 2 multiplies, a one-input Min / Max a stack and a reduction, and a
+    # PRelu slope of the input's shape where(x < 0, x * slope, x), which lpx.Decompose
+    # writes as relu(x) + minimum(x, 0) * slope.
+    **{f"test_div{c}-const": ("multiply",) for c in ("", "_example", "_bcast")},
+    "test_pow_bcast_scalar-const": ("multiply",),
+    "test_min_one_input": ("stack", "min"),
+    "test_max_one_input": ("stack", "max"),
+    **{case: ("nn.relu", "minimum", "multiply", "add") for case in ("test_prelu_example", "test_prelu_example-const")},
     # Runtime clip bounds: the importer emits generated TIR maximum / minimum (with NaN
     # handling for floats), which run on the CPU; docs/ops.md lists them.
     **{case: ("call_tir",) for case in (
@@ -120,7 +175,8 @@ OUTPUTS_COMPARED = {"LayerNormalization": 1}
 
 # Ops whose inputs after the first are parameters in a deployed model: these cases also
 # run as "-const".
-CONST_VARIANT_OPS = {"Conv", "Gemm", "MatMul", "BatchNormalization", "Clip", "Add", "Sub", "Mul", "LayerNormalization"}
+CONST_VARIANT_OPS = {"Conv", "Gemm", "MatMul", "BatchNormalization", "Clip", "Add", "Sub", "Mul", "LayerNormalization",
+                     "Div", "Min", "Max", "Pow", "PRelu"}
 CONST_VARIANT_OPS |= {"Resize"}  # roi, scales and sizes
 
 

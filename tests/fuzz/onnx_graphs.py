@@ -10,7 +10,10 @@ Three families:
   exporter's Reshape/Transpose head split and merge, causal masks, LayerNormalization and
   GELU (the Gelu op or its Erf and tanh forms written out);
 - ``elementwise``: DAGs of Add, Sub, Mul, Relu, Sigmoid, Tanh, Erf, Clip and Where over
-  runtime operands and constants with scalar, per-channel, last-axis and full broadcasts.
+  runtime operands and constants with scalar, per-channel, last-axis and full broadcasts;
+  after some nodes, a VXM op or activation of docs/ops.md (Abs, Neg, Sign, Exp, Sqrt,
+  Reciprocal, Div, Min, Max, Pow, LeakyRelu, PRelu, HardSigmoid, HardSwish), drawn from
+  a generator of its own so that the DAG around them is the one the seed always gave.
 
 Graph ``index`` of ``family`` and ``seed`` is always the same model: it draws from its
 own numpy Generator, seeded by ``(seed, family, index)``, and its inputs from another.
@@ -65,6 +68,7 @@ def graph(family: str, index: int, seed: int = 0) -> onnx.ModelProto:
     if index < 0 or seed < 0:
         raise ValueError("index and seed are non-negative")
     b = _Builder(_rng(family, index, seed, stream=0), f"{family}_{index}_s{seed}")
+    b.extra_rng = _rng(family, index, seed, stream=2)
     outputs, opset = _FAMILY_BUILDERS[family](b)
     model = b.model(outputs, opset)
     _check(model)
@@ -626,6 +630,8 @@ def _elementwise(b: _Builder):
             va, vc = (values[a], cv) if ins[0] == a else (cv, values[a])
             values[out] = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}[op](va, vc)
             b.layers.append(f"{op}({ins[0]}, {ins[1]}) [{kind}]")
+        if b.extra_rng.random() < 0.35:
+            out = _vxm_op(b, out, shape, values, names)
         if np.max(np.abs(values[out])) > 8:  # keep magnitudes within a few units
             out2 = b.node("Tanh", [out], shape)
             values[out2] = np.tanh(values[out])
@@ -635,6 +641,67 @@ def _elementwise(b: _Builder):
         names.append(out)
     sinks = [n for n in names if n not in consumed and n not in sample]
     return sinks or [names[-1]], 17
+
+
+def _away_from_zero(b: _Builder, x: str, shape, values) -> str:
+    """|x| + 0.5: a denominator or a base whose powers stay well scaled."""
+    out = b.node("Add", [b.node("Abs", [x], shape), b.const(np.array(0.5, np.float32), "k")], shape)
+    values[out] = np.abs(values[x]) + 0.5
+    return out
+
+
+def _vxm_op(b: _Builder, x: str, shape, values, names) -> str:
+    """One of the VXM ops and activations after ``x``, from ``b.extra_rng``."""
+    rng = b.extra_rng
+    op = _choice(rng, ["Abs", "Neg", "Sign", "Exp", "Sqrt", "Reciprocal", "Div", "Min", "Max", "Pow",
+                       "LeakyRelu", "PRelu", "HardSigmoid", "HardSwish"])
+    v = values[x]
+    if op in ("Abs", "Neg", "Sign", "HardSwish"):
+        out = b.node(op, [x], shape)
+        values[out] = {"Abs": np.abs(v), "Neg": -v, "Sign": np.sign(v),
+                       "HardSwish": v * np.clip(v / 6 + 0.5, 0, 1)}[op]
+    elif op == "Exp":
+        out = b.node(op, [x], shape)
+        values[out] = np.exp(v)
+    elif op in ("Sqrt", "Reciprocal"):
+        base = _away_from_zero(b, x, shape, values)
+        out = b.node(op, [base], shape)
+        values[out] = np.sqrt(values[base]) if op == "Sqrt" else 1 / values[base]
+    elif op == "Pow":
+        k = float(_choice(rng, [0.5, -0.5, -1.0, 2.0, 3.0, 4.0, 5.0, -2.0]))
+        base = _away_from_zero(b, x, shape, values) if k != int(k) or k < 0 else x
+        out = b.node(op, [base, b.const(np.array(k, np.float32), "k")], shape)
+        values[out] = values[base] ** k
+    elif op == "Div":
+        other = names[int(rng.integers(0, len(names)))]
+        den = _away_from_zero(b, other, shape, values)
+        out = b.node(op, [x, den], shape)
+        values[out] = v / values[den]
+    elif op in ("Min", "Max"):
+        if rng.random() < 0.5:
+            c, cv = names[int(rng.integers(0, len(names)))], None
+            cv = values[c]
+        else:
+            c, _ = _broadcast_constant(b, shape, _choice(rng, ["scalar", "channel", "full"]),
+                                       lambda cs: rng.uniform(-1, 1, cs).astype(np.float32))
+            cv = numpy_helper.to_array(b.inits[-1]).astype(np.float64)
+        out = b.node(op, [x, c], shape)
+        values[out] = (np.minimum if op == "Min" else np.maximum)(v, cv)
+    elif op == "LeakyRelu":
+        alpha = float(_choice(rng, [0.01, 0.1, 0.3, 1.5]))
+        out = b.node(op, [x], shape, alpha=alpha)
+        values[out] = np.where(v < 0, alpha * v, v)
+    elif op == "PRelu":  # one slope per channel of NCHW, else one slope
+        sshape = (shape[1], 1, 1) if len(shape) == 4 else (1,)
+        slope = rng.uniform(-0.5, 1.5, sshape).astype(np.float32)
+        out = b.node(op, [x, b.const(slope, "slope")], shape)
+        values[out] = np.where(v < 0, slope * v, v)
+    else:  # HardSigmoid
+        alpha, beta = float(rng.uniform(0.1, 0.5)), float(rng.uniform(0.2, 0.8))
+        out = b.node(op, [x], shape, alpha=alpha, beta=beta)
+        values[out] = np.clip(alpha * v + beta, 0, 1)
+    b.layers.append(f"{op}({x})")
+    return out
 
 
 _FAMILY_BUILDERS = {"cnn": _cnn, "transformer": _transformer, "elementwise": _elementwise}

@@ -90,22 +90,23 @@ def test_constant_along_width_is_refused_by_both_with_one_reason():
                       "channel or a full tensor are supported")
 
 
-def test_constant_minus_tensor_is_refused_by_both():
-    const = np.ones((1, 4, 1, 1), np.float32)
+@pytest.mark.parametrize("cshape", [(1, 1), (1, 4, 1, 1), (1, 4, 3, 4)])
+def test_constant_minus_tensor_runs_on_lpx(cshape):
+    """c - x (a scalar, per-channel or full c) is offloaded and lowered as x * -1 + c."""
+    shape = (1, 4, 3, 4)
+    const = RNG.standard_normal(cshape).astype(np.float32)
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 4, 3, 4), "float32"))
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
             y = bb.emit_output(relax.op.subtract(relax.const(const), x))
         bb.emit_func_output(y)
     _, report = partition_for_lpx(bb.get(), "mini", "fp32")
-    shape = (1, 4, 3, 4)
-    xo = Operand("x", shape=shape)
-    step = Step("subtract", [Operand(const=const, shape=const.shape), xo], {}, shape, "float32")
-    region = Region("r", [xo], [RegionOp("lpx.subtract", step, [], "y", shape)], ["y"])
-    with pytest.raises(UnsupportedOnLPX) as err:
-        compile_region(load_config("mini"), "fp32", "r", region)
-    assert report.reasons["subtract"] == [str(err.value)] == ["constant minus tensor is not supported"]
+    assert report.lpx.get("subtract") == 1 and not report.cpu
+    exe = lpx_tvm.build(bb.get(), preset="mini", precision="fp32")
+    xv = RNG.standard_normal(shape).astype(np.float32)
+    (got,) = exe.run([xv])
+    np.testing.assert_array_equal(got, const - xv)  # one rounding, as numpy's
 
 
 @pytest.mark.parametrize("tensor, const, kind", [

@@ -133,14 +133,13 @@ def constant_broadcast(tensor: tuple, const: tuple) -> "str | None":
 
 def binary_operands_problem(op: str, lhs: tuple, rhs: tuple, lhs_const: bool, rhs_const: bool,
                             result: tuple) -> "str | None":
-    """Why an elementwise ``op`` (``add``, ``subtract``, ``multiply``) of operands of
-    shapes ``lhs`` and ``rhs`` (constant or not) into ``result`` cannot be lowered, or None."""
+    """Why an elementwise ``op`` (``add``, ``subtract``, ``multiply``, ``minimum``,
+    ``maximum``) of operands of shapes ``lhs`` and ``rhs`` (constant or not) into
+    ``result`` cannot be lowered, or None. (Constant minus tensor runs as the tensor
+    negated plus the constant.)"""
     lhs, rhs, result = _ints(lhs), _ints(rhs), _ints(result)
     if lhs_const and rhs_const:
         return "both operands are constants (folded at compile time)"
-    if op == "subtract" and lhs_const:
-        # The VXM subtracts the second operand (an immediate or a stream) from the first.
-        return "constant minus tensor is not supported"
     tensor, other, other_const = (rhs, lhs, lhs_const) if lhs_const else (lhs, rhs, rhs_const)
     if not other_const:
         if tensor != other:
@@ -151,6 +150,36 @@ def binary_operands_problem(op: str, lhs: tuple, rhs: tuple, lhs_const: bool, rh
     if result != tensor:
         return "the result is larger than the operands"
     return None
+
+
+def divide_operands_problem(lhs: tuple, rhs: tuple, lhs_const: bool, rhs_const: bool,
+                            result: tuple) -> "str | None":
+    """Why ``lhs / rhs`` cannot be lowered, or None: a tensor divides by a tensor of its
+    shape (times the reciprocal) or by a constant as a multiply does (times the
+    constant's reciprocal); a constant numerator must be one value (the reciprocal of
+    the tensor, scaled)."""
+    if lhs_const and not rhs_const:
+        if math.prod(_ints(lhs)) != 1:
+            return f"constant of shape {_ints(lhs)} divided by a tensor: only a scalar numerator is supported"
+        return None if _ints(rhs) == _ints(result) else "the result is larger than the operands"
+    return binary_operands_problem("multiply", lhs, rhs, lhs_const, rhs_const, result)
+
+
+def prelu_slope_problem(shape: tuple, slope: tuple, axis: int, slope_const: bool) -> "str | None":
+    """Why a PReLU of a value of ``shape`` with a slope of shape ``slope`` along ``axis``
+    cannot be lowered, or None: the slope is a constant of one value, or of one value
+    per channel along the axis kept in lanes (:func:`channel_axis`)."""
+    shape, slope = _ints(shape), _ints(slope)
+    if not slope_const:
+        return "PReLU with a runtime slope: LPX takes a constant slope"
+    n = math.prod(slope)
+    if n == 1:
+        return None
+    rank = len(shape)
+    if rank and axis % rank == channel_axis(rank) and n == shape[channel_axis(rank)]:
+        return None
+    return (f"PReLU slope of shape {slope} along axis {axis} of a {rank}-D value: LPX takes one slope, or one "
+            "per channel (axis 1 of a 4-D value, the last axis otherwise)")
 
 
 # ---- reductions and data movement --------------------------------------------------------

@@ -1,6 +1,7 @@
-"""Elementwise ops on the VXM, row run by row run of each column tile: add, subtract
-and multiply (of two tensors, or of a tensor and a scalar, per-channel or full
-constant), the unary activations, and ``where``."""
+"""Elementwise ops on the VXM, row run by row run of each column tile: add, subtract,
+multiply, minimum and maximum (of two tensors, or of a tensor and a scalar, per-channel
+or full constant), divide, the unary activations (those composed of several VXM ops are
+in :mod:`.activations`), PReLU and ``where``."""
 
 from __future__ import annotations
 
@@ -9,61 +10,136 @@ import numpy as np
 from ....errors import SramFull
 from ..context import LoweringContext
 from ..epilogue import apply_epilogue, epilogue_steps
-from ..graph import RegionOp, UnsupportedOnLPX
+from ..graph import Operand, RegionOp, UnsupportedOnLPX
 from ..passes import finish, rowwise
 from ..registry import register_lowering
-from ..rules import binary_operands_problem, constant_broadcast
+from ..rules import binary_operands_problem, constant_broadcast, divide_operands_problem, prelu_slope_problem
 from ..storage import Stored, chunk_of, one, row_align, runs, slices_of, stored_shape
 from ..values import apart, clashes, copy_value, new_value
+from .activations import UNARY_CHAINS, leaky
 
 # Relax unary ops that are one VXM transcendental each.
 UNARY_VXM = {"sigmoid": "vxm.sigmoid", "tanh": "vxm.tanh", "erf": "vxm.erf", "nn.gelu": "vxm.gelu",
              "nn.gelu_tanh": "vxm.gelu_tanh"}
 
-BINARY_VXM = {"add": "vxm.add", "subtract": "vxm.sub", "multiply": "vxm.mul"}
+BINARY_VXM = {"add": "vxm.add", "subtract": "vxm.sub", "multiply": "vxm.mul", "minimum": "vxm.min",
+              "maximum": "vxm.max"}
 
 
 @register_lowering(*BINARY_VXM)
 def lower_binary(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """``x op y`` of two values of one shape, or of a value and a constant that is a
-    scalar, one value per channel or a full tensor (:func:`..rules.constant_broadcast`)."""
+    scalar, one value per channel or a full tensor (:func:`..rules.constant_broadcast`).
+    ``c - x`` runs as ``x * -1 + c`` (the negation is exact)."""
     a, b = op.main.args
     problem = binary_operands_problem(op.main.op, a.shape, b.shape, a.is_const, b.is_const, op.shape)
     if problem:
         raise UnsupportedOnLPX(problem)
+    _lower_binary(ctx, op, is_output, a, b, BINARY_VXM[op.main.op])
+
+
+def _lower_binary(ctx, op, is_output, a, b, vop):
+    negate = False
     if a.is_const:  # constant + tensor, constant * tensor: the tensor goes first
         a, b = b, a
+        if vop == "vxm.sub":
+            vop, negate = "vxm.add", True
     x = ctx.value(a)
-    vop = BINARY_VXM[op.main.op]
+    first = (lambda g, v: g.vxm("vxm.mul", v, imm=-1.0)) if negate else (lambda g, v: v)
     clips = [e for e in epilogue_steps(ctx, op, x.tensor.layout.cols) if e[0] == "clip"]
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
     tag = f"{op.out}.{op.main.op}"
     if not b.is_const:
         other = apart(ctx, ctx.value(b), x, op.out)
-        rowwise(ctx, tag, [x, other], y, lambda g, vs: apply_epilogue(g, g.vxm(vop, vs[0], vs[1]), clips, 0, 0))
+        rowwise(ctx, tag, [x, other], y,
+                lambda g, vs: apply_epilogue(g, g.vxm(vop, first(g, vs[0]), vs[1]), clips, 0, 0))
         ctx.values[op.out] = y
         return
     cv = np.asarray(b.const, np.float32)
     kind = constant_broadcast(x.shape, cv.shape)
     if kind == "scalar":
         imm = float(cv.reshape(-1)[0])
-        rowwise(ctx, tag, [x], y, lambda g, vs: apply_epilogue(g, g.vxm(vop, vs[0], imm=imm), clips, 0, 0))
+        rowwise(ctx, tag, [x], y, lambda g, vs: apply_epilogue(g, g.vxm(vop, first(g, vs[0]), imm=imm), clips, 0, 0))
     elif kind == "channel":
-        row_for = _channel_rows(ctx, f"{op.out}.operand", cv.reshape(1, -1), x, y)
-        rows = x.tensor.layout.rows
-        tensors = [x.tensor, y.tensor]
-        for j in range(x.tensor.ntiles):
-            for r0, r1 in runs(rows, lambda r: tuple(chunk_of(t, r) for t in tensors)):
-                g = ctx.builder.group(tag)
-                v = g.vxm(vop, g.read(one(x.tensor.segments(j, r0, r1))),
-                          g.read(row_for(j, chunk_of(x.tensor, r0)).tile(j).repeat(r1 - r0)))
-                finish(g, apply_epilogue(g, v, clips, j, r1 - r0), one(y.tensor.segments(j, r0, r1)))
+        channel_rowwise(ctx, tag, f"{op.out}.operand", cv.reshape(1, -1), x, y,
+                        lambda g, v, row, j, n: apply_epilogue(g, g.vxm(vop, first(g, v), row), clips, j, n))
     else:  # the value's own shape
         arr = cv.transpose(0, 2, 3, 1) if x.nhwc else cv
         full = Stored(ctx.temp(ctx.builder.tensor(f"{op.out}.operand", stored_shape(cv.shape), ctx.dtype,
                                                   data=arr, avoid=slices_of([x]), row_align=row_align(cv.shape))),
                       cv.shape)
-        rowwise(ctx, tag, [x, full], y, lambda g, vs: apply_epilogue(g, g.vxm(vop, vs[0], vs[1]), clips, 0, 0))
+        rowwise(ctx, tag, [x, full], y,
+                lambda g, vs: apply_epilogue(g, g.vxm(vop, first(g, vs[0]), vs[1]), clips, 0, 0))
+    ctx.values[op.out] = y
+
+
+def channel_rowwise(ctx: LoweringContext, tag: str, name: str, row, x: Stored, y: Stored, body):
+    """For each column tile and run of rows of ``x``: ``body(group, x's rows, the
+    constant ``row`` (one value per channel) read once per row, tile, rows) -> value``,
+    written to ``y``."""
+    row_for = _channel_rows(ctx, name, row, x, y)
+    tensors = [x.tensor, y.tensor]
+    for j in range(x.tensor.ntiles):
+        for r0, r1 in runs(x.tensor.layout.rows, lambda r: tuple(chunk_of(t, r) for t in tensors)):
+            g = ctx.builder.group(tag)
+            v = g.read(one(x.tensor.segments(j, r0, r1)))
+            per_row = g.read(row_for(j, chunk_of(x.tensor, r0)).tile(j).repeat(r1 - r0))
+            finish(g, body(g, v, per_row, j, r1 - r0), one(y.tensor.segments(j, r0, r1)))
+
+
+@register_lowering("divide")
+def lower_divide(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """``x / y`` of two values of one shape as ``x * recip(y)`` (two roundings), ``c / x``
+    with a scalar constant c as ``recip(x)`` (times c unless c is 1), and ``x / c`` as
+    ``x * (1/c)`` with 1/c rounded to fp32 at compile time."""
+    a, b = op.main.args
+    problem = divide_operands_problem(a.shape, b.shape, a.is_const, b.is_const, op.shape)
+    if problem:
+        raise UnsupportedOnLPX(problem)
+    if b.is_const:
+        with np.errstate(divide="ignore"):
+            inverse = (1.0 / np.asarray(b.const, np.float64)).astype(np.float32)
+        _lower_binary(ctx, op, is_output, a, Operand(const=inverse, shape=b.shape, dtype=b.dtype), "vxm.mul")
+        return
+    clips = [e for e in epilogue_steps(ctx, op, ctx.value(b).tensor.layout.cols) if e[0] == "clip"]
+    if a.is_const:
+        c = float(np.asarray(a.const, np.float32).reshape(-1)[0])
+        x = ctx.value(b)
+        y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
+
+        def body(g, vs):
+            r = g.vxm("vxm.recip", vs[0])
+            return apply_epilogue(g, r if c == 1.0 else g.vxm("vxm.mul", r, imm=c), clips, 0, 0)
+
+        rowwise(ctx, f"{op.out}.divide", [x], y, body)
+    else:
+        x = ctx.value(a)
+        other = apart(ctx, ctx.value(b), x, op.out)
+        y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
+        rowwise(ctx, f"{op.out}.divide", [x, other], y,
+                lambda g, vs: apply_epilogue(g, g.vxm("vxm.mul", vs[0], g.vxm("vxm.recip", vs[1])), clips, 0, 0))
+    ctx.values[op.out] = y
+
+
+@register_lowering("nn.prelu")
+def lower_prelu(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """PReLU with a constant slope (one value, or one per channel), as
+    :func:`.activations.leaky`."""
+    data, slope = op.main.args
+    problem = prelu_slope_problem(data.shape, slope.shape, int(op.main.attrs["axis"]), slope.is_const)
+    if problem:
+        raise UnsupportedOnLPX(problem)
+    x = ctx.value(data)
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
+    values = np.asarray(slope.const, np.float32).reshape(-1)
+    within_unit = bool(np.all((values >= 0) & (values <= 1)))
+    tag = f"{op.out}.prelu"
+    if values.size == 1:
+        s = float(values[0])
+        rowwise(ctx, tag, [x], y, lambda g, vs: leaky(g, vs[0], s, within_unit))
+    else:
+        channel_rowwise(ctx, tag, f"{op.out}.slope", values.reshape(1, -1), x, y,
+                        lambda g, v, row, j, n: leaky(g, v, row, within_unit))
     ctx.values[op.out] = y
 
 
@@ -89,7 +165,7 @@ def _channel_rows(ctx: LoweringContext, name: str, row, x: Stored, y: Stored):
     return copy_for
 
 
-@register_lowering("nn.relu", "sigmoid", "tanh", "erf", "nn.gelu", "nn.gelu_tanh", "nn.silu", "clip")
+@register_lowering("nn.relu", "sigmoid", "tanh", "erf", "nn.gelu", "nn.gelu_tanh", "clip", *UNARY_CHAINS)
 def lower_unary(ctx: LoweringContext, op: RegionOp, is_output: bool):
     x = ctx.value(op.main.args[0])
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
@@ -107,8 +183,8 @@ def lower_unary(ctx: LoweringContext, op: RegionOp, is_output: bool):
                     v = g.vxm("vxm.min", v, imm=hi)
             elif s.op in UNARY_VXM:
                 v = g.vxm(UNARY_VXM[s.op], v)
-            elif s.op == "nn.silu":  # x * sigmoid(x)
-                v = g.vxm("vxm.mul", v, g.vxm("vxm.sigmoid", v))
+            elif s.op in UNARY_CHAINS:
+                v = UNARY_CHAINS[s.op](g, v, s)
             else:
                 raise UnsupportedOnLPX(f"{s.op} after {op.main.op}")
         return v
