@@ -55,6 +55,7 @@ from ..target.codegen.rules import (
     reshape_keeps_storage,
     spatial_mean_problem,
 )
+from ..target.codegen.pad_rules import pad_problem
 from .check_context import (
     CheckSettings,
     Rejection,
@@ -511,6 +512,46 @@ def _dense_bias_shapes(n):
     return [(n,), (1, n)]
 
 
+# ---- pads and the zero-stuffing of transposed convolutions (lowerings/pad.py) -------
+
+
+def _pad_rule(a, settings):
+    op = a["root"]
+    found = _tensors_problem(op, [a["input"]], settings)
+    if found:
+        return found
+    problem = pad_problem(expr_shape(a["input"]), [int(w) for w in op.attrs.pad_width], str(op.attrs.pad_mode))
+    return (op, problem) if problem else None
+
+
+def _zero_stuff_pattern():
+    data, shape6, shape4 = wildcard(), wildcard(), wildcard()
+    split = is_op("relax.reshape")(data, shape6)
+    spread = is_op("relax.nn.pad")(split)
+    root = is_op("relax.reshape")(spread, shape4)
+    return root, {"input": data, "split": split, "pad": spread, "root": root}
+
+
+def _zero_stuff_rule(a, settings):
+    """(N, C, H, W) -> (N, C, H, 1, W, 1) -> zeros after the unit axes -> (N, C, H*sh, W*sw):
+    the zero-stuffing :mod:`.conv_transpose` writes."""
+    root, spread = a["root"], a["pad"]
+    found = _tensors_problem(root, [a["input"]], settings)
+    if found:
+        return found
+    src, split = expr_shape(a["input"]), expr_shape(a["split"])
+    widths = [int(w) for w in spread.attrs.pad_width]
+    if (len(src) != 4 or split != (*src[:3], 1, src[3], 1) or str(spread.attrs.pad_mode) != "constant"
+            or float(spread.attrs.pad_value) != 0.0 or any(widths[:7]) or any(widths[8:11])):
+        return root, "reshape / pad / reshape that is not the zero-stuffing of an image"
+    return None
+
+
+def _pad_patterns() -> list:
+    return [("pad", *_unary_pattern("relax.nn.pad"), [_pad_rule]),
+            ("zero_stuff", *_zero_stuff_pattern(), [_zero_stuff_rule])]
+
+
 def pattern_table() -> list:
     """Every LPX pattern as ``(name, pattern, annotations, check)``, lowest priority first.
 
@@ -544,6 +585,7 @@ def pattern_table() -> list:
     table.append(("slice", *_unary_pattern("relax.strided_slice"), [_slice_rule]))
     table.append(("split_heads", *_split_heads_pattern(), [_split_heads_rule]))
     table.append(("merge_heads", *_merge_heads_pattern(), [_merge_heads_rule]))
+    table += _pad_patterns()
 
     families = (
         ("conv2d", _conv2d_pattern, _conv2d_rule, _bias_rule(_conv_bias_shapes)),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax, tirx
 
+from ..target.codegen.pad_rules import pad_source
 from ._binding_rewrite import bindings, rewrite_bindings, static_shape
 
 __all__ = ["PadFromTIR"]
@@ -70,18 +71,6 @@ def _evaluate(expr, env: dict) -> int:
     raise ValueError(f"not an index expression: {type(expr).__name__}")
 
 
-def _source(mode: str, v: int, before: int, n: int) -> "int | None":
-    """The input index a pad of ``mode`` reads for output index ``v`` (None: the fill)."""
-    i = v - before
-    if 0 <= i < n:
-        return i
-    if mode == "constant":
-        return None
-    if mode == "edge":
-        return min(max(i, 0), n - 1)
-    return -i if i < 0 else 2 * (n - 1) - i  # reflect (the edge row is not repeated)
-
-
 def _read_pad(prim, name: str, in_shape, out_shape):
     """``(mode, pad_width, value)`` of a TOPI pad PrimFunc, or None if it is not one."""
     chain = _chain(prim)
@@ -126,7 +115,7 @@ def _read_pad(prim, name: str, in_shape, out_shape):
         if out - n - before < 0:
             return None
         for k, r in enumerate(reads):
-            expected = _source(mode, k, before, n)
+            expected = pad_source(mode, k, before, n)
             if expected is not None and expected != r:  # padding of a constant reads anything
                 return None
         befores.append(before)
