@@ -20,6 +20,9 @@ The pass order, top to bottom:
    follows no conv) become one multiply and one add.
 7. ``lpx.NormalizeClip``: ReLU6 / Clip spelled as max and min become one ``relax.clip``
    (or ``relax.nn.relu``).
+   ``lpx.ConvTransposeAsConv``: a transposed convolution becomes zero-stuffing, a pad
+   and a stride-1 conv2d with the flipped kernel (LPX runs the stuffing as a pixel
+   placement), before FoldPad folds that pad.
    ``lpx.FoldPad``: a zero (or, before a max pool, -inf) spatial pad that feeds a conv2d
    or a pooling becomes the consumer's own pads (TF-style "same" padding). It runs after
    NormalizeClip, which names the ReLUs that let a zero pad fold into a max pool.
@@ -40,6 +43,7 @@ import tvm
 from tvm import relax
 
 from .collapse_affine import CollapseAffine
+from .conv_transpose import ConvTransposeAsConv
 from .decompose import Decompose
 from .eval_constants import EvalConstants, has_constant_calls
 from .fold_pad import FoldPad
@@ -54,6 +58,7 @@ from .unstack_reduce import UnstackReduce
 __all__ = [
     "canonicalize",
     "CollapseAffine",
+    "ConvTransposeAsConv",
     "Decompose",
     "EvalConstants",
     "FoldPad",
@@ -97,6 +102,7 @@ def canonicalize(mod: tvm.IRModule) -> tvm.IRModule:
             FoldScaleShift(),
             CollapseAffine(),
             NormalizeClip(),
+            ConvTransposeAsConv(),
             FoldPad(),
             MaskingAdd(),
             Decompose(),
