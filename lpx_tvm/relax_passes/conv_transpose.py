@@ -7,8 +7,9 @@ between its pixels, padded by ``d (k - 1) - p`` before and ``d (k - 1) - p + q``
 with the kernel flipped in H and W and its in and out channels swapped (per group). In
 Relax the stuffing is (N, C, H, W) -> reshape (N, C, H, 1, W, 1) -> zeros after the unit
 axes -> reshape (N, C, H*s, W*s), which LPX runs as one pixel placement
-(``lpx.zero_stuff``); the s - 1 trailing zero rows and columns it leaves come off the
-after-pad. The pad then folds into the convolution (:mod:`.fold_pad`, run after this).
+(``lpx.zero_stuff``); the s - 1 zero rows and columns it leaves after the last pixel
+serve as after-pad (or are sliced off, ``lpx.zero_stuff_cropped``, when the after-pad is
+shorter). The pad then folds into the convolution (:mod:`.fold_pad`, run after this).
 
 Only constant weights (the kernel is flipped at compile time) in NCHW / IOHW, and pads
 no larger than the kernel's reach (a negative pad would crop) are rewritten.
@@ -33,13 +34,12 @@ def conv_weight(w: np.ndarray, groups: int) -> np.ndarray:
 
 
 def conv_pads(a, kernel) -> "tuple | None":
-    """(top, left, bottom, right) pads of the equivalent convolution over the stuffed image
-    (which has s - 1 trailing zero rows and columns), or None when one would be negative."""
+    """(top, left, bottom, right) pads of the equivalent convolution over the stuffed
+    image ((H - 1) s + 1 rows), or None when one would be negative (a crop)."""
     pt, pl, pb, pr = (int(p) for p in a.padding)
-    (sh, sw), (dh, dw) = (int(s) for s in a.strides), (int(d) for d in a.dilation)
-    qh, qw = (int(q) for q in a.output_padding)
+    (dh, dw), (qh, qw) = (int(d) for d in a.dilation), (int(q) for q in a.output_padding)
     reach_h, reach_w = dh * (kernel[0] - 1), dw * (kernel[1] - 1)
-    pads = (reach_h - pt, reach_w - pl, reach_h - pb + qh - (sh - 1), reach_w - pr + qw - (sw - 1))
+    pads = (reach_h - pt, reach_w - pl, reach_h - pb + qh, reach_w - pr + qw)
     return pads if min(pads) >= 0 else None
 
 
@@ -60,12 +60,18 @@ def _as_conv(call, pads, visit, builder):
     x = visit(call.args[0])
     n, c, h, w = static_shape(call.args[0])
     sh, sw = (int(s) for s in a.strides)
+    top, left, bottom, right = pads
     if (sh, sw) != (1, 1):
         split = builder.emit(relax.op.reshape(x, (n, c, h, 1, w, 1)))
         spread = builder.emit(relax.op.nn.pad(split, [0] * 7 + [sh - 1] + [0] * 3 + [sw - 1], "constant", 0.0))
         x = builder.emit(relax.op.reshape(spread, (n, c, h * sh, w * sw)))
-    top, left, bottom, right = pads
-    if any(pads):
+        # The s - 1 zero rows (columns) after the last pixel serve as after-pad, or are cut.
+        keep_h, keep_w = min(sh - 1, bottom), min(sw - 1, right)
+        bottom, right = bottom - keep_h, right - keep_w
+        if (keep_h, keep_w) != (sh - 1, sw - 1):
+            x = builder.emit(relax.op.strided_slice(x, axes=[2, 3], begin=[0, 0],
+                                                    end=[(h - 1) * sh + 1 + keep_h, (w - 1) * sw + 1 + keep_w]))
+    if any((top, left, bottom, right)):
         x = builder.emit(relax.op.nn.pad(x, [0, 0, 0, 0, top, bottom, left, right], "constant", 0.0))
     weight = call.args[1].value.numpy()
     kernel = relax.const(conv_weight(weight, int(a.groups)).astype(weight.dtype))

@@ -524,12 +524,14 @@ def _pad_rule(a, settings):
     return (op, problem) if problem else None
 
 
-def _zero_stuff_pattern():
+def _zero_stuff_pattern(cropped=False):
     data, shape6, shape4 = wildcard(), wildcard(), wildcard()
     split = is_op("relax.reshape")(data, shape6)
     spread = is_op("relax.nn.pad")(split)
-    root = is_op("relax.reshape")(spread, shape4)
-    return root, {"input": data, "split": split, "pad": spread, "root": root}
+    root = stuffed = is_op("relax.reshape")(spread, shape4)
+    if cropped:
+        root = is_op("relax.strided_slice")(stuffed, varg_default_wildcard=True)
+    return root, {"input": data, "split": split, "pad": spread, "stuffed": stuffed, "root": root}
 
 
 def _zero_stuff_rule(a, settings):
@@ -544,12 +546,33 @@ def _zero_stuff_rule(a, settings):
     if (len(src) != 4 or split != (*src[:3], 1, src[3], 1) or str(spread.attrs.pad_mode) != "constant"
             or float(spread.attrs.pad_value) != 0.0 or any(widths[:7]) or any(widths[8:11])):
         return root, "reshape / pad / reshape that is not the zero-stuffing of an image"
+    if not root.same_as(a["stuffed"]):  # a slice of the stuffed image's first rows and columns
+        ints = [_int_tuple(t) for t in root.args[1:]]
+        if any(t is None for t in ints) or sorted(ints[0]) != [2, 3] or any(ints[1]) or \
+                (len(ints) > 3 and any(v != 1 for v in ints[3])):
+            return root, "a slice of a zero-stuffed image other than its first rows and columns"
     return None
+
+
+def _conv2d_transpose_rule(a, settings):
+    """Why a transposed convolution is still one: lpx.ConvTransposeAsConv rewrote every
+    one LPX runs into zero-stuffing and a conv2d."""
+    op = a["root"]
+    found = _tensors_problem(op, [a["input"]], settings)
+    if found:
+        return found
+    if not is_const(op.args[1]):
+        return op, ("weight is not a constant: LPX runs a transposed convolution as a convolution "
+                    "with the kernel flipped at compile time")
+    return op, ("layouts other than NCHW/IOHW, or pads beyond the kernel's reach (the equivalent "
+                "convolution would crop)")
 
 
 def _pad_patterns() -> list:
     return [("pad", *_unary_pattern("relax.nn.pad"), [_pad_rule]),
-            ("zero_stuff", *_zero_stuff_pattern(), [_zero_stuff_rule])]
+            ("zero_stuff", *_zero_stuff_pattern(), [_zero_stuff_rule]),
+            ("zero_stuff_cropped", *_zero_stuff_pattern(cropped=True), [_zero_stuff_rule]),
+            ("conv2d_transpose", *_unary_pattern("relax.nn.conv2d_transpose"), [_conv2d_transpose_rule])]
 
 
 def pattern_table() -> list:

@@ -98,13 +98,15 @@ def lower_pad(ctx: LoweringContext, op: RegionOp, is_output: bool):
     ctx.values[op.out] = y
 
 
-@register_lowering("lpx.zero_stuff")
+@register_lowering("lpx.zero_stuff", "lpx.zero_stuff_cropped")
 def lower_zero_stuff(ctx: LoweringContext, op: RegionOp, is_output: bool):
-    """(N, C, H, W) -> (N, C, H*sh, W*sw): pixel (r, c) goes to (r*sh, c*sw), zeros between."""
+    """(N, C, H, W) -> (N, C, H*sh, W*sw), or its first rows and columns (cropped): pixel
+    (r, c) goes to (r*sh, c*sw), zeros between. The strides are the zeros the pad step
+    puts after each pixel's unit axes."""
     x = ctx.value(op.main.args[0])
-    _, _, h, w = x.shape
+    widths = [int(v) for v in op.epilogue[0].attrs["pad_width"]]
+    sh, sw = widths[7] + 1, widths[11] + 1
     _, _, hs, ws = op.shape
-    sh, sw = hs // h, ws // w
     rows = [k // sh if k % sh == 0 else None for k in range(hs)]
     cols = [k // sw if k % sw == 0 else None for k in range(ws)]
     y = new_value(ctx, op.out, op.shape, is_output, dtype=x.tensor.layout.dtype)
