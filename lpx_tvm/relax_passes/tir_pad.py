@@ -88,7 +88,7 @@ def _read_pad(prim, name: str, in_shape, out_shape):
         cond, fill, value = value.args[0], float(value.args[2].value), value.args[1]
     if not isinstance(value, tvm.ir.expr.TensorLoad) or len(value.indices) != len(in_shape):
         return None
-    mode = "constant" if fill is not None else "reflect" if "mirror" in name else "edge" if "replicate" in name \
+    mode = "constant" if fill is not None else "reflect" if "mirror" in name else "replicate" if "replicate" in name \
         else None
     if mode is None:
         return None

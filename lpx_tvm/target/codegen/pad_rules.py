@@ -4,7 +4,7 @@ every output pixel is a fill or a copy of one input pixel."""
 
 from __future__ import annotations
 
-PAD_MODES = ("constant", "reflect", "edge")
+PAD_MODES = ("constant", "reflect", "replicate")
 
 
 def pad_source(mode: str, k: int, before: int, n: int) -> "int | None":
@@ -15,7 +15,7 @@ def pad_source(mode: str, k: int, before: int, n: int) -> "int | None":
         return i
     if mode == "constant":
         return None
-    if mode == "edge":
+    if mode == "replicate":
         return min(max(i, 0), n - 1)
     return -i if i < 0 else 2 * (n - 1) - i  # reflect: the edge pixel is not repeated
 
@@ -23,7 +23,7 @@ def pad_source(mode: str, k: int, before: int, n: int) -> "int | None":
 def pad_problem(shape, widths, mode: str) -> "str | None":
     """Why a pad of ``shape`` by ``widths`` (before, after per axis) cannot run on LPX, or None."""
     if mode not in PAD_MODES:
-        return f"pad mode {mode!r}: LPX pads in constant, reflect and edge modes"
+        return f"pad mode {mode!r}: LPX pads in constant, reflect and replicate modes"
     if len(shape) != 4 or len(widths) != 8:
         return (f"pad of a {len(shape)}-D value: LPX pads the H and W axes of 4-D NCHW values "
                 "(other values keep their last axis in lanes)")
