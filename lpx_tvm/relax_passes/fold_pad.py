@@ -53,6 +53,8 @@ def _never_negative(expr, values) -> bool:
 
 def _folds_into(consumer, pads, fill, source, values) -> bool:
     """Whether a constant pad of ``fill`` before ``consumer`` means the consumer's own pads."""
+    if op_is(consumer, "relax.nn.max_pool2d", "relax.nn.avg_pool2d") and consumer.attrs.ceil_mode:
+        return False  # its last windows reach past the pads: what they count or meet there differs
     if op_is(consumer, "relax.nn.conv2d"):
         a = consumer.attrs
         return fill == 0.0 and str(a.data_layout) == "NCHW"

@@ -64,6 +64,7 @@ def _check_same(mod, new, shape):
     ("max_inf", -np.inf, True),
     ("max_relu", 0.0, True),       # zeros never beat a ReLU's output
     ("max_signed", 0.0, False),    # but they can beat negative values
+    ("max_ceil", -np.inf, False),  # ceil_mode windows reach past the pads
 ])
 def test_fold_pad_only_where_exact(consumer, fill, folds):
     shape = (1, 3, 7, 8)
@@ -79,7 +80,7 @@ def test_fold_pad_only_where_exact(consumer, fill, folds):
             pads = (1, 1, 1, 1) if consumer == "avg_own_pads" else (0, 0, 0, 0) if consumer == "avg_plain" \
                 else (1, 0, 1, 0)
             return relax.op.nn.avg_pool2d(p, (3, 3), (2, 2), pads, count_include_pad=consumer == "avg_include")
-        return relax.op.nn.max_pool2d(p, (3, 3), (1, 2), (1, 0, 0, 0))
+        return relax.op.nn.max_pool2d(p, (3, 3), (1, 2), (1, 0, 0, 0), ceil_mode=consumer == "max_ceil")
 
     mod = _module(shape, body)
     new = relax.transform.DeadCodeElimination(["main"])(FoldPad()(mod))
