@@ -160,3 +160,15 @@ def test_small_mobilenet_v2_matches_torch():
     tvm.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     offload = compiled.report["offload"]
     assert offload["cpu"] == {} and offload["regions"] == 1, offload
+
+
+def test_pad_and_zero_stuffing_with_activations_off_chip():
+    """Values kept off chip: a pad and a zero-stuffing each run as one band."""
+    from lpx_tvm.target.codegen import codegen_options
+
+    nodes, inits = _conv_transpose(4, 6, (3, 3), strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1])
+    with codegen_options(force_offchip=True):
+        offload = _compare(_pad_then_add("reflect", [0, 0, 2, 1, 0, 0, 1, 3]), (1, 5, 6, 7), "mini")
+        assert offload["composites"].get("lpx.pad") == 1 and offload["cpu"] == {}, offload
+        offload = _compare(_model(nodes, [("x", (1, 4, 5, 6))], [("y", None)], inits), (1, 4, 5, 6), "mini")
+        assert offload["composites"].get("lpx.zero_stuff") == 1 and offload["cpu"] == {}, offload
