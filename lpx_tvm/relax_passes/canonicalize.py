@@ -9,7 +9,9 @@ The pass order, top to bottom:
    statistics) become single constants, and the tuple plumbing the decomposition
    leaves goes away (an unused tuple would still count as a use and stop the folds
    below).
-3. ``lpx.RemoveDropout``: dropout is the identity at inference.
+3. ``lpx.PadFromTIR``: the TIR pads the ONNX importer generates (``Pad``, ``auto_pad``)
+   become ``nn.pad``, as the torch importer writes them, for the patterns and step 8.
+   ``lpx.RemoveDropout``: dropout is the identity at inference.
 4. ``lpx.UnstackReduce``: ONNX Sum / Max / Min (stack, then reduce) become pairwise
    add / maximum / minimum.
 5. ``lpx.FoldScaleShift``: per-channel affine chains after a conv2d or a dense layer
@@ -18,6 +20,12 @@ The pass order, top to bottom:
    follows no conv) become one multiply and one add.
 7. ``lpx.NormalizeClip``: ReLU6 / Clip spelled as max and min become one ``relax.clip``
    (or ``relax.nn.relu``).
+   ``lpx.ConvTransposeAsConv``: a transposed convolution becomes zero-stuffing, a pad
+   and a stride-1 conv2d with the flipped kernel (LPX runs the stuffing as a pixel
+   placement), before FoldPad folds that pad.
+   ``lpx.FoldPad``: a zero (or, before a max pool, -inf) spatial pad that feeds a conv2d
+   or a pooling becomes the consumer's own pads (TF-style "same" padding). It runs after
+   NormalizeClip, which names the ReLUs that let a zero pad fold into a max pool.
 8. ``lpx.MaskingAdd``: ``where(constant mask, x, -inf)`` (an attention mask) becomes
    ``x + constant``.
 9. ``lpx.Decompose``: split becomes strided slices, ``power(x, 2 or 3)`` multiplies.
@@ -38,25 +46,31 @@ from tvm import relax
 
 from .channels_last import ChannelsLast
 from .collapse_affine import CollapseAffine
+from .conv_transpose import ConvTransposeAsConv
 from .decompose import Decompose
 from .eval_constants import EvalConstants, has_constant_calls
+from .fold_pad import FoldPad
 from .fold_scale_shift import FoldScaleShift
 from .heads_3d import HeadsTo3D
 from .masking_add import MaskingAdd
 from .normalize_clip import NormalizeClip
 from .remove_dropout import RemoveDropout
+from .tir_pad import PadFromTIR
 from .unstack_reduce import UnstackReduce
 
 __all__ = [
     "canonicalize",
     "ChannelsLast",
     "CollapseAffine",
+    "ConvTransposeAsConv",
     "Decompose",
     "EvalConstants",
+    "FoldPad",
     "FoldScaleShift",
     "HeadsTo3D",
     "MaskingAdd",
     "NormalizeClip",
+    "PadFromTIR",
     "RemoveDropout",
     "UnstackReduce",
 ]
@@ -86,11 +100,14 @@ def canonicalize(mod: tvm.IRModule) -> tvm.IRModule:
             _fold_rest,
             relax.transform.CanonicalizeBindings(),
             _remove_unused,
+            PadFromTIR(),
             RemoveDropout(),
             UnstackReduce(),
             FoldScaleShift(),
             CollapseAffine(),
             NormalizeClip(),
+            ConvTransposeAsConv(),
+            FoldPad(),
             MaskingAdd(),
             Decompose(),
             ChannelsLast(),

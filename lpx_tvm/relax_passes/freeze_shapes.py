@@ -39,8 +39,11 @@ _OTHER_BASIC_OPTIMIZERS = [
 
 
 def has_shape_subgraph(proto: onnx.ModelProto) -> bool:
-    """Whether the main graph reads an input's shape (a ``Shape`` or ``Size`` node)."""
-    return any(node.op_type in SHAPE_SOURCES and node.domain in ("", "ai.onnx") for node in proto.graph.node)
+    """Whether the main graph reads an input's shape (a ``Shape`` or ``Size`` node), or
+    computes a Pad's widths (torch's exporter writes those of ``F.pad`` as a subgraph)."""
+    computed = {out for node in proto.graph.node if node.op_type != "Constant" for out in node.output}
+    return any(node.op_type in SHAPE_SOURCES and node.domain in ("", "ai.onnx") for node in proto.graph.node) or \
+        any(node.op_type == "Pad" and len(node.input) > 1 and node.input[1] in computed for node in proto.graph.node)
 
 
 def fold_shapes(proto: onnx.ModelProto, shapes: dict) -> onnx.ModelProto:

@@ -63,6 +63,7 @@ from ..target.codegen.rules import (
     spatial_mean_problem,
 )
 from ..target.codegen.lowerings.resize import resize_problem
+from ..target.codegen.pad_rules import pad_problem
 from .check_context import (
     CheckSettings,
     Rejection,
@@ -634,6 +635,69 @@ def _dense_bias_shapes(n):
     return [(n,), (1, n)]
 
 
+# ---- pads and the zero-stuffing of transposed convolutions (lowerings/pad.py) -------
+
+
+def _pad_rule(a, settings):
+    op = a["root"]
+    found = _tensors_problem(op, [a["input"]], settings)
+    if found:
+        return found
+    problem = pad_problem(expr_shape(a["input"]), [int(w) for w in op.attrs.pad_width], str(op.attrs.pad_mode))
+    return (op, problem) if problem else None
+
+
+def _zero_stuff_pattern(cropped=False):
+    data, shape6, shape4 = wildcard(), wildcard(), wildcard()
+    split = is_op("relax.reshape")(data, shape6)
+    spread = is_op("relax.nn.pad")(split)
+    root = stuffed = is_op("relax.reshape")(spread, shape4)
+    if cropped:
+        root = is_op("relax.strided_slice")(stuffed, varg_default_wildcard=True)
+    return root, {"input": data, "split": split, "pad": spread, "stuffed": stuffed, "root": root}
+
+
+def _zero_stuff_rule(a, settings):
+    """(N, C, H, W) -> (N, C, H, 1, W, 1) -> zeros after the unit axes -> (N, C, H*sh, W*sw):
+    the zero-stuffing :mod:`.conv_transpose` writes."""
+    root, spread = a["root"], a["pad"]
+    found = _tensors_problem(root, [a["input"]], settings)
+    if found:
+        return found
+    src, split = expr_shape(a["input"]), expr_shape(a["split"])
+    widths = [int(w) for w in spread.attrs.pad_width]
+    if (len(src) != 4 or split != (*src[:3], 1, src[3], 1) or str(spread.attrs.pad_mode) != "constant"
+            or float(spread.attrs.pad_value) != 0.0 or any(widths[:7]) or any(widths[8:11])):
+        return root, "reshape / pad / reshape that is not the zero-stuffing of an image"
+    if not root.same_as(a["stuffed"]):  # a slice of the stuffed image's first rows and columns
+        ints = [_int_tuple(t) for t in root.args[1:]]
+        if any(t is None for t in ints) or sorted(ints[0]) != [2, 3] or any(ints[1]) or \
+                (len(ints) > 3 and any(v != 1 for v in ints[3])):
+            return root, "a slice of a zero-stuffed image other than its first rows and columns"
+    return None
+
+
+def _conv2d_transpose_rule(a, settings):
+    """Why a transposed convolution is still one: lpx.ConvTransposeAsConv rewrote every
+    one LPX runs into zero-stuffing and a conv2d."""
+    op = a["root"]
+    found = _tensors_problem(op, [a["input"]], settings)
+    if found:
+        return found
+    if not is_const(op.args[1]):
+        return op, ("weight is not a constant: LPX runs a transposed convolution as a convolution "
+                    "with the kernel flipped at compile time")
+    return op, ("layouts other than NCHW/IOHW, or pads beyond the kernel's reach (the equivalent "
+                "convolution would crop)")
+
+
+def _pad_patterns() -> list:
+    return [("pad", *_unary_pattern("relax.nn.pad"), [_pad_rule]),
+            ("zero_stuff", *_zero_stuff_pattern(), [_zero_stuff_rule]),
+            ("zero_stuff_cropped", *_zero_stuff_pattern(cropped=True), [_zero_stuff_rule]),
+            ("conv2d_transpose", *_unary_pattern("relax.nn.conv2d_transpose"), [_conv2d_transpose_rule])]
+
+
 def pattern_table() -> list:
     """Every LPX pattern as ``(name, pattern, annotations, check)``, lowest priority first.
 
@@ -672,6 +736,7 @@ def pattern_table() -> list:
     table.append(("pixels_to_rows", *_merge_heads_pattern(), [_pixels_to_rows_rule]))
     table.append(("rows_to_pixels", *_split_heads_pattern(), [_rows_to_pixels_rule]))
     table.append(("resize2d", *_unary_pattern("relax.image.resize2d"), [_resize_rule]))
+    table += _pad_patterns()
 
     families = (
         ("conv2d", _conv2d_pattern, _conv2d_rule, _bias_rule(_conv_bias_shapes)),

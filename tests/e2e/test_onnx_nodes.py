@@ -87,6 +87,8 @@ PREFIXES = {
     "Selu": ("selu",),
     "Softplus": ("softplus",),
     "Mish": ("mish",),
+    "Pad": ("pad",),
+    "ConvTranspose": ("convtranspose",),
 }
 
 # The Relax ops an ONNX node becomes after canonicalization (BatchNormalization
@@ -137,6 +139,8 @@ MAIN_OPS = {
     "Selu": ("exp", "subtract", "nn.relu", "multiply", "add"),
     "Softplus": ("nn.relu", "abs", "negative", "exp", "add", "log"),
     "Mish": ("exp", "add", "log", "tanh", "multiply"),
+    "Pad": ("nn.pad",),
+    "ConvTranspose": ("nn.conv2d",),  # zero-stuffing and a conv2d (lpx.ConvTransposeAsConv)
 }
 # Cases whose node becomes other ops: Clip with no bounds and Transpose (0, 1, 2) are the
 # identity (no op at all), Clip(min=0) with no max is a ReLU, Clip with only a max is a minimum, min > max
@@ -168,6 +172,12 @@ MAIN_OPS_OF_CASE = {
         "test_clip", "test_clip_example", "test_clip_inbounds", "test_clip_outbounds", "test_clip_splitbounds",
         "test_clip_min_greater_than_max", "test_clip_default_min", "test_clip_default_max",
         "test_clip_default_int8_min", "test_clip_default_int8_max")},
+    # A runtime ConvTranspose weight: the transposed convolution stays as it is, on the CPU.
+    **{case: ("nn.conv2d_transpose",) for case in (
+        "test_convtranspose", "test_convtranspose_autopad_same", "test_convtranspose_dilations",
+        "test_convtranspose_group_2", "test_convtranspose_group_2_image_3", "test_convtranspose_kernel_shape",
+        "test_convtranspose_pad", "test_convtranspose_pads")},
+    **{f"test_convtranspose_{d}d{v}": (f"nn.conv{d}d_transpose",) for d in (1, 3) for v in ("", "-const")},
 }
 
 # Ops whose outputs past the first few are not compared (see _load_cases).
@@ -176,7 +186,7 @@ OUTPUTS_COMPARED = {"LayerNormalization": 1}
 # Ops whose inputs after the first are parameters in a deployed model: these cases also
 # run as "-const".
 CONST_VARIANT_OPS = {"Conv", "Gemm", "MatMul", "BatchNormalization", "Clip", "Add", "Sub", "Mul", "LayerNormalization",
-                     "Div", "Min", "Max", "Pow", "PRelu"}
+                     "Div", "Min", "Max", "Pow", "PRelu", "Pad", "ConvTranspose"}
 CONST_VARIANT_OPS |= {"Resize"}  # roi, scales and sizes
 
 

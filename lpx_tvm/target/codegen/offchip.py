@@ -27,6 +27,7 @@ WINDOW_OPS = ("nn.conv2d", "nn.max_pool2d", "nn.avg_pool2d")
 PIXEL_ROW_VIEWS = ("lpx.pixels_to_rows", "lpx.rows_to_pixels")
 # Ops whose result rows take lanes of other rows of their input (no row bands).
 LANE_MOVES = ("lpx.split_heads", "lpx.merge_heads")
+PLACEMENTS = ("lpx.pad", "lpx.zero_stuff", "lpx.zero_stuff_cropped")  # lowerings/pad.py
 
 
 @dataclass
@@ -130,6 +131,14 @@ def _bands(ctx: LoweringContext, op: RegionOp, tensors: list):
     shape = tuple(op.shape)
     if op.main.op == "mean":
         yield from _channel_bands(ctx, op, tensors, budget, size)
+        return
+    if op.composite in PLACEMENTS:
+        # Output rows are fills or copies of input rows anywhere in the image: one band.
+        pixels = lambda s: math.prod(s[:1] + s[2:]) * tiles(s[1])  # noqa: E731
+        if (sum(pixels(a.shape) for a in tensors) + pixels(shape)) * size > budget:
+            raise UnsupportedOnLPX(f"{op.main.op} {op.out}: its operand and result do not fit the SRAM "
+                                   "together (it does not run by bands)")
+        yield op, {a.name: _Load(0, math.prod(a.shape[:1] + a.shape[2:]), 0, tuple(a.shape)) for a in tensors}, (0, 0)
         return
     if len(shape) == 4:
         n, co, oh, ow = shape
