@@ -135,29 +135,21 @@ def test_torch_conv_transpose_and_pad_exported_to_onnx():
 
 
 def test_small_mobilenet_v2_matches_torch():
-    """transformers' MobileNetV2 (TF-style "same" pads), image 32, depth 0.35: compiled
-    whole on LPX and matched against torch."""
+    """transformers' MobileNetV2 (TF-style "same" pads), image 32, depth 0.35, with
+    measured BatchNorm statistics (at the initial ones its output is ~1e-24 and any
+    answer would match): compiled whole on LPX and matched against torch."""
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
+    from architecture_models import mobilenet_v2
 
     torch.manual_seed(0)
-    model = transformers.MobileNetV2Model(transformers.MobileNetV2Config(image_size=32, depth_multiplier=0.35)).eval()
-
-    class Features(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, x):
-            return self.m(x).last_hidden_state
-
-    net = Features(model).eval()
-    x = torch.randn(1, 3, 32, 32)
+    net, (x,) = mobilenet_v2(image=32)
     compiled = lpx_tvm.from_torch(net, x, preset="tsp", precision="fp32")
     got = compiled.run([x.numpy()])["output_0"]
     with torch.no_grad():
         want = net(x).numpy()
-    tvm.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert np.abs(want).max() > 0.1
+    tvm.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
     offload = compiled.report["offload"]
     assert offload["cpu"] == {} and offload["regions"] == 1, offload
 
