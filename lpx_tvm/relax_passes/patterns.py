@@ -34,6 +34,10 @@ composites                              keys
                                         ``root`` (``permute_dims`` [1, 0, 2])
 ``lpx.merge_heads``                     ``input`` (h, s, d), ``permute`` ([1, 0, 2]),
                                         ``root`` (the reshape to (s, h*d))
+``lpx.flatten_pixels``                  ``input`` (n, c, h, w), ``reshape`` (to
+                                        (n, c, h*w)), ``root`` (``permute_dims`` [0, 2, 1])
+``lpx.concat_rows``                     ``input`` (the tuple), ``root`` (``axis``)
+``lpx.slice_rows``                      ``input``, ``root`` (the ``strided_slice``)
 =====================================  =================================================
 """
 
@@ -51,8 +55,10 @@ from ..target.codegen.rules import (
     activation_row_problem,
     binary_operands_problem,
     concat_axis_problem,
+    flattens_pixels,
     grouped_conv_problem,
     reshape_keeps_storage,
+    row_axis_problem,
     spatial_mean_problem,
 )
 from .check_context import (
@@ -445,6 +451,51 @@ def _slice_rule(a, settings):
     return None
 
 
+# Whole stored rows: the ViT patch flatten (an alias), concats and slices along an axis
+# other than the one in lanes (rows placed or picked whole).
+
+
+def _flatten_pixels_rule(a, settings):
+    reshape, permute, data = a["reshape"], a["root"], a["input"]
+    found = _tensors_problem(permute, [data], settings)
+    if found:
+        return found
+    axes = [int(x) for x in permute.attrs.axes] if permute.attrs.axes is not None else None
+    src, mid = expr_shape(data), expr_shape(reshape)
+    if axes != [0, 2, 1] or len(mid) != 3 or mid[:2] != src[:2] or not flattens_pixels(src, expr_shape(permute)):
+        return permute, "a pixel flatten is reshape (n, c, h, w) -> (n, c, h*w) then permute_dims [0, 2, 1]"
+    return None
+
+
+def _concat_rows_rule(a, settings):
+    concat = a["root"]
+    found = _tensors_problem(concat, [a["input"]], settings)
+    if found:
+        return found
+    if concat.attrs.axis is None:
+        return concat, "concat without an axis (flattening) is not supported"
+    if all(is_const(f) for f in getattr(a["input"], "fields", ())):
+        return concat, "concat of constants (folded at compile time)"
+    problem = row_axis_problem("concat", int(concat.attrs.axis), len(expr_shape(concat)))
+    return (concat, problem) if problem else None
+
+
+def _slice_rows_rule(a, settings):
+    op = a["root"]
+    found = _tensors_problem(op, [a["input"]], settings)
+    if found:
+        return found
+    ints = [_int_tuple(t) for t in op.args[1:]]
+    if any(t is None for t in ints):
+        return op, "strided_slice with runtime bounds"
+    rank = len(expr_shape(a["input"]))
+    strides = ints[3] if len(ints) > 3 else [1] * len(ints[0])
+    if len(ints[0]) != 1 or strides != [1]:
+        return op, f"strided_slice over axes {ints[0]} with strides {strides}: rows are picked along one axis"
+    problem = row_axis_problem("strided_slice", ints[0][0], rank)
+    return (op, problem) if problem else None
+
+
 # ---- patterns -----------------------------------------------------------------------
 
 
@@ -544,6 +595,10 @@ def pattern_table() -> list:
     table.append(("slice", *_unary_pattern("relax.strided_slice"), [_slice_rule]))
     table.append(("split_heads", *_split_heads_pattern(), [_split_heads_rule]))
     table.append(("merge_heads", *_merge_heads_pattern(), [_merge_heads_rule]))
+    # After the forms they share a pattern with, so those give the last refusal.
+    table.append(("flatten_pixels", *_split_heads_pattern(), [_flatten_pixels_rule]))
+    table.append(("concat_rows", *_unary_pattern("relax.concat"), [_concat_rows_rule]))
+    table.append(("slice_rows", *_unary_pattern("relax.strided_slice"), [_slice_rows_rule]))
 
     families = (
         ("conv2d", _conv2d_pattern, _conv2d_rule, _bias_rule(_conv_bias_shapes)),

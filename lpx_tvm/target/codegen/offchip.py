@@ -19,12 +19,12 @@ from .context import LoweringContext
 from .graph import Operand, RegionOp, UnsupportedOnLPX
 from .passes import finish
 from .registry import lower
-from .rules import activation_row_problem, reshape_keeps_storage
+from .rules import activation_row_problem, flattens_pixels, reshape_keeps_storage
 from .storage import Stored, row_align, stored_shape
 
 WINDOW_OPS = ("nn.conv2d", "nn.max_pool2d", "nn.avg_pool2d")
 # Ops whose result rows take lanes of other rows of their input (no row bands).
-LANE_MOVES = ("lpx.split_heads", "lpx.merge_heads")
+LANE_MOVES = ("lpx.split_heads", "lpx.merge_heads", "lpx.concat_rows", "lpx.slice_rows")
 
 
 @dataclass
@@ -53,9 +53,9 @@ def spill_param(ctx: LoweringContext, name: str, shape: tuple) -> Spilled:
 
 def lower_by_bands(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """Lower one op whose operands and result live off chip, band by band."""
-    if op.composite == "lpx.reshape":
+    if op.composite in ("lpx.reshape", "lpx.flatten_pixels"):
         x = ctx.values[op.main.args[0].name]
-        if not reshape_keeps_storage(x.shape, op.shape):
+        if not (reshape_keeps_storage(x.shape, op.shape) or flattens_pixels(x.shape, op.shape)):
             raise UnsupportedOnLPX(f"reshape {x.shape} -> {op.shape} moves data between lanes")
         ctx.values[op.out] = Spilled(x.tensor, tuple(op.shape))
         return
