@@ -210,13 +210,12 @@ class _Rewriter(relax.PyExprMutator):
 
         The chain is ``reshape(broadcast_to(expand_dims(x, 2), (1, k, n, s, d)), (1, k*n, s,
         d) or (k*n, s, d))``, how transformers repeats the key / value heads of
-        grouped-query attention."""
+        grouped-query attention (without the broadcast when n = 1)."""
         if not op_is(value, "relax.reshape"):
             return None
         bcast = self.values.get(value.args[0])
-        if not op_is(bcast, "relax.broadcast_to"):
-            return None
-        expand = self.values.get(bcast.args[0])
+        # With one copy (n = 1) lpx.Decompose has dropped the broadcast to its own shape.
+        expand = self.values.get(bcast.args[0]) if op_is(bcast, "relax.broadcast_to") else bcast
         if not op_is(expand, "relax.expand_dims") or [int(a) % 5 for a in expand.attrs.axis] != [2]:
             return None
         x = expand.args[0]
