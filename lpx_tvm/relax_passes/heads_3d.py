@@ -236,14 +236,22 @@ class _Rewriter(relax.PyExprMutator):
         return relax.op.concat([h for h in heads for _ in range(n)], axis=0)
 
     # ---- the walk ------------------------------------------------------------
+    def _bind(self, var, expr):
+        """Rebind ``var`` to ``expr``; a dataflow block's output (the function's result)
+        stays an output of the block, or the function would return a dataflow var."""
+        if self.builder_.current_block_is_dataflow() and not isinstance(var, relax.DataflowVar):
+            new = self.builder_.emit_output(expr, name_hint=var.name)
+        else:
+            new = expr if isinstance(expr, relax.Var) else self.builder_.emit(expr, name_hint=var.name)
+        self.set_var_remap(var, new)
+
     def visit_var_binding_(self, binding):
         var, value = binding.var, binding.value
         shape = static_shape(value) if isinstance(value, relax.Call) else None
         repeated = self._repeat_kv(value) if shape is not None and len(shape) == 3 else None
         if repeated is not None:  # repeat_kv straight to the 3-D batch of a matmul
             self.derived.add(var)
-            new = repeated if isinstance(repeated, relax.Var) else self.builder_.emit(repeated, name_hint=var.name)
-            self.set_var_remap(var, new)
+            self._bind(var, repeated)
             return
         converted = self._convert(var, value)
         if converted is not None:
@@ -251,8 +259,7 @@ class _Rewriter(relax.PyExprMutator):
             self.three[var] = new3
             # The 4-D value itself, for readers that stay 4-D (removed when there are none).
             shape = static_shape(value)
-            four = self.builder_.emit(relax.op.reshape(new3, shape), name_hint=var.name)
-            self.set_var_remap(var, four)
+            self._bind(var, relax.op.reshape(new3, shape))
             return
         if isinstance(value, relax.Call) and any(isinstance(a, relax.Var) and (a in self.three or a in self.derived)
                                                  for a in value.args):
@@ -260,9 +267,8 @@ class _Rewriter(relax.PyExprMutator):
             if op_is(value, "relax.reshape") and value.args[0] in self.three:
                 # (1, h, s, d) -> 3-D: read the 3-D value directly.
                 src = self.three[value.args[0]]
-                new = src if static_shape(src) == static_shape(value) else \
-                    self.builder_.emit(relax.op.reshape(src, static_shape(value)), name_hint=var.name)
-                self.set_var_remap(var, new)
+                self._bind(var, src if static_shape(src) == static_shape(value) else
+                           relax.op.reshape(src, static_shape(value)))
                 return
         super().visit_var_binding_(binding)
 
