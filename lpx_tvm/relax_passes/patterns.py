@@ -384,6 +384,9 @@ def _concat_rule(a, settings):
         return found
     if concat.attrs.axis is None:
         return concat, "concat without an axis (flattening) is not supported"
+    if row_axis_problem("concat", int(concat.attrs.axis), len(expr_shape(concat))) is None:
+        # lpx.concat_rows's case, tried before this one: its refusal is the reason.
+        return _concat_rows_rule(a, settings) or (concat, "a concat of rows (lpx.concat_rows)")
     fields = getattr(a["input"], "fields", ())
     if any(is_const(f) for f in fields):
         return concat, "concat of a constant operand is not supported (the concat lowers values in SRAM)"
@@ -445,6 +448,9 @@ def _slice_rule(a, settings):
         return op, "strided_slice with runtime bounds"
     axes = [x % rank for x in ints[0]]
     strides = ints[3] if len(ints) > 3 else [1] * len(axes)
+    if len(axes) == 1 and strides == [1] and row_axis_problem("strided_slice", axes[0], rank) is None:
+        # lpx.slice_rows's case, tried before this one: its refusal is the reason.
+        return _slice_rows_rule(a, settings) or (op, "a slice of rows (lpx.slice_rows)")
     if rank == 4 or axes != [rank - 1] or strides != [1]:
         return op, (f"strided_slice over axes {axes} with strides {strides} of a {rank}-D value: LPX slices "
                     "the last axis of a value of rank <= 3 with stride 1")
@@ -467,6 +473,15 @@ def _flatten_pixels_rule(a, settings):
     return None
 
 
+def _one_band_problem(op, settings, what):
+    """Rows placed or picked read their operands whole: off chip they run as one band,
+    so (as a transpose) the result may take at most a quarter of the SRAM."""
+    nbytes = math.prod(expr_shape(op)) * settings.activation_bytes
+    if 4 * nbytes > settings.config.sram_bytes:
+        return op, f"a {what} of rows larger than a quarter of the SRAM (it does not run by bands)"
+    return None
+
+
 def _concat_rows_rule(a, settings):
     concat = a["root"]
     found = _tensors_problem(concat, [a["input"]], settings)
@@ -477,7 +492,7 @@ def _concat_rows_rule(a, settings):
     if all(is_const(f) for f in getattr(a["input"], "fields", ())):
         return concat, "concat of constants (folded at compile time)"
     problem = row_axis_problem("concat", int(concat.attrs.axis), len(expr_shape(concat)))
-    return (concat, problem) if problem else None
+    return (concat, problem) if problem else _one_band_problem(concat, settings, "concat")
 
 
 def _slice_rows_rule(a, settings):
@@ -493,7 +508,7 @@ def _slice_rows_rule(a, settings):
     if len(ints[0]) != 1 or strides != [1]:
         return op, f"strided_slice over axes {ints[0]} with strides {strides}: rows are picked along one axis"
     problem = row_axis_problem("strided_slice", ints[0][0], rank)
-    return (op, problem) if problem else None
+    return (op, problem) if problem else _one_band_problem(op, settings, "slice")
 
 
 # ---- patterns -----------------------------------------------------------------------

@@ -136,3 +136,20 @@ def test_concats_and_slices_of_rows(preset):
 def test_rotary_grouped_query_attention(heads, kv_heads):
     torch.manual_seed(3)
     _check(RotaryGQA(width=12 * heads, heads=heads, kv_heads=kv_heads), (torch.randn(1, 12, 12 * heads),))
+
+
+class BigRows(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.cat([x, y], dim=1)[:, 100:] * 2.0
+
+
+def test_rows_larger_than_a_quarter_of_the_sram_stay_on_the_cpu():
+    # (2, 640, 64) fp32 is 320 KiB of mini's 512 KiB: a concat of rows runs as one band,
+    # so it stays on the CPU, with its reason; the slice of its result (270 KiB) too.
+    x, y = torch.randn(2, 300, 64), torch.randn(2, 340, 64)
+    mod = pipeline.canonicalize_model(import_torch(BigRows(), (x, y)).mod, "fp32")
+    _, report = pipeline.partition(mod, load_config("mini"), "fp32")
+    assert sorted(op.op for op in report.cpu_ops) == ["concat", "strided_slice"]
+    assert all("larger than a quarter of the SRAM" in op.reason for op in report.cpu_ops)
+    got = lpx_tvm.from_torch(BigRows(), (x, y), preset="mini", precision="fp32").run([x.numpy(), y.numpy()])
+    np.testing.assert_allclose(got["output_0"], BigRows()(x, y).numpy(), rtol=1e-6, atol=1e-6)
