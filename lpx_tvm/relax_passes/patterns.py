@@ -377,17 +377,24 @@ def _reshape_rule(a, settings):
     return None
 
 
-def _concat_rule(a, settings):
+def _concat_rule(a, settings, rows=False):
+    """``lpx.concat`` (along the lanes), or with ``rows`` ``lpx.concat_rows`` (along another
+    axis of a rank 2 or 3 value). The row pattern is tried first and each refuses the
+    other's case; this one then gives the row case's reason."""
     concat = a["root"]
     found = _tensors_problem(concat, [a["input"]], settings)
     if found:
         return found
     if concat.attrs.axis is None:
         return concat, "concat without an axis (flattening) is not supported"
-    if row_axis_problem("concat", int(concat.attrs.axis), len(expr_shape(concat))) is None:
-        # lpx.concat_rows's case, tried before this one: its refusal is the reason.
-        return _concat_rows_rule(a, settings) or (concat, "a concat of rows (lpx.concat_rows)")
     fields = getattr(a["input"], "fields", ())
+    if row_axis_problem("concat", int(concat.attrs.axis), len(expr_shape(concat))) is None:
+        if all(is_const(f) for f in fields):
+            return concat, "concat of constants (folded at compile time)"
+        found = _one_band_problem(concat, settings, "concat")
+        return found if rows or found else (concat, "a concat of rows (lpx.concat_rows)")
+    if rows:
+        return concat, "not a concat of rows"
     if any(is_const(f) for f in fields):
         return concat, "concat of a constant operand is not supported (the concat lowers values in SRAM)"
     problem = concat_axis_problem(int(concat.attrs.axis), len(expr_shape(concat)))
@@ -436,7 +443,9 @@ def _int_tuple(expr) -> list | None:
     return [int(v.value) for v in values]
 
 
-def _slice_rule(a, settings):
+def _slice_rule(a, settings, rows=False):
+    """``lpx.slice`` (of the last axis), or with ``rows`` ``lpx.slice_rows`` (of another
+    axis of a rank 2 or 3 value), as :func:`_concat_rule`."""
     op = a["root"]
     found = _tensors_problem(op, [a["input"]], settings)
     if found:
@@ -449,8 +458,10 @@ def _slice_rule(a, settings):
     axes = [x % rank for x in ints[0]]
     strides = ints[3] if len(ints) > 3 else [1] * len(axes)
     if len(axes) == 1 and strides == [1] and row_axis_problem("strided_slice", axes[0], rank) is None:
-        # lpx.slice_rows's case, tried before this one: its refusal is the reason.
-        return _slice_rows_rule(a, settings) or (op, "a slice of rows (lpx.slice_rows)")
+        found = _one_band_problem(op, settings, "slice")
+        return found if rows or found else (op, "a slice of rows (lpx.slice_rows)")
+    if rows:
+        return op, "not a slice of rows"
     if rank == 4 or axes != [rank - 1] or strides != [1]:
         return op, (f"strided_slice over axes {axes} with strides {strides} of a {rank}-D value: LPX slices "
                     "the last axis of a value of rank <= 3 with stride 1")
@@ -468,7 +479,8 @@ def _flatten_pixels_rule(a, settings):
         return found
     axes = [int(x) for x in permute.attrs.axes] if permute.attrs.axes is not None else None
     src, mid = expr_shape(data), expr_shape(reshape)
-    if axes != [0, 2, 1] or len(mid) != 3 or mid[:2] != src[:2] or not flattens_pixels(src, expr_shape(permute)):
+    if axes != [0, 2, 1] or mid is None or len(mid) != 3 or mid[:2] != src[:2] \
+            or not flattens_pixels(src, expr_shape(permute)):
         return permute, "a pixel flatten is reshape (n, c, h, w) -> (n, c, h*w) then permute_dims [0, 2, 1]"
     return None
 
@@ -483,32 +495,11 @@ def _one_band_problem(op, settings, what):
 
 
 def _concat_rows_rule(a, settings):
-    concat = a["root"]
-    found = _tensors_problem(concat, [a["input"]], settings)
-    if found:
-        return found
-    if concat.attrs.axis is None:
-        return concat, "concat without an axis (flattening) is not supported"
-    if all(is_const(f) for f in getattr(a["input"], "fields", ())):
-        return concat, "concat of constants (folded at compile time)"
-    problem = row_axis_problem("concat", int(concat.attrs.axis), len(expr_shape(concat)))
-    return (concat, problem) if problem else _one_band_problem(concat, settings, "concat")
+    return _concat_rule(a, settings, rows=True)
 
 
 def _slice_rows_rule(a, settings):
-    op = a["root"]
-    found = _tensors_problem(op, [a["input"]], settings)
-    if found:
-        return found
-    ints = [_int_tuple(t) for t in op.args[1:]]
-    if any(t is None for t in ints):
-        return op, "strided_slice with runtime bounds"
-    rank = len(expr_shape(a["input"]))
-    strides = ints[3] if len(ints) > 3 else [1] * len(ints[0])
-    if len(ints[0]) != 1 or strides != [1]:
-        return op, f"strided_slice over axes {ints[0]} with strides {strides}: rows are picked along one axis"
-    problem = row_axis_problem("strided_slice", ints[0][0], rank)
-    return (op, problem) if problem else _one_band_problem(op, settings, "slice")
+    return _slice_rule(a, settings, rows=True)
 
 
 # ---- patterns -----------------------------------------------------------------------

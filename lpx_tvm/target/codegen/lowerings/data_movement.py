@@ -130,12 +130,15 @@ def lower_concat(ctx: LoweringContext, op: RegionOp, is_output: bool):
     ctx.values[op.out] = y
 
 
-@register_lowering("reshape")
+@register_lowering("reshape", "lpx.flatten_pixels")
 def lower_reshape(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """A reshape that leaves every element where it is stored: the same tensor under the
-    new shape (an output alias is copied out by the region driver)."""
+    new shape (an output alias is copied out by the region driver). So is the patch
+    flatten (n, c, h, w) -> (n, h*w, c) (``lpx.flatten_pixels``: a reshape to (n, c, h*w),
+    then a swap of the last two axes): the pixel rows of the 4-D value."""
     x = ctx.value(op.main.args[0])
-    if not reshape_keeps_storage(x.shape, op.shape):
+    pixels = op.composite == "lpx.flatten_pixels" and flattens_pixels(x.shape, op.shape)
+    if not (pixels or reshape_keeps_storage(x.shape, op.shape)):
         raise UnsupportedOnLPX(f"reshape {x.shape} -> {op.shape} moves data between lanes")
     ctx.values[op.out] = Stored(x.tensor, tuple(op.shape))
 
@@ -174,16 +177,6 @@ def lower_merge_heads(ctx: LoweringContext, op: RegionOp, is_output: bool):
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x], beside=[_moved_into(ctx, moves, op.shape)])
     move_lanes(ctx, f"{op.out}.merge_heads", x, y, moves)
     ctx.values[op.out] = y
-
-
-@register_lowering("lpx.flatten_pixels")
-def lower_flatten_pixels(ctx: LoweringContext, op: RegionOp, is_output: bool):
-    """(n, c, h, w) -> (n, h*w, c), a reshape to (n, c, h*w) then a swap of the last two
-    axes: the pixel rows of the 4-D value under the 3-D shape (an alias, no moves)."""
-    x = ctx.value(op.main.args[0])
-    if not flattens_pixels(x.shape, op.shape):
-        raise UnsupportedOnLPX(f"flatten of {x.shape} into {op.shape} moves data")
-    ctx.values[op.out] = Stored(x.tensor, tuple(op.shape))
 
 
 @register_lowering("lpx.concat_rows")
