@@ -23,7 +23,8 @@ from .rules import activation_row_problem, flattens_pixels, reshape_keeps_storag
 from .storage import Stored, row_align, stored_shape
 
 WINDOW_OPS = ("nn.conv2d", "nn.max_pool2d", "nn.avg_pool2d")
-# Ops whose result rows take lanes of other rows of their input (no row bands).
+# Ops whose result rows are not the same rows of each input (lanes moved between rows,
+# rows placed or picked): one band holds the whole op.
 LANE_MOVES = ("lpx.split_heads", "lpx.merge_heads", "lpx.concat_rows", "lpx.slice_rows")
 
 
