@@ -9,7 +9,8 @@
 - ``broadcast_to`` a value's own shape is dropped, and a reshape of a reshape is one
   reshape (torch writes both around every operand of a batched matmul).
 - the guards exporters put after an attention softmax for fully masked rows,
-  ``where(isnan(p), 0, p)`` and torch's ``where(not(any(z != -inf)), 0, p)``, are
+  ``where(isnan(p), 0, p)`` and torch's ``where(not(any(z != -inf)), 0, p)`` (the zeros
+  a constant or ``full_like(p, 0)``), are
   dropped when no row can be fully masked: the softmax input adds no mask, or
   constant masks with a finite entry in every row (a causal mask). Finite scores then
   give every row a finite maximum. A runtime mask keeps the guard.
@@ -204,6 +205,17 @@ def _guarded_rows(cond, values):
     return None
 
 
+def _is_zeros(expr, values) -> bool:
+    """Whether ``expr`` is all zeros: a zero constant, or ``full_like(x, 0)`` (how torch
+    writes the guard's fill when it exports through the decomposition of sdpa)."""
+    if is_const(expr):
+        return not np.any(expr.value.numpy() != 0)
+    value = values.get(expr)
+    if op_is(value, "relax.zeros_like", "relax.zeros"):
+        return True
+    return op_is(value, "relax.full_like") and is_const(value.args[1]) and not np.any(value.args[1].value.numpy() != 0)
+
+
 def _softmax_guards(values, rebuild):
     """``where(guard, 0, p)`` that zeroes the rows of a softmax p whose inputs are all -inf
     (or whose output is NaN) is p when no row can be fully masked."""
@@ -211,7 +223,7 @@ def _softmax_guards(values, rebuild):
         if not op_is(value, "relax.where") or var in rebuild:
             continue
         cond, zero, p = value.args
-        if not is_const(zero) or np.any(zero.value.numpy() != 0) or static_shape(p) != static_shape(value):
+        if not _is_zeros(zero, values) or static_shape(p) != static_shape(value):
             continue
         soft = values.get(_through_reshapes(p, values))
         z = _guarded_rows(cond, values)

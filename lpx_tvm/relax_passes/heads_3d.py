@@ -19,7 +19,14 @@ belongs in lanes. With a batch of one, each such value is a 3-D value (h, s, d),
   reshaped from the 4-D value where it is not already 3-D;
 - the head merge ``reshape(permute_dims(v, [0, 2, 1, 3]), (1, s, h*d))`` becomes
   ``reshape(permute_dims(v3, [1, 0, 2]), (1, s, h*d))`` (``lpx.merge_heads``);
-- a 3-D value reshaped to 4-D (an importer's own batched form) is its own 3-D form.
+- a 3-D value reshaped to 4-D (an importer's own batched form) is its own 3-D form;
+- rotary embeddings (RoPE) on such values stay 3-D: slices of the last axis, ``negative``
+  (a multiply by -1, which the VXM does with an immediate), a concat along the last axis
+  (or, with a batch of one, along heads or sequence: rows placed whole), and the
+  multiplies by cos / sin constants of shape (1, 1, s, d), broadcast over the heads;
+- grouped-query attention's repeat_kv, ``reshape(broadcast_to(expand_dims(kv, 2), (1,
+  k, n, s, d)), (1, k*n, s, d))``, becomes a concat along axis 0 of n copies of each of
+  the k head blocks of rows (a slice of axis 0 each): rows placed whole, no lane moves.
 
 A 4-D value that something else still reads is kept as ``reshape(v3, (1, h, s, d))``;
 dead code elimination removes the ones nothing reads. Constants in elementwise ops
@@ -51,6 +58,11 @@ def _merged(shape4) -> tuple:
 
 def _axes(call, rank):
     return [int(a) for a in call.attrs.axes] if call.attrs.axes is not None else list(range(rank))[::-1]
+
+
+def _ints(expr) -> list:
+    """The ints of a ``strided_slice`` argument (axes, begin, end, strides)."""
+    return [int(getattr(f, "value", f)) for f in expr.fields]
 
 
 def _head_split_entries(func) -> set:
@@ -127,6 +139,12 @@ class _Rewriter(relax.PyExprMutator):
                 return relax.op.permute_dims(self._emit(heads), [0, 2, 1])
             return heads
         args = value.args
+        repeated = self._repeat_kv(value)
+        if repeated is not None:
+            return repeated
+        rope = self._rope_step(value, shape)
+        if rope is not None:
+            return rope
         if op_is(value, "relax.reshape"):
             src = args[0]
             if src in self.three:
@@ -164,17 +182,84 @@ class _Rewriter(relax.PyExprMutator):
             return relax.Call(value.op, [self.three[args[0]]], value.attrs)
         return None
 
+    def _rope_step(self, value, shape):
+        """The 3-D form of one step of a rotary embedding on converted values, or None:
+        a slice of the last axis, ``negative`` (as a multiply by -1), a concat."""
+        args = value.args
+        if op_is(value, "relax.strided_slice") and args[0] in self.three:
+            axes, begin, end = (_ints(a) for a in args[1:4])
+            strides = _ints(args[4]) if len(args) > 4 else [1] * len(axes)
+            if [a % 4 for a in axes] != [3]:
+                return None
+            return relax.op.strided_slice(self.three[args[0]], axes=[2], begin=begin, end=end, strides=strides)
+        if op_is(value, "relax.negative") and args[0] in self.three:
+            return relax.op.multiply(self.three[args[0]], relax.const(-1.0, str(value.ty.dtype)))
+        if op_is(value, "relax.concat") and isinstance(args[0], relax.Tuple):
+            fields = list(args[0].fields)
+            axis = int(value.attrs.axis) % 4
+            if not all(isinstance(f, relax.Var) and f in self.three for f in fields):
+                return None
+            if axis != 3 and shape[0] != 1:
+                return None  # along heads or sequence, the merged form interleaves batches
+            return relax.op.concat([self.three[f] for f in fields], axis=axis - 1)
+        return None
+
+    def _repeat_kv(self, value):
+        """repeat_kv of a converted (1, k, s, d) value as its 3-D form (k*n, s, d): each head
+        block of rows n times, a concat along axis 0 of slices of axis 0; or None.
+
+        The chain is ``reshape(broadcast_to(expand_dims(x, 2), (1, k, n, s, d)), (1, k*n, s,
+        d) or (k*n, s, d))``, how transformers repeats the key / value heads of
+        grouped-query attention (without the broadcast when n = 1)."""
+        if not op_is(value, "relax.reshape"):
+            return None
+        bcast = self.values.get(value.args[0])
+        # With one copy (n = 1) lpx.Decompose has dropped the broadcast to its own shape.
+        expand = self.values.get(bcast.args[0]) if op_is(bcast, "relax.broadcast_to") else bcast
+        if not op_is(expand, "relax.expand_dims") or [int(a) % 5 for a in expand.attrs.axis] != [2]:
+            return None
+        x = expand.args[0]
+        if not isinstance(x, relax.Var) or x not in self.three:
+            return None
+        one, k, s, d = static_shape(x)
+        wide = static_shape(bcast)
+        if one != 1 or wide is None or len(wide) != 5 or wide[:2] != (1, k) or wide[3:] != (s, d):
+            return None
+        n = wide[2]
+        if tuple(static_shape(value)) not in ((1, k * n, s, d), (k * n, s, d)):
+            return None
+        x3 = self.three[x]
+        if n == 1:
+            return x3
+        heads = [x3] if k == 1 else \
+            [self._emit(relax.op.strided_slice(x3, axes=[0], begin=[i], end=[i + 1])) for i in range(k)]
+        return relax.op.concat([h for h in heads for _ in range(n)], axis=0)
+
     # ---- the walk ------------------------------------------------------------
+    def _bind(self, var, expr):
+        """Rebind ``var`` to ``expr``; a dataflow block's output (the function's result)
+        stays an output of the block, or the function would return a dataflow var."""
+        if self.builder_.current_block_is_dataflow() and not isinstance(var, relax.DataflowVar):
+            new = self.builder_.emit_output(expr, name_hint=var.name)
+        else:
+            new = expr if isinstance(expr, relax.Var) else self.builder_.emit(expr, name_hint=var.name)
+        self.set_var_remap(var, new)
+
     def visit_var_binding_(self, binding):
         var, value = binding.var, binding.value
+        shape = static_shape(value) if isinstance(value, relax.Call) else None
+        repeated = self._repeat_kv(value) if shape is not None and len(shape) == 3 else None
+        if repeated is not None:  # repeat_kv straight to the 3-D batch of a matmul
+            self.derived.add(var)
+            self._bind(var, repeated)
+            return
         converted = self._convert(var, value)
         if converted is not None:
             new3 = converted if isinstance(converted, relax.Var) else self._emit(converted)
             self.three[var] = new3
             # The 4-D value itself, for readers that stay 4-D (removed when there are none).
             shape = static_shape(value)
-            four = self.builder_.emit(relax.op.reshape(new3, shape), name_hint=var.name)
-            self.set_var_remap(var, four)
+            self._bind(var, relax.op.reshape(new3, shape))
             return
         if isinstance(value, relax.Call) and any(isinstance(a, relax.Var) and (a in self.three or a in self.derived)
                                                  for a in value.args):
@@ -182,9 +267,8 @@ class _Rewriter(relax.PyExprMutator):
             if op_is(value, "relax.reshape") and value.args[0] in self.three:
                 # (1, h, s, d) -> 3-D: read the 3-D value directly.
                 src = self.three[value.args[0]]
-                new = src if static_shape(src) == static_shape(value) else \
-                    self.builder_.emit(relax.op.reshape(src, static_shape(value)), name_hint=var.name)
-                self.set_var_remap(var, new)
+                self._bind(var, src if static_shape(src) == static_shape(value) else
+                           relax.op.reshape(src, static_shape(value)))
                 return
         super().visit_var_binding_(binding)
 

@@ -39,6 +39,10 @@ composites                              keys
 ``lpx.rows_to_pixels``                  ``input`` (N*H*W, C), ``reshape`` (to (N, H, W, C)),
                                         ``root`` (``permute_dims`` [0, 3, 1, 2])
 ``lpx.resize2d``                        ``input``, ``root`` (``Resize2DAttrs``)
+``lpx.flatten_pixels``                  ``input`` (n, c, h, w), ``reshape`` (to
+                                        (n, c, h*w)), ``root`` (``permute_dims`` [0, 2, 1])
+``lpx.concat_rows``                     ``input`` (the tuple), ``root`` (``axis``)
+``lpx.slice_rows``                      ``input``, ``root`` (the ``strided_slice``)
 =====================================  =================================================
 """
 
@@ -57,9 +61,11 @@ from ..target.codegen.rules import (
     binary_operands_problem,
     concat_axis_problem,
     divide_operands_problem,
+    flattens_pixels,
     grouped_conv_problem,
     prelu_slope_problem,
     reshape_keeps_storage,
+    row_axis_problem,
     spatial_mean_problem,
 )
 from ..target.codegen.lowerings.resize import resize_problem
@@ -381,7 +387,10 @@ def _reshape_rule(a, settings):
     return None
 
 
-def _concat_rule(a, settings):
+def _concat_rule(a, settings, rows=False):
+    """``lpx.concat`` (along the lanes), or with ``rows`` ``lpx.concat_rows`` (along another
+    axis of a rank 2 or 3 value). The row pattern is tried first and each refuses the
+    other's case; this one then gives the row case's reason."""
     concat = a["root"]
     found = _tensors_problem(concat, [a["input"]], settings)
     if found:
@@ -389,6 +398,13 @@ def _concat_rule(a, settings):
     if concat.attrs.axis is None:
         return concat, "concat without an axis (flattening) is not supported"
     fields = getattr(a["input"], "fields", ())
+    if row_axis_problem("concat", int(concat.attrs.axis), len(expr_shape(concat))) is None:
+        if all(is_const(f) for f in fields):
+            return concat, "concat of constants (folded at compile time)"
+        found = _one_band_problem(concat, settings, "concat")
+        return found if rows or found else (concat, "a concat of rows (lpx.concat_rows)")
+    if rows:
+        return concat, "not a concat of rows"
     if any(is_const(f) for f in fields):
         return concat, "concat of a constant operand is not supported (the concat lowers values in SRAM)"
     problem = concat_axis_problem(int(concat.attrs.axis), len(expr_shape(concat)))
@@ -437,7 +453,9 @@ def _int_tuple(expr) -> list | None:
     return [int(v.value) for v in values]
 
 
-def _slice_rule(a, settings):
+def _slice_rule(a, settings, rows=False):
+    """``lpx.slice`` (of the last axis), or with ``rows`` ``lpx.slice_rows`` (of another
+    axis of a rank 2 or 3 value), as :func:`_concat_rule`."""
     op = a["root"]
     found = _tensors_problem(op, [a["input"]], settings)
     if found:
@@ -449,6 +467,11 @@ def _slice_rule(a, settings):
         return op, "strided_slice with runtime bounds"
     axes = [x % rank for x in ints[0]]
     strides = ints[3] if len(ints) > 3 else [1] * len(axes)
+    if len(axes) == 1 and strides == [1] and row_axis_problem("strided_slice", axes[0], rank) is None:
+        found = _one_band_problem(op, settings, "slice")
+        return found if rows or found else (op, "a slice of rows (lpx.slice_rows)")
+    if rows:
+        return op, "not a slice of rows"
     if rank == 4 or axes != [rank - 1] or strides != [1]:
         return op, (f"strided_slice over axes {axes} with strides {strides} of a {rank}-D value: LPX slices "
                     "the last axis of a value of rank <= 3 with stride 1")
@@ -501,6 +524,8 @@ def _resize_rule(a, settings):
     problem = resize_problem(len(expr_shape(a["input"])), str(attrs.layout), str(attrs.method),
                              str(attrs.coordinate_transformation_mode), str(attrs.rounding_method))
     return (op, problem) if problem else None
+
+
 # ---- elementwise ops composed on the VXM (lowerings/activations.py, elementwise.py) ---
 
 # Unary ops the VXM computes as a short chain of its ops.
@@ -567,6 +592,38 @@ def _vxm_elementwise_table() -> list:
     table.append(("power", *_unary_pattern("relax.power"), [_power_rule]))
     table += [(op, *_unary_pattern(f"relax.{op}"), [_no_vxm_op_rule]) for op in _NO_VXM_OP]
     return table
+# Whole stored rows: the ViT patch flatten (an alias), concats and slices along an axis
+# other than the one in lanes (rows placed or picked whole).
+
+
+def _flatten_pixels_rule(a, settings):
+    reshape, permute, data = a["reshape"], a["root"], a["input"]
+    found = _tensors_problem(permute, [data], settings)
+    if found:
+        return found
+    axes = [int(x) for x in permute.attrs.axes] if permute.attrs.axes is not None else None
+    src, mid = expr_shape(data), expr_shape(reshape)
+    if axes != [0, 2, 1] or mid is None or len(mid) != 3 or mid[:2] != src[:2] \
+            or not flattens_pixels(src, expr_shape(permute)):
+        return permute, "a pixel flatten is reshape (n, c, h, w) -> (n, c, h*w) then permute_dims [0, 2, 1]"
+    return None
+
+
+def _one_band_problem(op, settings, what):
+    """Rows placed or picked read their operands whole: off chip they run as one band,
+    so (as a transpose) the result may take at most a quarter of the SRAM."""
+    nbytes = math.prod(expr_shape(op)) * settings.activation_bytes
+    if 4 * nbytes > settings.config.sram_bytes:
+        return op, f"a {what} of rows larger than a quarter of the SRAM (it does not run by bands)"
+    return None
+
+
+def _concat_rows_rule(a, settings):
+    return _concat_rule(a, settings, rows=True)
+
+
+def _slice_rows_rule(a, settings):
+    return _slice_rule(a, settings, rows=True)
 
 
 # ---- patterns -----------------------------------------------------------------------
@@ -737,6 +794,10 @@ def pattern_table() -> list:
     table.append(("rows_to_pixels", *_split_heads_pattern(), [_rows_to_pixels_rule]))
     table.append(("resize2d", *_unary_pattern("relax.image.resize2d"), [_resize_rule]))
     table += _pad_patterns()
+    # After the forms they share a pattern with, so those give the last refusal.
+    table.append(("flatten_pixels", *_split_heads_pattern(), [_flatten_pixels_rule]))
+    table.append(("concat_rows", *_unary_pattern("relax.concat"), [_concat_rows_rule]))
+    table.append(("slice_rows", *_unary_pattern("relax.strided_slice"), [_slice_rows_rule]))
 
     families = (
         ("conv2d", _conv2d_pattern, _conv2d_rule, _bias_rule(_conv_bias_shapes)),

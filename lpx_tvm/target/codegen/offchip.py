@@ -20,13 +20,14 @@ from .graph import Operand, RegionOp, UnsupportedOnLPX
 from .passes import finish
 from .lowerings.resize import resize_band_rows
 from .registry import lower
-from .rules import activation_row_problem, reshape_keeps_storage
+from .rules import activation_row_problem, flattens_pixels, reshape_keeps_storage
 from .storage import Stored, row_align, stored_shape
 
 WINDOW_OPS = ("nn.conv2d", "nn.max_pool2d", "nn.avg_pool2d")
 PIXEL_ROW_VIEWS = ("lpx.pixels_to_rows", "lpx.rows_to_pixels")
-# Ops whose result rows take lanes of other rows of their input (no row bands).
-LANE_MOVES = ("lpx.split_heads", "lpx.merge_heads")
+# Ops whose result rows are not the same rows of each input (lanes moved between rows,
+# rows placed or picked): one band holds the whole op.
+LANE_MOVES = ("lpx.split_heads", "lpx.merge_heads", "lpx.concat_rows", "lpx.slice_rows")
 PLACEMENTS = ("lpx.pad", "lpx.zero_stuff", "lpx.zero_stuff_cropped")  # lowerings/pad.py
 
 
@@ -59,9 +60,9 @@ def lower_by_bands(ctx: LoweringContext, op: RegionOp, is_output: bool):
     if op.composite in PIXEL_ROW_VIEWS:  # an NCHW value and its pixel rows: the same bytes
         ctx.values[op.out] = Spilled(ctx.values[op.main.args[0].name].tensor, tuple(op.shape))
         return
-    if op.composite == "lpx.reshape":
+    if op.composite in ("lpx.reshape", "lpx.flatten_pixels"):
         x = ctx.values[op.main.args[0].name]
-        if not reshape_keeps_storage(x.shape, op.shape):
+        if not (reshape_keeps_storage(x.shape, op.shape) or flattens_pixels(x.shape, op.shape)):
             raise UnsupportedOnLPX(f"reshape {x.shape} -> {op.shape} moves data between lanes")
         ctx.values[op.out] = Spilled(x.tensor, tuple(op.shape))
         return

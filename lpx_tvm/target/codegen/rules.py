@@ -204,6 +204,33 @@ def concat_axis_problem(axis: int, rank: int) -> "str | None":
     return None
 
 
+def row_axis_problem(what: str, axis: int, rank: int) -> "str | None":
+    """Why ``what`` (a concat or a slice) along ``axis`` of rank-``rank`` values cannot run
+    as whole stored rows placed or picked (a value of rank 2 or 3 is stored as rows of its
+    last axis, so any other axis indexes blocks of rows), or None."""
+    axis = axis + rank if axis < 0 else axis
+    if rank not in (2, 3):
+        return f"{what} along axis {axis} of a rank-{rank} tensor: rows are placed whole for ranks 2 and 3"
+    if axis == rank - 1:
+        return f"{what} along the last axis moves lanes, not rows"
+    return None
+
+
+def row_blocks(shape: tuple, axis: int) -> tuple:
+    """(outer, inner) for ``axis`` of a value stored as rows of its last axis: the axes
+    before it repeat ``outer`` times, and one index along it spans ``inner`` rows."""
+    shape = _ints(shape)
+    return math.prod(shape[:axis]), math.prod(shape[axis + 1:-1])
+
+
+def flattens_pixels(src: tuple, dst: tuple) -> bool:
+    """Whether (n, c, h, w) -> (n, h*w, c) (``flatten(2)`` then ``transpose(1, 2)``, a ViT
+    patch embedding) leaves every element where it is stored: a 4-D value's pixel rows
+    with channels in lanes are the rows of the 3-D result."""
+    src, dst = _ints(src), _ints(dst)
+    return len(src) == 4 and len(dst) == 3 and dst == (src[0], src[2] * src[3], src[1])
+
+
 # ---- convolutions ----------------------------------------------------------------------
 
 

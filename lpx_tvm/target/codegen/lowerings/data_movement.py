@@ -1,6 +1,7 @@
 """Ops that move elements without arithmetic: transposes (``permute_dims``), channel
 ``concat``, ``reshape`` (a free alias when storage stays put), slices of the last axis,
-and the head split / merge of attention."""
+the head split / merge of attention, and concats and slices along other axes (whole
+stored rows placed or picked)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from ..graph import RegionOp, UnsupportedOnLPX
 from ..lanes import lane_map, move_lanes, tiles_moved_into
 from ..passes import write_rows
 from ..registry import register_lowering
-from ..rules import concat_axis_problem, reshape_keeps_storage
-from ..storage import Stored, chunk_of, one, runs, stored_shape
+from ..rules import concat_axis_problem, flattens_pixels, reshape_keeps_storage, row_axis_problem, row_blocks
+from ..storage import Stored, chunk_of, one, row_align, runs, stored_shape
 from ..values import copy_value, new_value, whole_groups
 
 
@@ -129,12 +130,15 @@ def lower_concat(ctx: LoweringContext, op: RegionOp, is_output: bool):
     ctx.values[op.out] = y
 
 
-@register_lowering("reshape")
+@register_lowering("reshape", "lpx.flatten_pixels")
 def lower_reshape(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """A reshape that leaves every element where it is stored: the same tensor under the
-    new shape (an output alias is copied out by the region driver)."""
+    new shape (an output alias is copied out by the region driver). So is the patch
+    flatten (n, c, h, w) -> (n, h*w, c) (``lpx.flatten_pixels``: a reshape to (n, c, h*w),
+    then a swap of the last two axes): the pixel rows of the 4-D value."""
     x = ctx.value(op.main.args[0])
-    if not reshape_keeps_storage(x.shape, op.shape):
+    pixels = op.composite == "lpx.flatten_pixels" and flattens_pixels(x.shape, op.shape)
+    if not (pixels or reshape_keeps_storage(x.shape, op.shape)):
         raise UnsupportedOnLPX(f"reshape {x.shape} -> {op.shape} moves data between lanes")
     ctx.values[op.out] = Stored(x.tensor, tuple(op.shape))
 
@@ -173,6 +177,66 @@ def lower_merge_heads(ctx: LoweringContext, op: RegionOp, is_output: bool):
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x], beside=[_moved_into(ctx, moves, op.shape)])
     move_lanes(ctx, f"{op.out}.merge_heads", x, y, moves)
     ctx.values[op.out] = y
+
+
+@register_lowering("lpx.concat_rows")
+def lower_concat_rows(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """A concat along an axis other than the last of rank 2 or 3 values: each operand's
+    blocks of rows copied whole into place (a class token before the patches, the repeated
+    key / value heads of grouped-query attention). A constant operand goes in SRAM first."""
+    axis = op.main.attrs.get("axis", 0)
+    axis = (axis[0] if isinstance(axis, list) else axis) % len(op.shape)
+    problem = row_axis_problem("concat", axis, len(op.shape))
+    if problem:
+        raise UnsupportedOnLPX(problem)
+    parts = []
+    for i, a in enumerate(op.main.args):
+        if not a.is_const:
+            parts.append(ctx.value(a))
+            continue
+        c = np.asarray(a.const, np.float32)
+        parts.append(Stored(ctx.temp(ctx.builder.tensor(f"{op.out}.part{i}", stored_shape(c.shape), ctx.dtype,
+                                                        data=c, row_align=row_align(c.shape))), c.shape))
+    y = new_value(ctx, op.out, op.shape, is_output)
+    outer, inner = row_blocks(op.shape, axis)
+    offset = 0
+    for x in parts:
+        size = x.shape[axis]
+        _copy_rows(ctx, f"{op.out}.concat_rows", x, y,
+                   [(o * size * inner, (o * op.shape[axis] + offset) * inner, size * inner) for o in range(outer)])
+        offset += size
+    ctx.values[op.out] = y
+
+
+@register_lowering("lpx.slice_rows")
+def lower_slice_rows(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """Elements begin .. end - 1 (stride 1) of an axis other than the last of a rank 2 or
+    3 value: its blocks of rows copied whole."""
+    x = ctx.value(op.main.args[0])
+    axis, begin, end = (int(np.asarray(a.const).reshape(-1)[0]) for a in op.main.args[1:4])
+    axis %= len(x.shape)
+    problem = row_axis_problem("strided_slice", axis, len(x.shape))
+    if problem:
+        raise UnsupportedOnLPX(problem)
+    size = x.shape[axis]
+    begin, end = (min(max(b + size if b < 0 else b, 0), size) for b in (begin, end))
+    outer, inner = row_blocks(x.shape, axis)
+    y = new_value(ctx, op.out, op.shape, is_output)
+    _copy_rows(ctx, f"{op.out}.slice_rows", x, y,
+               [((o * size + begin) * inner, o * (end - begin) * inner, (end - begin) * inner) for o in range(outer)])
+    ctx.values[op.out] = y
+
+
+def _copy_rows(ctx: LoweringContext, tag: str, x: Stored, y: Stored, blocks):
+    """``y[yr:yr+n] = x[xr:xr+n]`` for each (xr, yr, n) of ``blocks``, every column tile:
+    one read and one write per run of rows that sits in one chunk of each (a slice's two
+    ports: x and y may share slices)."""
+    for xr, yr, n in blocks:
+        for j in range(y.tensor.ntiles):
+            for r0, r1 in runs(n, lambda r: (chunk_of(x.tensor, xr + r), chunk_of(y.tensor, yr + r))):
+                g = ctx.builder.group(tag)
+                v = g.read(one(x.tensor.segments(j, xr + r0, xr + r1)))
+                g.write(v, one(y.tensor.segments(j, yr + r0, yr + r1)))
 
 
 def _moved_into(ctx: LoweringContext, moves, shape) -> list:
