@@ -63,13 +63,13 @@ from ..target.codegen.rules import (
     divide_operands_problem,
     flattens_pixels,
     grouped_conv_problem,
+    pad_problem,
     prelu_slope_problem,
     reshape_keeps_storage,
+    resize_problem,
     row_axis_problem,
     spatial_mean_problem,
 )
-from ..target.codegen.lowerings.resize import resize_problem
-from ..target.codegen.pad_rules import pad_problem
 from .check_context import (
     CheckSettings,
     Rejection,

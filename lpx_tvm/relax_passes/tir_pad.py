@@ -16,7 +16,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax, tirx
 
-from ..target.codegen.pad_rules import pad_source
+from ..target.codegen.rules import pad_source
 from ._binding_rewrite import bindings, rewrite_bindings, static_shape
 
 __all__ = ["PadFromTIR"]

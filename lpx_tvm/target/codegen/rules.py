@@ -260,3 +260,59 @@ def block_diagonal(w, groups: int):
     for g in range(groups):
         dense[g * og:(g + 1) * og, g * cg:(g + 1) * cg] = w[g * og:(g + 1) * og]
     return dense
+
+
+# ---- pad (lowerings/pad.py): spatial padding of 4-D values, every output pixel a
+# fill or a copy of one input pixel -------------------------------------------------
+
+PAD_MODES = ("constant", "reflect", "replicate")
+
+
+def pad_source(mode: str, k: int, before: int, n: int) -> "int | None":
+    """The input index that output index ``k`` of an axis of ``n`` padded by ``before``
+    copies (None: the constant fill)."""
+    i = k - before
+    if 0 <= i < n:
+        return i
+    if mode == "constant":
+        return None
+    if mode == "replicate":
+        return min(max(i, 0), n - 1)
+    return -i if i < 0 else 2 * (n - 1) - i  # reflect: the edge pixel is not repeated
+
+
+def pad_problem(shape, widths, mode: str) -> "str | None":
+    """Why a pad of ``shape`` by ``widths`` (before, after per axis) cannot run on LPX, or None."""
+    if mode not in PAD_MODES:
+        return f"pad mode {mode!r}: LPX pads in constant, reflect and replicate modes"
+    if len(shape) != 4 or len(widths) != 8:
+        return (f"pad of a {len(shape)}-D value: LPX pads the H and W axes of 4-D NCHW values "
+                "(other values keep their last axis in lanes)")
+    if any(w < 0 for w in widths):
+        return f"pad widths {list(widths)} crop: LPX pads by non-negative widths"
+    if any(widths[:4]):
+        return ("padding of the batch or channel axis: LPX stores channels in lanes and pads "
+                "H and W (image rows and pixels)")
+    if mode == "reflect" and any(w >= n for w, n in zip(widths[4:], (shape[2], shape[2], shape[3], shape[3]))):
+        return f"reflect padding {widths[4:]} as wide as the image {shape[2:]}: a reflection needs a wider image"
+    return None
+
+
+# ---- resize (lowerings/resize.py) ---------------------------------------------------
+
+METHODS = ("nearest_neighbor", "linear")
+COORDINATE_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+ROUNDING = ("", "round", "round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+def resize_problem(rank: int, layout: str, method: str, coordinate_mode: str, rounding: str) -> "str | None":
+    """Why a ``resize2d`` with these attributes cannot be lowered, or None."""
+    if rank != 4 or layout != "NCHW":
+        return f"resize of a {rank}-D {layout} value: LPX resizes H and W of a 4-D NCHW value"
+    if method not in METHODS:
+        return f"{method} resize: LPX resizes by nearest or bilinear (linear) sampling"
+    if coordinate_mode not in COORDINATE_MODES:
+        return f"coordinate transformation mode {coordinate_mode} (LPX: {', '.join(COORDINATE_MODES)})"
+    if method == "nearest_neighbor" and rounding not in ROUNDING:
+        return f"nearest mode {rounding}"
+    return None

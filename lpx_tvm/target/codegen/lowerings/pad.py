@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
-from ..pad_rules import pad_problem, pad_source
+from ..rules import pad_problem, pad_source
 from ..passes import fill_vector
 from ..registry import register_lowering
 from ..storage import Stored, chunk_of, one, runs

@@ -21,26 +21,9 @@ from ..context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..passes import finish, rowwise
 from ..registry import register_lowering
+from ..rules import resize_problem
 from ..storage import Stored, chunk_of, one, runs
 from ..values import new_value
-
-METHODS = ("nearest_neighbor", "linear")
-COORDINATE_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
-ROUNDING = ("", "round", "round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
-
-
-def resize_problem(rank: int, layout: str, method: str, coordinate_mode: str, rounding: str) -> "str | None":
-    """Why a ``resize2d`` with these attributes cannot be lowered, or None."""
-    if rank != 4 or layout != "NCHW":
-        return f"resize of a {rank}-D {layout} value: LPX resizes H and W of a 4-D NCHW value"
-    if method not in METHODS:
-        return f"{method} resize: LPX resizes by nearest or bilinear (linear) sampling"
-    if coordinate_mode not in COORDINATE_MODES:
-        return f"coordinate transformation mode {coordinate_mode} (LPX: {', '.join(COORDINATE_MODES)})"
-    if method == "nearest_neighbor" and rounding not in ROUNDING:
-        return f"nearest mode {rounding}"
-    return None
-
 
 # ---- compile-time sampling of one axis ---------------------------------------------
 
