@@ -294,12 +294,23 @@ def _refuse_mistranslated(proto, values, where):
       shape as given, where ONNX keeps the input's dimension wherever the target's is 1
       (a (1, 16) input expanded to (5, 1) is (5, 16)), and checks nothing;
     - a Unique without ``axis`` of an input of rank 2 or more whose inverse_indices are
-      read: they come out in the input's shape, not flattened, and the run fails.
+      read: they come out in the input's shape, not flattened, and the run fails;
+    - a ConvTranspose whose ``output_shape`` differs from what its pads give: the
+      importer ignores the attribute;
+    - a Resize that downsamples with ``antialias=1`` (ignored), that has ``scales``
+      whose product with the input size is not whole (the importer samples by output /
+      input size, ONNX by the given scale), or the ``half_pixel_symmetric`` mode (TVM's
+      resize has none, and the build fails).
     """
     from ._binding_rewrite import static_shape
 
+    constants = {t.name: t for t in proto.graph.initializer}
     for node in proto.graph.node:
         name = node.name or node.output[0]
+        if node.op_type == "ConvTranspose":
+            _refuse_conv_transpose_output_shape(node, name, values, where, static_shape)
+        if node.op_type == "Resize":
+            _refuse_mistranslated_resize(node, name, values, constants, where, static_shape)
         if node.op_type == "Expand" and node.output[0] in values and static_shape(values[node.output[0]]) is None:
             raise ModelError(
                 f"{where}: Expand {name!r} takes its shape {node.input[1]!r} at run time, which TVM's ONNX "
@@ -311,6 +322,50 @@ def _refuse_mistranslated(proto, values, where):
                 raise ModelError(
                     f"{where}: Unique {name!r} without axis of a {rank}-D input: TVM's ONNX importer does not "
                     "flatten its inverse_indices as ONNX does; flatten the input first (Reshape to 1-D)")
+
+
+def _attr(node, name, default=None):
+    import onnx
+
+    found = next((a for a in node.attribute if a.name == name), None)
+    return default if found is None else onnx.helper.get_attribute_value(found)
+
+
+def _refuse_conv_transpose_output_shape(node, name, values, where, static_shape):
+    wanted = _attr(node, "output_shape")
+    out = static_shape(values[node.output[0]]) if node.output[0] in values else None
+    if wanted and out is not None and tuple(out[-len(wanted):]) != tuple(wanted):
+        raise ModelError(
+            f"{where}: ConvTranspose {name!r} asks for output_shape {tuple(wanted)}, which TVM's ONNX importer "
+            f"ignores (it would give {tuple(out[-len(wanted):])}): give the pads (and output_padding) instead")
+
+
+def _refuse_mistranslated_resize(node, name, values, constants, where, static_shape):
+    import numpy as np
+    from onnx import numpy_helper
+
+    mode = _attr(node, "coordinate_transformation_mode", b"half_pixel")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode == "half_pixel_symmetric":
+        raise ModelError(f"{where}: Resize {name!r} uses coordinate_transformation_mode half_pixel_symmetric, "
+                         "which TVM's resize does not have")
+    shape_in = static_shape(values[node.input[0]]) if node.input[0] in values else None
+    shape_out = static_shape(values[node.output[0]]) if node.output[0] in values else None
+    if shape_in is None or shape_out is None:
+        return
+    if _attr(node, "antialias", 0) and any(o < i for i, o in zip(shape_in, shape_out)):
+        raise ModelError(f"{where}: Resize {name!r} downsamples with antialias=1, which TVM's ONNX importer "
+                         "ignores (it would sample without the antialiasing filter)")
+    scales = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    if scales in constants and (len(node.input) < 4 or not node.input[3]):
+        scale = numpy_helper.to_array(constants[scales]).astype(np.float64)
+        if scale.size == len(shape_in):
+            product = np.asarray(shape_in, np.float64) * scale
+            if not np.allclose(product, np.round(product), rtol=0, atol=1e-6):
+                raise ModelError(
+                    f"{where}: Resize {name!r} scales {tuple(float(x) for x in scale)} of {tuple(shape_in)} give "
+                    "sizes that are not whole: ONNX samples by the scale given, TVM's ONNX importer by output / "
+                    "input size, a different answer; give the sizes instead of the scales")
 
 
 def _opset(proto):
