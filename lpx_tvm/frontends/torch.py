@@ -125,6 +125,8 @@ def exported_to_relax(exported, name: str):
         exported = exported.run_decompositions()
         importer = ExportedProgramImporter()
         mod = importer.from_exported_program(exported, False, True, False, CONVERT_MAP)
+    except ModelError as e:  # a converter of ours refusing an op
+        raise ModelError(f"{name}: {e}") from None
     except AssertionError as e:
         text = first_line(e)
         if text.startswith("Unsupported function types"):
@@ -185,6 +187,30 @@ def _cat(node, importer):
     return importer.block_builder.emit(relax.op.concat(tensors, axis=axis))
 
 
+def _upsample_nearest2d(node, importer):
+    """``aten.upsample_nearest2d`` as torch samples: source pixel ``floor(dst * in / out)``.
+
+    TVM's converter writes it with ``half_pixel`` coordinates and rounding, which picks
+    other pixels for every downsampling and for ratios that are not whole (7 -> 10).
+    With a ``scale_factor`` torch samples by ``1 / scale_factor``, the same as in / out
+    only when the output size is the input size times it: otherwise refused."""
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    shape_in = _static_shape(x)
+    shape_out = tuple(int(d) for d in node.meta["val"].shape)
+    scales = node.args[2] if len(node.args) > 2 else node.kwargs.get("scale_factors")
+    if scales and shape_in is not None:
+        for n_in, n_out, scale in zip(shape_in[2:], shape_out[2:], scales):
+            if n_in * scale != n_out:
+                raise ModelError(
+                    f"nearest upsampling by scale_factor {tuple(scales)} of {shape_in}: torch samples by the scale "
+                    f"given, which does not make {n_in} pixels {n_out}; give the size instead")
+    return importer.block_builder.emit(relax.op.image.resize2d(
+        x, shape_out[2:], layout="NCHW", method="nearest_neighbor", coordinate_transformation_mode="asymmetric",
+        rounding_method="floor"))
+
+
 def _static_shape(expr):
     from tvm import relax
 
@@ -198,7 +224,8 @@ def _static_shape(expr):
 
 
 # Converters for aten ops whose TVM conversion differs from torch's semantics.
-CONVERT_MAP = {"cumsum.default": _cumsum, "cat.default": _cat, "concat.default": _cat}
+CONVERT_MAP = {"cumsum.default": _cumsum, "cat.default": _cat, "concat.default": _cat,
+               "upsample_nearest2d.vec": _upsample_nearest2d}
 
 
 def _example_tuple(torch, example_inputs, name):

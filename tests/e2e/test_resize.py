@@ -126,6 +126,35 @@ def test_fpn_upsample_matches_torch():
     assert offload["cpu"] == {} and offload["lpx"].get("image.resize2d") == 3, offload
 
 
+@pytest.mark.parametrize("hw, size", [(8, (4, 4)), (7, (10, 10)), (9, (4, 6)), (6, (12, 18))])
+def test_torch_nearest_samples_as_torch(hw, size):
+    """torch's nearest takes source pixel floor(dst * in / out): downsampling and ratios
+    that are not whole pick the same pixels as torch (TVM's own converter, with
+    half_pixel coordinates and rounding, was off by whole pixels)."""
+    torch = pytest.importorskip("torch")
+
+    class Nearest(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.interpolate(x, size=size, mode="nearest")
+
+    x = torch.randn(1, 3, hw, hw, generator=torch.Generator().manual_seed(0))
+    compiled = lpx_tvm.from_torch(Nearest(), (x,), preset="mini", precision="fp32")
+    got = compiled.run([x.numpy()])["output_0"]
+    np.testing.assert_array_equal(got, Nearest()(x).numpy())
+    assert compiled.report["offload"]["cpu"] == {}
+
+
+def test_torch_nearest_scale_factor_that_is_not_the_size_ratio_is_refused():
+    torch = pytest.importorskip("torch")
+
+    class Nearest(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.interpolate(x, scale_factor=1.5, mode="nearest")
+
+    with pytest.raises(lpx_tvm.errors.LPXError, match="give the size instead"):
+        lpx_tvm.from_torch(Nearest(), (torch.randn(1, 3, 7, 7),), preset="mini", precision="fp32")
+
+
 @pytest.mark.parametrize("mode", ["nearest", "linear"])
 def test_resize_off_chip_by_bands(mode):
     """A resize whose values do not fit the mini SRAM: it runs by bands of output rows,
