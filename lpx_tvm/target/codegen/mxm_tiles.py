@@ -209,16 +209,22 @@ def pixel_sums(ctx: LoweringContext, tag: str, x: Stored, column, acc_dtype):
     n, c, h, w = x.shape
     lanes = ctx.cfg.lanes
     hw = h * w
+    # Every row of ``column`` holds the same value, so each run of pixels reads its first
+    # rows; when the SRAM had no room for the column in one piece, runs are as long as
+    # its first chunk.
+    chunked = column.layout.chunk_rows
+    step = min(lanes, chunked) if chunked else lanes
     for i in range(n):
         for j in range(x.tensor.ntiles):
             cv = min(c - j * lanes, lanes)
             plane, acc = ctx.planes.new_block(cv)
-            pieces = [seg for p0 in range(0, hw, lanes)
-                      for seg in x.tensor.segments(j, i * hw + p0, i * hw + min(hw, p0 + lanes))]
+            pieces = [seg for p0 in range(0, hw, step)
+                      for seg in x.tensor.segments(j, i * hw + p0, i * hw + min(hw, p0 + step))]
             for q, (_, region) in enumerate(pieces):
                 buf = ctx.planes.buffer(plane)
                 g = ctx.builder.group(f"{tag}.install")
-                g.install(plane, buf, g.read(column.tile(0).rows(0, region.count)), width=1)
+                weights = one(column.segments(0, 0, region.count)) if chunked else column.tile(0).rows(0, region.count)
+                g.install(plane, buf, g.read(weights), width=1)
                 g = ctx.builder.group(f"{tag}.sum")
                 t = g.sxm("sxm.transpose", g.read(region), out=cv)
                 g.mul(plane, buf, t, acc=acc, accumulate=q > 0)

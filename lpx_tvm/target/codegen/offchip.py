@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from ..builder import OffchipTensor
 from .context import LoweringContext
 from .graph import Operand, RegionOp, UnsupportedOnLPX
@@ -28,6 +30,8 @@ PIXEL_ROW_VIEWS = ("lpx.pixels_to_rows", "lpx.rows_to_pixels")
 # Ops whose result rows are not the same rows of each input (lanes moved between rows,
 # rows placed or picked): one band holds the whole op.
 LANE_MOVES = ("lpx.split_heads", "lpx.merge_heads", "lpx.concat_rows", "lpx.slice_rows")
+# Ops whose constant operand may be a full tensor (weights of other ops are never cut).
+ELEMENTWISE = ("add", "subtract", "multiply", "divide", "minimum", "maximum", "where")
 PLACEMENTS = ("lpx.pad", "lpx.zero_stuff", "lpx.zero_stuff_cropped")  # lowerings/pad.py
 
 
@@ -170,6 +174,9 @@ def _bands(ctx: LoweringContext, op: RegionOp, tensors: list):
                         band_op = replace(band_op, main=replace(band_op.main, attrs={
                             **band_op.main.attrs, "band": (h0, r0, a.shape[2], oh)}))
                 band_op = _with_shapes(band_op, {k: v.shape for k, v in loads.items()})
+                # A constant with the whole image (a full-tensor operand) gives the band its rows.
+                band_op = _with_constant_bands(band_op, lambda c: c[i if c.shape[0] == n else 0][None, :, h0:h1]
+                                               if c.ndim == 4 and c.shape[2:] == (oh, ow) else None)
                 yield band_op, loads, ((i * oh + h0) * ow, 0)
         return
     rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
@@ -200,6 +207,8 @@ def _bands(ctx: LoweringContext, op: RegionOp, tensors: list):
             else:
                 raise UnsupportedOnLPX(f"{op.main.op} of {a.shape} into {shape} on values kept off chip")
         band_op = _with_shapes(_reshaped(op, (r1 - r0, shape[-1])), {k: v.shape for k, v in loads.items()})
+        band_op = _with_constant_bands(band_op, lambda c: c.reshape(rows, shape[-1])[r0:r1]
+                                       if c.size == rows * shape[-1] and c.shape[-1] == shape[-1] else None)
         yield band_op, loads, (r0, 0)
 
 
@@ -300,6 +309,18 @@ def _reshaped(op: RegionOp, shape: tuple) -> RegionOp:
 
 def _with_padding(op: RegionOp, pads: tuple) -> RegionOp:
     return replace(op, main=replace(op.main, attrs={**op.main.attrs, "padding": tuple(int(p) for p in pads)}))
+
+
+def _with_constant_bands(op: RegionOp, band_of) -> RegionOp:
+    """``op`` with each constant operand that ``band_of`` cuts (a full-tensor constant:
+    its rows of the band) replaced by its cut; the others (scalars, per-channel) stay."""
+    def cut(a):
+        piece = band_of(np.asarray(a.const)) if a.is_const and np.ndim(a.const) > 0 else None
+        return a if piece is None else replace(a, const=np.ascontiguousarray(piece), shape=tuple(piece.shape))
+
+    def step(s):
+        return replace(s, args=[cut(a) for a in s.args]) if s.op in ELEMENTWISE else s
+    return replace(op, main=step(op.main), epilogue=[step(s) for s in op.epilogue])
 
 
 def _with_shapes(op: RegionOp, shapes: dict) -> RegionOp:
