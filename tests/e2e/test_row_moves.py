@@ -158,13 +158,13 @@ def test_rows_larger_than_a_quarter_of_the_sram_stay_on_the_cpu():
 
 @pytest.mark.parametrize("model,inputs", [
     (PatchTokens(positions=False), (torch.randn(1, 3, 16, 16),)),
+    (PatchTokens(positions=True), (torch.randn(1, 3, 16, 16),)),
     (Rows(), (torch.randn(2, 7, 20), torch.randn(2, 5, 20))),
-], ids=["patch_tokens", "rows"])
+], ids=["patch_tokens", "patch_tokens_positions", "rows"])
 def test_row_moves_off_chip(model, inputs):
     """Compiled as if the activations overflowed the SRAM: the patch flatten stays an
-    alias of the spilled image, row concats and slices run as one band each. (Without
-    position embeddings: a full-shape constant in an elementwise op does not run by
-    row bands.)"""
+    alias of the spilled image, row concats and slices run as one band each, and the
+    position embeddings (a full-shape constant) are cut to each band's rows."""
     model = model.eval()
     with codegen_options(force_offchip=True):
         compiled = lpx_tvm.from_torch(model, inputs, preset="mini", precision="fp32")
