@@ -216,5 +216,5 @@ def lower_for_tvm_compile(mod: tvm.IRModule, preset: str, precision: str) -> tvm
     cfg = load_config(preset)
     cpu_mod, regions, offload = lower(mod, cfg, Precision.parse(precision).value)
     # The VM resolves the extern calls by name when it runs: register them now.
-    LPXExecutable(None, regions, cfg, precision, _offload(offload)).register()
+    LPXExecutable(None, regions, cfg, precision, _offload(offload)).register(keep_alive=True)
     return relax.get_pipeline("default")(cpu_mod)

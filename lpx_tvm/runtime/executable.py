@@ -22,6 +22,7 @@ cycles) is computed here.
 from __future__ import annotations
 
 import time
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -114,10 +115,27 @@ class LPXExecutable:
             self._sims[name] = Simulator(config)
             self._sims[name].load(region.program)
 
-    def register(self):
-        """Register the regions' packed functions (needed before a VirtualMachine is made)."""
+    def register(self, keep_alive: bool = False):
+        """Register the regions' packed functions (needed before a VirtualMachine is made).
+
+        The registry holds them by name for the whole process. They reach this executable
+        through a weak reference, and are removed when it is freed: a process that
+        compiles many models does not keep every one's programs and simulators (hundreds
+        of MiB each on ``tsp``). ``keep_alive``: the registry keeps the executable alive
+        (for ``tvm.compile(..., relax_pipeline="lpx")``, whose caller holds only the VM).
+        """
+        if getattr(self, "_registered", False):
+            return
+        self._registered = True
+        names = [REGION_PREFIX + name for name in self.regions]
+        target = (lambda: self) if keep_alive else weakref.ref(self)
         for name, region in self.regions.items():
-            tvm.register_global_func(REGION_PREFIX + name, self._make_call(region, self._sims[name]), override=True)
+            tvm.register_global_func(REGION_PREFIX + name, _region_call(target, name), override=True)
+        if not keep_alive:
+            weakref.finalize(self, _unregister, names)
+
+    def _call(self, name: str, *args):
+        self._make_call(self.regions[name], self._sims[name])(*args)
 
     def _make_call(self, region: CompiledRegion, sim: Simulator):
         def call(*args):
@@ -191,3 +209,20 @@ class LPXExecutable:
         outs = list(out) if isinstance(out, (list, tuple)) or hasattr(out, "__len__") and not hasattr(out, "numpy") \
             else [out]
         return [o.numpy() for o in outs]
+
+
+def _region_call(executable, name: str):
+    """The packed function of region ``name``: ``executable()`` gives its executable."""
+    def call(*args):
+        exe = executable()
+        if exe is None:
+            raise RuntimeError(f"LPX region {name} was called after its executable was freed")
+        exe._call(name, *args)
+    return call
+
+
+def _unregister(names: list):
+    import tvm_ffi
+
+    for name in names:
+        tvm_ffi.remove_global_func(name)
