@@ -17,41 +17,16 @@ from lpx_tvm.machine.config import load_config  # noqa: E402
 from lpx_tvm.relax_passes._binding_rewrite import bindings  # noqa: E402
 
 
-class LastHiddenState(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
+from architecture_models import TORCH  # noqa: E402
 
-    def forward(self, x):
-        return self.model(x).last_hidden_state
-
-
-def _vit():
-    cfg = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2,
-                                 num_attention_heads=4, intermediate_size=128)
-    return transformers.ViTModel(cfg, add_pooling_layer=False), torch.randn(1, 3, 32, 32)
-
-
-def _decoder(config_cls, model_cls):
-    def make():
-        cfg = config_cls(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=100, max_position_embeddings=64)
-        return model_cls(cfg), torch.randint(0, 100, (1, 16))
-    return make
-
-
-ARCHITECTURES = {
-    "vit": _vit,
-    "llama": _decoder(transformers.LlamaConfig, transformers.LlamaModel),
-    "qwen2": _decoder(transformers.Qwen2Config, transformers.Qwen2Model),
-}
+ARCHITECTURES = {name: TORCH[name] for name in ("vit", "llama", "qwen2")}
 
 
 @pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
 def architecture(request):
     torch.manual_seed(0)
-    model, x = ARCHITECTURES[request.param]()
-    return request.param, LastHiddenState(model.eval()).eval(), x
+    model, (x,) = ARCHITECTURES[request.param]()
+    return request.param, model.eval(), x
 
 
 def test_one_region_and_only_index_math_on_the_cpu(architecture):
