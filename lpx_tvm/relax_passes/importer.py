@@ -118,7 +118,7 @@ def _refuse_training_nodes(proto, where):
     running ones); TVM's importer would run it as inference, a silent wrong answer."""
     for node in proto.graph.node:
         if node.op_type == "BatchNormalization":
-            mode = next((a.i for a in node.attribute if a.name == "training_mode"), 0)
+            mode = _attr(node, "training_mode", 0)
             if mode:
                 name = node.name or node.output[0]
                 raise ModelError(f"{where}: BatchNormalization {name!r} is in training mode (training_mode=1); "
@@ -308,9 +308,9 @@ def _refuse_mistranslated(proto, values, where):
     for node in proto.graph.node:
         name = node.name or node.output[0]
         if node.op_type == "ConvTranspose":
-            _refuse_conv_transpose_output_shape(node, name, values, where, static_shape)
+            _refuse_conv_transpose_output_shape(node, name, values, where)
         if node.op_type == "Resize":
-            _refuse_mistranslated_resize(node, name, values, constants, where, static_shape)
+            _refuse_mistranslated_resize(node, name, values, constants, where)
         if node.op_type == "Expand" and node.output[0] in values and static_shape(values[node.output[0]]) is None:
             raise ModelError(
                 f"{where}: Expand {name!r} takes its shape {node.input[1]!r} at run time, which TVM's ONNX "
@@ -325,13 +325,13 @@ def _refuse_mistranslated(proto, values, where):
 
 
 def _attr(node, name, default=None):
-    import onnx
-
     found = next((a for a in node.attribute if a.name == name), None)
     return default if found is None else onnx.helper.get_attribute_value(found)
 
 
-def _refuse_conv_transpose_output_shape(node, name, values, where, static_shape):
+def _refuse_conv_transpose_output_shape(node, name, values, where):
+    from ._binding_rewrite import static_shape
+
     wanted = _attr(node, "output_shape")
     out = static_shape(values[node.output[0]]) if node.output[0] in values else None
     if wanted and out is not None and tuple(out[-len(wanted):]) != tuple(wanted):
@@ -340,9 +340,8 @@ def _refuse_conv_transpose_output_shape(node, name, values, where, static_shape)
             f"ignores (it would give {tuple(out[-len(wanted):])}): give the pads (and output_padding) instead")
 
 
-def _refuse_mistranslated_resize(node, name, values, constants, where, static_shape):
-    import numpy as np
-    from onnx import numpy_helper
+def _refuse_mistranslated_resize(node, name, values, constants, where):
+    from ._binding_rewrite import static_shape
 
     mode = _attr(node, "coordinate_transformation_mode", b"half_pixel")
     mode = mode.decode() if isinstance(mode, bytes) else mode
@@ -358,7 +357,7 @@ def _refuse_mistranslated_resize(node, name, values, constants, where, static_sh
                          "ignores (it would sample without the antialiasing filter)")
     scales = node.input[2] if len(node.input) > 2 and node.input[2] else None
     if scales in constants and (len(node.input) < 4 or not node.input[3]):
-        scale = numpy_helper.to_array(constants[scales]).astype(np.float64)
+        scale = onnx.numpy_helper.to_array(constants[scales]).astype(np.float64)
         if scale.size == len(shape_in):
             product = np.asarray(shape_in, np.float64) * scale
             if not np.allclose(product, np.round(product), rtol=0, atol=1e-6):

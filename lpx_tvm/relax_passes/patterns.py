@@ -592,6 +592,8 @@ def _vxm_elementwise_table() -> list:
     table.append(("power", *_unary_pattern("relax.power"), [_power_rule]))
     table += [(op, *_unary_pattern(f"relax.{op}"), [_no_vxm_op_rule]) for op in _NO_VXM_OP]
     return table
+
+
 # Whole stored rows: the ViT patch flatten (an alias), concats and slices along an axis
 # other than the one in lanes (rows placed or picked whole).
 

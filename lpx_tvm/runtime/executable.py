@@ -33,7 +33,7 @@ from tvm import relax
 
 from ..machine.config import LPXConfig
 from ..sim import Simulator
-from .region import REGION_PREFIX, CompiledRegion
+from .region import REGION_PREFIX
 from .report import Layer, Offload, layer_cycles, layer_instructions, layer_of, mxm_dtypes
 
 
@@ -109,6 +109,7 @@ class LPXExecutable:
         self.offload = offload
         self.tuning = tuning
         self.stats = RunStats()
+        self._registered = False
         # One simulator per region: each keeps its program's image loaded between runs.
         self._sims = {}
         for name, region in regions.items():
@@ -124,7 +125,7 @@ class LPXExecutable:
         of MiB each on ``tsp``). ``keep_alive``: the registry keeps the executable alive
         (for ``tvm.compile(..., relax_pipeline="lpx")``, whose caller holds only the VM).
         """
-        if getattr(self, "_registered", False):
+        if self._registered:
             return
         self._registered = True
         names = [REGION_PREFIX + name for name in self.regions]
@@ -135,19 +136,16 @@ class LPXExecutable:
             weakref.finalize(self, _unregister, names)
 
     def _call(self, name: str, *args):
-        self._make_call(self.regions[name], self._sims[name])(*args)
-
-    def _make_call(self, region: CompiledRegion, sim: Simulator):
-        def call(*args):
-            ins, outs = args[:len(region.inputs)], args[len(region.inputs):]
-            feed = {name: to_storage(a.numpy(), region.input_transforms.get(name))
-                    for (name, _), a in zip(region.inputs, ins)}
-            t = time.perf_counter()
-            result = sim.run(region.program, feed)
-            self._account(region, result, time.perf_counter() - t)
-            for (name, _), out in zip(region.outputs, outs):
-                out.copyfrom(np.ascontiguousarray(from_storage(result.outputs[name])).astype(out.dtype))
-        return call
+        """Run region ``name``: ``args`` are its input tensors, then its output tensors."""
+        region, sim = self.regions[name], self._sims[name]
+        ins, outs = args[:len(region.inputs)], args[len(region.inputs):]
+        feed = {inp: to_storage(a.numpy(), region.input_transforms.get(inp))
+                for (inp, _), a in zip(region.inputs, ins)}
+        t = time.perf_counter()
+        result = sim.run(region.program, feed)
+        self._account(region, result, time.perf_counter() - t)
+        for (out_name, _), out in zip(region.outputs, outs):
+            out.copyfrom(np.ascontiguousarray(from_storage(result.outputs[out_name])).astype(out.dtype))
 
     def _account(self, region, result, wall):
         s = self.stats
