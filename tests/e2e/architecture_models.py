@@ -48,9 +48,19 @@ def mobilenet_v2(image=64, depth_multiplier=0.35):
     return LastHiddenState(calibrated(transformers.MobileNetV2Model(cfg), shape)), (torch.randn(*shape),)
 
 
-def convnext(image=64, hidden_sizes=(16, 32, 64, 128), depths=(1, 1, 1, 1)):
-    cfg = transformers.ConvNextConfig(image_size=image, hidden_sizes=list(hidden_sizes), depths=list(depths))
-    return LastHiddenState(transformers.ConvNextModel(cfg).eval()), (torch.randn(1, 3, image, image),)
+def convnext(image=64, hidden_sizes=(16, 32, 64, 128)):
+    """One block a stage, layer scale 0.5 (at the default 1e-6 each block adds almost
+    nothing to its residual) and random LayerNorm parameters (the identity gamma and zero
+    beta would hide a normalization over the wrong axis)."""
+    cfg = transformers.ConvNextConfig(image_size=image, num_stages=len(hidden_sizes), hidden_sizes=list(hidden_sizes),
+                                      depths=[1] * len(hidden_sizes), layer_scale_init_value=0.5)
+    model = transformers.ConvNextModel(cfg).eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    return LastHiddenState(model).eval(), (torch.randn(1, 3, image, image),)
 
 
 def vit(image=32, patch=8, hidden=64, layers=2, heads=4):

@@ -16,27 +16,12 @@ from lpx_tvm import pipeline  # noqa: E402
 from lpx_tvm.machine.config import load_config  # noqa: E402
 
 
-class LastHidden(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x):
-        return self.model(x).last_hidden_state
+from architecture_models import convnext  # noqa: E402
 
 
 def _convnext(image, hidden_sizes):
     torch.manual_seed(0)
-    config = transformers.ConvNextConfig(image_size=image, num_stages=len(hidden_sizes), hidden_sizes=hidden_sizes,
-                                         depths=[1] * len(hidden_sizes), layer_scale_init_value=0.5)
-    model = transformers.ConvNextModel(config).eval()
-    # Random LayerNorm parameters: the identity gamma / zero beta would hide a wrong axis.
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.LayerNorm):
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.5, 0.5)
-    return LastHidden(model).eval()
+    return convnext(image, hidden_sizes)[0]
 
 
 def _partition(model, x):
