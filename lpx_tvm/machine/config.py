@@ -47,6 +47,7 @@ class LPXConfig:
     mxm_weight_buffers: int
     mxm_acc_rows: int
     mxm_cycles_per_vector: dict = field(hash=False)
+    mxm_install_streams: int = 1
     vxm_alus: int = 16
     offchip_bytes_per_s: float = 32e9
     offchip_latency: int = 1000
@@ -148,6 +149,7 @@ def _config_of(m: MachineFile, raw: dict) -> LPXConfig:
         mxm_weight_buffers=m.mxm.weight_buffers,
         mxm_acc_rows=m.mxm.acc_rows,
         mxm_cycles_per_vector=m.mxm.cycles_per_vector.model_dump(),
+        mxm_install_streams=m.mxm.install_streams,
         vxm_alus=m.vxm.alus,
         offchip_bytes_per_s=float(m.offchip.bytes_per_s),
         offchip_latency=m.offchip.latency_cycles,

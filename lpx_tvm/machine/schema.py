@@ -104,6 +104,8 @@ class Mxm(_Section):
     # Two at least: the compiler fills one half of the accumulator while the other drains.
     acc_rows: int = _key("accumulator rows per plane, one lanes-wide vector each", "rows", ge=2)
     cycles_per_vector: CyclesPerVector = _key("compute cycles per activation vector, by dtype")
+    install_streams: int = _key("streams a plane installs weight rows from at once (int8: rows / install_streams "
+                                "cycles per weight matrix)", "streams", ge=1, le=63)
 
 
 class Vxm(_Section):
@@ -240,6 +242,14 @@ def _rows_fit_lanes(m):
 def _cols_fit_lanes(m):
     if m.mxm.cols > m.lanes:
         return f"{m.mxm.cols} exceeds lanes={m.lanes}"
+
+
+@relation("mxm.install_streams", "at most `mxm.rows` and at most the streams of each direction")
+def _install_streams_exist(m):
+    most = min(m.mxm.rows, m.streams.east, m.streams.west)
+    if m.mxm.install_streams > most:
+        return (f"{m.mxm.install_streams} exceeds min(mxm.rows={m.mxm.rows}, streams.east={m.streams.east}, "
+                f"streams.west={m.streams.west})")
 
 
 @relation("floorplan", "as many `MEM` entries as `mem.slices`")
