@@ -194,7 +194,10 @@ def print_floors(cycles: int, fig: dict) -> None:
     rows = [*fig["floors"].items(), ("compute", fig["compute_floor_cycles"])]
     width = max(len(k) for k, _ in rows)
     for kind, n in rows:
-        note = {fig["floor_kind"]: "  <- largest", "compute": "  (useful MACs at the MXM peak)"}.get(kind, "")
+        padding = fig["floors"]["multiply"] / n if kind == "compute" and n else None
+        note = {fig["floor_kind"]: "  <- largest",
+                "compute": f"  (useful MACs at the MXM peak; the multiply floor is {padding:.2f}x it: padding)"
+                if padding else ""}.get(kind, "")
         print(f"  {kind:<{width}} floor {n:>14,.1f} cycles{note}")
     print(f"  achieved {cycles:,} cycles = {fig['over_floor']}x the {fig['floor_kind']} floor, "
           f"{fig['over_compute_floor']}x the compute floor")
