@@ -379,13 +379,16 @@ def _print_profile(profile) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    # Off a terminal rich would wrap at 80 columns; layer names and numbers need more.
+    console = Console() if sys.stdout.isatty() else Console(width=160)
     kind, floor = profile.floors.largest()
     top = Table(title=f"profile on {profile.preset} ({profile.precision})", show_header=False)
     top.add_row("cycles", f"{profile.cycles:,}")
     top.add_row("largest floor", f"{kind} {floor:,.0f} cycles")
     top.add_row("cycles / largest floor", f"{profile.cycles / floor:.2f}x" if floor else "-")
-    top.add_row("CPU kernels (measured wall time)", f"{profile.cpu_wall_s * 1e3:,.3f} ms")
+    kernels = sum(1 for c in profile.calls if c.cpu)
+    top.add_row("CPU kernels (measured wall time)",
+                f"{kernels} call(s), {profile.cpu_wall_s * 1e3:,.3f} ms" if kernels else "none")
     console.print(top)
     table = Table(title="per layer: each cycle owned by one layer (docs/profile.md)")
     # "floor": the layer's largest floor; "of floor": that floor over the layer's cycles

@@ -136,16 +136,30 @@ class RegionTimeline:
 
     @cached_property
     def layers(self) -> dict:
-        """{layer name: (cycles, waited cycles, instructions, Floors, tags)} in order of first issue."""
+        """{layer name: :class:`LayerPart`} in order of first issue."""
         by_layer = {}
         for k in np.argsort(self.issue, kind="stable").tolist():
             by_layer.setdefault(self.layer[k], []).append(k)
         out = {}
         for name, idx in by_layer.items():
-            instrs = [self.instrs[k] for k in idx]
-            out[name] = (int(self.owned[idx].sum()), int(self.waited[idx].sum()), len(idx),
-                         floors_of(self.cfg, instrs), {self.tags[k] for k in idx})
+            out[name] = LayerPart(int(self.owned[idx].sum()), int(self.waited[idx].sum()),
+                                  int(self.done[idx].max() - self.issue[idx].min()), len(idx),
+                                  floors_of(self.cfg, [self.instrs[k] for k in idx]), {self.tags[k] for k in idx})
         return out
+
+
+@dataclass
+class LayerPart:
+    """A layer's part of one region call: the cycles it owns (``waited`` of them with
+    nothing in flight), its ``span`` (first issue to last completion), its instructions,
+    their floors, and the instruction tags that name it."""
+
+    cycles: int
+    waited: int
+    span: int
+    instructions: int
+    floors: Floors
+    tags: set
 
 
 def _timings(cfg, instrs) -> list:
@@ -172,11 +186,14 @@ class LayerProfile:
     """One layer's line of the table (docs/profile.md): ``cycles`` it owns (``waited`` of
     them with nothing in flight), its ``floors`` over its own instructions, the binding
     one's ``floor_kind`` and ``floor_cycles``, ``floor_fraction`` = floor / cycles, and the
-    ``bottleneck`` that follows."""
+    ``bottleneck`` that follows. ``span``: summed over region calls, the cycles from the
+    layer's first issue to its last completion (overlapping other layers': the roofline's
+    time base)."""
 
     name: str
     cycles: int = 0
     waited: int = 0
+    span: int = 0
     instructions: int = 0
     macs: int = 0
     mxm_dtype: str = ""
@@ -203,7 +220,7 @@ class LayerProfile:
         return BOTTLENECK_OF_FLOOR[self.floor_kind]
 
     def to_json(self) -> dict:
-        return {"name": self.name, "cycles": self.cycles, "waited": self.waited,
+        return {"name": self.name, "cycles": self.cycles, "waited": self.waited, "span": self.span,
                 "instructions": self.instructions, "macs": self.macs, "mxm_dtype": self.mxm_dtype,
                 "floors": self.floors.to_json(), "floor_kind": self.floor_kind, "floor_cycles": self.floor_cycles,
                 "floor_fraction": self.floor_fraction, "bottleneck": self.bottleneck}
@@ -256,18 +273,19 @@ def build_profile(executable, calls: list) -> Profile:
         tl = timelines.get(c.region)
         if tl is None:
             tl = timelines[c.region] = RegionTimeline(cfg, executable.regions[c.region])
-        for name, (cycles, waited, count, floors, _) in tl.layers.items():
+        for name, part in tl.layers.items():
             row = rows.setdefault(name, LayerProfile(name))
-            row.cycles += cycles
-            row.waited += waited
-            row.instructions += count
-            row.floors = add(row.floors, floors)
-            totals.append(floors)
+            row.cycles += part.cycles
+            row.waited += part.waited
+            row.span += part.span
+            row.instructions += part.instructions
+            row.floors = add(row.floors, part.floors)
+            totals.append(part.floors)
     macs = executable.stats.layer_macs
     for name, tl in timelines.items():
         dtypes = _layer_dtypes(tl)
-        for layer, (_, _, _, _, tags) in tl.layers.items():
-            rows[layer].macs += sum(macs.get((name, t), 0) for t in tags)
+        for layer, part in tl.layers.items():
+            rows[layer].macs += sum(macs.get((name, t), 0) for t in part.tags)
             rows[layer].mxm_dtype = rows[layer].mxm_dtype or dtypes.get(layer, "")
     cycles = sum(timelines[c.region].cycles for c in calls if c.region)
     return Profile(cfg.name, str(executable.precision), cfg, calls, timelines, list(rows.values()), cycles,
