@@ -23,11 +23,9 @@ from functools import cached_property
 
 import numpy as np
 
-from ..machine.isa import DType
-from ..machine.timing import timing
 from .floors import Floors, add, floors_of
 from .region import REGION_PREFIX
-from .report import layer_of
+from .report import instruction_timings, layer_of
 
 # A layer whose cycles exceed this many times its largest floor is bound by dependency
 # latency: no resource is even a third busy, so waiting on results decides its time.
@@ -120,7 +118,7 @@ class RegionTimeline:
     def __init__(self, cfg, region):
         self.cfg, self.region = cfg, region
         instrs = self.instrs = region.program.instrs
-        self.timings = _timings(cfg, instrs)
+        self.timings = instruction_timings(cfg, instrs)
         self.issue = np.fromiter((i.cycle for i in instrs), np.int64, len(instrs))
         self.done = np.maximum(np.fromiter((t.done for t in self.timings), np.int64, len(instrs)), self.issue)
         self.cycles = int(self.done.max()) if len(instrs) else 0
@@ -160,23 +158,6 @@ class LayerPart:
     instructions: int
     floors: Floors
     tags: set
-
-
-def _timings(cfg, instrs) -> list:
-    """Each instruction's :class:`Timing`; a multiply's depends on the weights installed in
-    its buffer, so the instructions are walked in issue order (as the simulator does)."""
-    out: list = [None] * len(instrs)
-    installed = {}
-    for k in sorted(range(len(instrs)), key=lambda k: (instrs[k].cycle, instrs[k].op != "icu.sync")):
-        ins = instrs[k]
-        weights = None
-        if ins.op == "mxm.install":
-            installed[ins.unit, ins.buf] = ins.dtype
-        elif ins.op in ("mxm.mul", "mxm.mac"):
-            weights = installed.get((ins.unit, ins.buf))
-            weights = None if weights is DType.NONE else weights
-        out[k] = timing(cfg, ins, mxm_weights=weights)
-    return out
 
 
 # ---- the per-layer table -----------------------------------------------------------
