@@ -47,7 +47,9 @@ def gemm(config, M: int, K: int, N: int, dtype="fp16", *, bias=None, relu: bool 
     if problem:
         raise ConfigError(problem)
     A = b.input("A", (M, K), dt)
-    B = b.input("B", (K, N), dt) if weights is None else b.constant("B", weights, dt)
+    # B's row tiles cut over the install lanes on different slices: installs at full rate.
+    B = (b.input("B", (K, N), dt, install_align=R) if weights is None
+         else b.constant("B", weights, dt, install_align=R))
     bias_t = None if bias is None else b.constant("bias", np.asarray(bias).reshape(1, N), acc_dt)
     Cout = b.output("C", (M, N), out_dt)
 
@@ -82,8 +84,8 @@ def gemm(config, M: int, K: int, N: int, dtype="fp16", *, bias=None, relu: bool 
                         buf[p] = installs.get(p, 0) % cfg.mxm_weight_buffers
                         installs[p] = installs.get(p, 0) + 1
                         n1 = min(N, (nt + 1) * C)
-                        g = b.group(f"{name}.install")
-                        g.install(p, buf[p], g.read(B.tile(nt).rows(k0, k1)), width=n1 - nt * C)
+                        rows = [(r - k0, region) for r, region in B.segments(nt, k0, k1)]
+                        b.install(f"{name}.install", p, buf[p], rows, width=n1 - nt * C)
                     g = b.group(f"{name}.mul")
                     x = g.read(A.tile(kt).rows(m0, m1))
                     for p, _ in side:

@@ -171,8 +171,11 @@ _OP_LIST = [
     _spec(0x1F, "dma.nop", Unit.DMA, "engine", ()),
     # MXM: one queue per plane; install, compute and drain ports run concurrently.
     _spec(0x21, "mxm.install", Unit.MXM, "plane", (("buf", "buf"), ("dtype", "dtype"), ("width", "aux0"),
-                                                     ("src", "src0")),
-          doc="Install `count` weight rows (K) of `width` columns (N) from stream src into buffer buf."),
+                                                     ("row", "addr"), ("lane", "aux1"), ("src", "src0")),
+          optional=("addr", "aux1"),
+          doc="Install `count` weight rows of `width` columns (N) from stream src into rows row.. of buffer "
+              "buf, through install lane `lane`; the lanes of a plane install at once, and the rows one fill "
+              "installs (0..K-1) are the K the next multiply contracts."),
     _spec(0x22, "mxm.mul", Unit.MXM, "plane", (("buf", "buf"), ("acc", "addr"), ("dtype", "dtype"), ("src", "src0")),
           doc="acc[addr+k] = src[k][:K] @ W[buf] for k < count."),
     _spec(0x23, "mxm.mac", Unit.MXM, "plane", (("buf", "buf"), ("acc", "addr"), ("dtype", "dtype"), ("src", "src0")),

@@ -32,12 +32,30 @@ class Timing:
     done: int  # cycle by which every effect of the instruction has landed
 
 
+def install_lanes(cfg: LPXConfig, dtype: DType) -> int:
+    """Install lanes of a plane for weights of ``dtype``: each takes one row per cycle from
+    one stream, and a row ``w`` bytes wide needs ``w`` of the plane's install streams."""
+    return max(1, cfg.mxm_install_streams // max(1, dtype.itemsize))
+
+
+def install_cycles(cfg: LPXConfig, dtype: DType, rows: int) -> int:
+    """Cycles a plane takes to install ``rows`` weight rows of ``dtype`` over all its lanes."""
+    return -(-rows // install_lanes(cfg, dtype))
+
+
+def install_ports(dtype: DType, lane: int, plane: int) -> tuple:
+    """The install streams (ports) of ``plane`` that install lane ``lane`` holds."""
+    w = max(1, dtype.itemsize)
+    return tuple(("mxm.install", plane, lane * w + k) for k in range(w))
+
+
 def ports_of_queue(cfg: LPXConfig, unit: Unit, index: int) -> tuple:
     """Every port of one unit instance (a nop holds them all)."""
     return {
         Unit.MEM: (("mem.rd", index), ("mem.wr", index)),
         Unit.DMA: (("dma", index),),
-        Unit.MXM: (("mxm.install", index), ("mxm.compute", index), ("mxm.drain", index)),
+        Unit.MXM: tuple(("mxm.install", index, k) for k in range(cfg.mxm_install_streams))
+        + (("mxm.compute", index), ("mxm.drain", index)),
         Unit.VXM: (("vxm", index),),
         Unit.SXM: (("sxm", index),),
         Unit.C2C: (("c2c.tx", index), ("c2c.rx", index)),
@@ -118,7 +136,8 @@ def timing(cfg: LPXConfig, ins: Instr, *, mxm_weights: DType = None) -> Timing:
         d = dma_cycles(cfg, n, ins.dtype)
         return Timing((("dma", idx),), d, None, None, 0, t + d)
     if op == "mxm.install":
-        return Timing((("mxm.install", idx),), n, pos, None, 0, t + n + lat["mxm_install"])
+        ports = install_ports(ins.dtype, ins.aux1, idx)
+        return Timing(ports, n, pos, None, 0, t + n + lat["mxm_install"])
     if op in ("mxm.mul", "mxm.mac"):
         r = mxm_rate(cfg, ins.dtype, mxm_weights or ins.dtype)
         # done: the last accumulator row has landed (mxm_row_landing of row n - 1)

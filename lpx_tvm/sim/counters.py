@@ -65,14 +65,15 @@ class Counters:
 
 
 def _port_kind(port: str) -> str:
-    """'mxm2.compute' -> 'mxm.compute'; 'vxm3' -> 'vxm'."""
+    """'mxm2.compute' -> 'mxm.compute'; 'vxm3' -> 'vxm'; 'mxm1.install7' -> 'mxm.install'."""
     head, _, tail = port.partition(".")
     base = head.rstrip("0123456789")
-    return f"{base}.{tail}" if tail else base
+    return f"{base}.{tail.rstrip('0123456789')}" if tail else base
 
 
 def port_name(port: tuple) -> str:
-    """('mxm.compute', 2) -> 'mxm2.compute'."""
-    kind, index = port
+    """('mxm.compute', 2) -> 'mxm2.compute'; ('mxm.install', 1, 7) -> 'mxm1.install7' (install stream 7)."""
+    kind, index, *sub_index = port
     unit, _, sub = kind.partition(".")
-    return f"{unit}{index}.{sub}" if sub else f"{unit}{index}"
+    name = f"{unit}{index}.{sub}" if sub else f"{unit}{index}"
+    return name + "".join(str(k) for k in sub_index)

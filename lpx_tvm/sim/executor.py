@@ -55,7 +55,8 @@ class Executor:
         if program.host_init:
             self.host[:len(program.host_init)] = np.frombuffer(program.host_init, np.uint8)
         self.vals = {}  # producer instruction -> (count, lanes) values it emitted
-        self.wbuf = {}  # (plane, buffer) -> (installed rows, width, reuse key)
+        self.wbuf = {}  # (plane, buffer) -> (installed rows, width)
+        self.fills = {}  # (plane, buffer) -> [(first row, rows)] installed since its last multiply
 
     # ---- before and after the instructions ---------------------------------
     def load_image(self, key=None):
@@ -173,8 +174,16 @@ class Executor:
         self.host[lo:hi] = np.ndarray(shape, np.uint8, self.flat, offset, strides).reshape(-1)
 
     # ---- MXM -------------------------------------------------------------------
-    def mxm_install(self, plane, buf, producer, off, rows, width):
-        self.wbuf[plane, buf] = (self.operand(producer, off, rows), width)
+    def mxm_install(self, plane, buf, producer, off, rows, row, fresh):
+        if fresh:
+            self.fills[plane, buf] = []
+        self.fills[plane, buf].append((row, self.operand(producer, off, rows)))
+
+    def mxm_seal(self, plane, buf, width):
+        parts = sorted(self.fills.pop((plane, buf)), key=lambda p: p[0])
+        # One part is a view of its stream value, as it came; several are joined once.
+        rows = parts[0][1] if len(parts) == 1 else np.concatenate([x for _, x in parts])
+        self.wbuf[plane, buf] = (rows, width)
 
     def mxm_split(self, plane, buf, block, producer, off, count):
         rows, width = self.wbuf[plane, buf]

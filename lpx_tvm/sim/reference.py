@@ -122,6 +122,14 @@ class _Streams:
 class _Weights:
     matrix: np.ndarray  # (K, N): the installed rows, their first N lanes
     dtype: DType
+    parts: "dict | None" = None  # first row -> rows, of a fill not yet multiplied by
+
+    def sealed(self) -> "_Weights":
+        """The fill's rows 0..K-1 as the matrix a multiply contracts (its first multiply)."""
+        if self.parts is not None:
+            self.matrix = np.concatenate([self.parts[r] for r in sorted(self.parts)])
+            self.parts = None
+        return self
 
 
 @dataclass
@@ -270,15 +278,19 @@ def dma_store(m: Machine, ins: Instr, t):
 # ---- MXM ------------------------------------------------------------------------
 
 def mxm_install(m: Machine, ins: Instr, t):
-    """K = count rows from stream ``src``, their first N = ``width`` lanes -> weight buffer ``buf``."""
+    """``count`` rows from stream ``src``, their first N = ``width`` lanes -> rows ``row ..``
+    of weight buffer ``buf``; the installs since its last multiply together make its matrix."""
     rows = m.take(ins, t, ins.src0)
-    m.wbuf[ins.unit][ins.buf] = _Weights(rows[:, :ins.aux0].copy(), ins.dtype)
+    w = m.wbuf[ins.unit][ins.buf]
+    if w is None or w.parts is None:
+        w = m.wbuf[ins.unit][ins.buf] = _Weights(None, ins.dtype, {})
+    w.parts[ins.addr] = rows[:, :ins.aux0].copy()
 
 
 def mxm_multiply(m: Machine, ins: Instr, t):
     """acc[addr + k][:N] = (mul) or += (mac) src[k][:K] @ W; mul zeroes lanes N.."""
     plane, first, n = ins.unit, ins.addr, ins.count
-    w = m.wbuf[plane][ins.buf]
+    w = m.wbuf[plane][ins.buf].sealed()
     k, width = w.matrix.shape
     x = m.take(ins, t, ins.src0)[:, :k]
     accumulate = ins.op == "mxm.mac"

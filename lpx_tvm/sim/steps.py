@@ -127,15 +127,30 @@ class DmaStore(Step):
 
 @dataclass(slots=True)
 class MxmInstall(Step):
+    """Rows ``row ..`` of a weight buffer's fill (``fresh``: the fill's first install)."""
+
     plane: int
     buf: int
     src: Operand
     rows: int
-    width: int
+    row: int
+    fresh: bool
 
     def run(self, ex):
         ex.mxm_install(plane=self.plane, buf=self.buf, producer=self.src.producer, off=self.src.offset,
-                       rows=self.rows, width=self.width)
+                       rows=self.rows, row=self.row, fresh=self.fresh)
+
+
+@dataclass(slots=True)
+class MxmSeal(Step):
+    """A fill's parts become the buffer's weight matrix (at its first multiply)."""
+
+    plane: int
+    buf: int
+    width: int
+
+    def run(self, ex):
+        ex.mxm_seal(plane=self.plane, buf=self.buf, width=self.width)
 
 
 @dataclass(slots=True)

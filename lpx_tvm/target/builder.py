@@ -28,7 +28,7 @@ from ..machine.layout import coerce, tensor_tiles
 from ..machine.program import Binding, Program, SramImage, TensorLayout
 from .placer import UNIT_OF_PREFIX, Placer
 from .sram_alloc import SramAllocator
-from ..machine.timing import mxm_rate, timing, unit_count, unit_position
+from ..machine.timing import install_lanes, mxm_rate, timing, unit_count, unit_position
 
 
 @dataclass(frozen=True)
@@ -282,22 +282,30 @@ class Group:
                             (("host",), host, host + nbytes - 1, "w", d, d)])
 
     # -- MXM -----------------------------------------------------------------
-    def install(self, plane: int, buf: int, v: Value, width: int):
-        """Install ``v.count`` weight rows (K) of ``width`` columns (N) into a weight buffer."""
+    def install(self, plane: int, buf: int, v: Value, width: int, row: int = 0, lane: int = 0):
+        """Install ``v.count`` weight rows of ``width`` columns (N) into rows ``row ..`` of a
+        weight buffer through install lane ``lane``. The installs into a buffer between two
+        multiplies together fill its rows 0..K-1 (see :meth:`ProgramBuilder.install`)."""
         n = v.count
         done = n + self.cfg.latency["mxm_install"]
-        self._node("mxm.install", n, (plane,), dict(buf=buf, dtype=v.dtype, aux0=width), inputs=[("src0", v)],
-                   effects=[(("wbuf", plane, buf), 0, 0, "w", 0, done)])
-        self.b._installed[(plane, buf)] = v.dtype
+        self._node("mxm.install", n, (plane,), dict(buf=buf, dtype=v.dtype, aux0=width, addr=row, aux1=lane),
+                   inputs=[("src0", v)], effects=[(("wbuf", plane, buf), row, row + n - 1, "w", 0, done)])
+        fill = self.b._installed.get((plane, buf))
+        if fill is None or fill[1]:
+            self.b._installed[(plane, buf)] = [v.dtype, False]  # weights dtype, multiplied by since
 
     def mul(self, plane: int, buf: int, v: Value, acc: int, accumulate: bool = False):
         """Multiply each vector of ``v`` by the installed weights into accumulator rows ``acc..``."""
-        weights = self.b._installed.get((plane, buf))
-        if weights is None:
+        fill = self.b._installed.get((plane, buf))
+        if fill is None:
             raise SchedulingError(f"mul on plane {plane} buffer {buf} before any install into it")
+        weights = fill[0]
+        fill[1] = True  # the next install starts a new fill
         r = mxm_rate(self.cfg, v.dtype, weights)
         n, lat = v.count, self.cfg.latency["mxm_mul"]
-        effects = [(("wbuf", plane, buf), 0, 0, "r", 0, r * n - 1),
+        # It reads every row of the buffer: no install of the next fill, whatever its rows,
+        # may issue before it (that install would join this fill).
+        effects = [(("wbuf", plane, buf), 0, self.cfg.mxm_rows - 1, "r", 0, r * n - 1),
                    (("acc", plane), acc, acc + n - 1, "w", r + lat - 1, r * n + lat - 1)]
         if accumulate:
             effects.append((("acc", plane), acc, acc + n - 1, "r", r + lat - 2, r * n + lat - 2))
@@ -404,14 +412,19 @@ class ProgramBuilder:
                 self._sram.free(sl, addr, n * lay.row_stride)
 
     def tensor(self, name: str, shape, dtype, *, role: "str | None" = None, data=None, slices=None,
-               avoid=(), tile_avoid=None, row_align: int = 1, spread: int = 1) -> SramTensor:
+               avoid=(), tile_avoid=None, row_align: int = 1, spread: int = 1, install_align: int = 0) -> SramTensor:
         """Allocate a tensor in SRAM, one column tile of ``lanes`` columns per allocation.
 
         ``avoid``: slices to keep clear of, e.g. those of a tensor this one is read beside
         in one group (a slice has one read port); ``tile_avoid`` instead gives the slices
         each column tile keeps clear of (tile j: ``tile_avoid[j]``). A tile larger than a slice is cut into
         chunks of a multiple of ``row_align`` rows (e.g. whole image rows); ``spread`` asks
-        for that many chunks even when a slice would hold the tile."""
+        for that many chunks even when a slice would hold the tile.
+
+        ``install_align`` lays out MXM weights (see :meth:`weights`): the matrix is installed
+        in row tiles that start at multiples of ``install_align`` rows, and each such tile is
+        cut into one chunk per install lane, the chunks of a tile on different slices, so
+        that all lanes read at once (a slice reads one line per cycle)."""
         dt = DType.parse(dtype)
         shape = tuple(int(s) for s in shape)
         key = None
@@ -419,7 +432,7 @@ class ProgramBuilder:
             # Identical constants (a bias or fill row asked for again) share one image.
             # (keyed by a digest: the cache must not hold a second copy of every weight)
             raw = np.ascontiguousarray(data, dt.np).reshape(-1).view(np.uint8)
-            key = (shape, dt, row_align, hashlib.sha256(raw).digest())
+            key = (shape, dt, row_align, install_align, hashlib.sha256(raw).digest())
             hit = self._const_cache.get(key)
             if hit is not None and not {sl for sl, _ in hit.layout.tiles} & set(avoid):
                 return hit
@@ -428,6 +441,12 @@ class ProgramBuilder:
         w = dt.itemsize
         fit = self.config.lines_per_slice // w  # rows one slice holds
         chunk_rows = 0 if rows <= fit else fit // row_align * row_align
+        distinct = 1
+        if install_align:
+            distinct = install_lanes(self.config, dt)
+            per = -(-min(install_align, rows) // distinct)
+            if per < rows:
+                chunk_rows, row_align = per, per
         if spread > 1 and rows > row_align:
             # Several chunks (on different slices) let row-wise passes run side by side.
             even = -(-(-(-rows // spread)) // row_align) * row_align
@@ -438,7 +457,7 @@ class ProgramBuilder:
                 raise SramFull(f"tensor {name}: a row group of {row_align} vectors does not fit one slice")
             try:
                 tiles = self._alloc_chunks(rows, ntiles, w, chunk_rows, slices, avoid, constant=data is not None,
-                                           tile_avoid=tile_avoid)
+                                           tile_avoid=tile_avoid, distinct=distinct)
                 break
             except SchedulingError as e:
                 # No hole holds a whole chunk: try chunks half as long (whole row groups).
@@ -460,7 +479,8 @@ class ProgramBuilder:
             self._const_cache[key] = out
         return out
 
-    def _alloc_chunks(self, rows, ntiles, w, chunk_rows, slices, avoid, constant=False, tile_avoid=None) -> list:
+    def _alloc_chunks(self, rows, ntiles, w, chunk_rows, slices, avoid, constant=False, tile_avoid=None,
+                      distinct=1) -> list:
         per = chunk_rows or rows
         nchunks = -(-rows // per)
         tiles = []
@@ -471,15 +491,29 @@ class ProgramBuilder:
                 for q in range(nchunks):
                     n = min(rows, (q + 1) * per) - q * per
                     want = None if slices is None else slices[(j * nchunks + q) % len(slices)]
+                    # Chunks read at once (by the install lanes) keep to different slices.
+                    near = tuple(avoid) + tuple(sl for sl, _, _ in tiles[len(tiles) - min(q, distinct - 1):]) \
+                        if distinct > 1 and q else tuple(avoid)
                     if constant and want is None:
-                        tiles.append((*self._sram.alloc_constant(n * w, avoid), n * w))
+                        tiles.append((*self._alloc_near(self._sram.alloc_constant, n * w, near, avoid), n * w))
                     else:
-                        tiles.append((*self.alloc_lines(n * w, want, avoid), n * w))
+                        tiles.append((*self._alloc_near(lambda k, a: self.alloc_lines(k, want, a), n * w, near,
+                                                        avoid), n * w))
         except SchedulingError:
             for sl, addr, lines in tiles:
                 self._sram.free(sl, addr, lines)
             raise
         return [(sl, addr) for sl, addr, _ in tiles]
+
+    @staticmethod
+    def _alloc_near(alloc, lines, near, avoid):
+        """``alloc`` away from the slices ``near`` (a wish), else away from ``avoid`` only."""
+        if len(near) > len(tuple(avoid)):
+            try:
+                return alloc(lines, near)
+            except SchedulingError:
+                pass
+        return alloc(lines, avoid)
 
     def input(self, name, shape, dtype, **kw) -> SramTensor:
         return self.tensor(name, shape, dtype, role="input", **kw)
@@ -527,6 +561,25 @@ class ProgramBuilder:
             raise SchedulingError(f"a permutation map needs {self.config.lanes} entries, got {t.shape}")
         self._tables.append(t)
         return len(self._tables) - 1
+
+    def install(self, tag: str, plane: int, buf: int, segments, width: int):
+        """Install the weight rows ``segments`` hold, ``[(first row, Region)]`` covering rows
+        0..K-1, into a weight buffer at the plane's install rate: the rows are cut into one
+        part per install lane (:func:`~lpx_tvm.machine.timing.install_lanes`), each part
+        within one region, and each part is a group of its own (a read and an install), so
+        parts from different slices stream in side by side, each as early as its slice,
+        its stream and its hop distance to the plane allow."""
+        segments = list(segments)
+        k = sum(r.count for _, r in segments)
+        lanes = install_lanes(self.config, segments[0][1].dtype)
+        per = -(-k // lanes)
+        lane = 0
+        for row0, region in segments:
+            for a in range(0, region.count, per):
+                part = region.rows(a, min(region.count, a + per))
+                g = self.group(tag)
+                g.install(plane, buf, g.read(part), width, row=row0 + a, lane=lane % lanes)
+                lane += 1
 
     def group(self, tag: str = "") -> Group:
         g = Group(self, tag)

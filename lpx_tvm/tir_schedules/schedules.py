@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from tvm import s_tir
 
 from ..machine.config import LPXConfig
+from ..machine.isa import DType
+from ..machine.timing import install_cycles
 from .workloads import MXM_BLOCK, Conv2dWorkload, DenseWorkload, DepthwiseWorkload
 
 MXM_TILE = "lpx.mxm_tile"  # value of the block annotation ``lpx_intrin``
@@ -78,8 +80,9 @@ def k_split_rule(cfg: LPXConfig, blocks: int) -> int:
 
 def _min_block_pixels(cfg: LPXConfig, dtype: str) -> int:
     """Pixels (activation vectors) whose multiply takes as long as installing one weight
-    tile (one vector per MXM row)."""
-    return -(-cfg.mxm_rows // cycles_per_vector(cfg, dtype))
+    tile over the plane's install lanes."""
+    short = _SHORT.get(dtype, dtype)
+    return -(-install_cycles(cfg, DType.parse(short), cfg.mxm_rows) // cycles_per_vector(cfg, short))
 
 
 _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8", "uint8": "uint8"}

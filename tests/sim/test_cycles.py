@@ -155,7 +155,7 @@ def test_install_mul_drain(dtype, t_drain, cycles, compute):
     assert r.cycles == cycles
     c = r.counters
     assert c.macs == M * K * 16 == 2048
-    assert c.port_busy_cycles["mxm0.install"] == K
+    assert c.port_busy_cycles["mxm0.install0"] == K
     assert c.port_busy_cycles["mxm0.compute"] == compute
     assert c.port_busy_cycles["mxm0.drain"] == M
     assert c.by_tag["mm"].macs == 2048 and c.by_tag["w"].macs == 0
@@ -166,6 +166,99 @@ def test_install_mul_drain(dtype, t_drain, cycles, compute):
     with pytest.raises(ScheduleHazard) as e:
         mxm_chain(dtype, t_drain - 1).run(timing_only=True)
     assert e.value.kind == "acc-read-before-write"
+
+
+# ---- installs at the plane's rate: one part per install lane ---------------------------
+
+def lanes_chain(dtype="int8", parts=((0, 0), (1, 4), (2, 8), (3, 12)), lanes=(0, 1, 2, 3), t_mul=15, t_drain=23,
+                M=8, K=16, rows=4):
+    """K = 16 weight rows in four parts of 4 rows, part j in slice j (positions 2..5), each
+    read at 0 onto stream W(j) and installed through lane j of plane 0 (position 0) when it
+    arrives: at 2 (mem_read) + hops = 4, 5, 6, 7; lane j is done at its issue + 4 rows + 4
+    (mxm_install) = 12, 13, 14, 15, so the weights are ready at 15 (one stream: 25).
+    Activations from slice 4 (position 7) reach plane 0 at t + 2 + 7: read at t_mul - 9.
+    Row k lands at t_mul + (k + 1) + 8 - 1 = 23 + k: the drain issues at 23, emits at 25 east
+    to slice 5 (position 8) at 33; the last row lands at 33 + 7 + 2 = 42."""
+    h = Hand()
+    dt = DType.parse(dtype)
+    s = dt.itemsize
+    acc = DType.INT32 if dt.is_int else DType.FP32
+    h.input("X", M, dtype, 4)
+    h.output("Y", M, acc, 5)
+    for j, (sl, row) in enumerate(parts):
+        h.input(f"B{j}", rows, dtype, sl)
+        hops = h.mem(sl) - h.pos("MXM", 0)
+        h.add("mem.read", 0, unit=sl, count=rows, addr=0, stride=s, dtype=dtype, dst=W(j), tag="w")
+        h.add("mxm.install", 2 + hops, unit=0, buf=0, count=rows, dtype=dtype, aux0=16, addr=row, aux1=lanes[j],
+              src0=W(j), tag="w")
+    h.add("mem.read", t_mul - 9, unit=4, count=M, addr=0, stride=s, dtype=dtype, dst=W(7), tag="mm")
+    h.add("mxm.mul", t_mul, unit=0, buf=0, addr=0, count=M, dtype=dtype, src0=W(7), tag="mm")
+    h.add("mxm.drain", t_drain, unit=0, addr=0, count=M, dtype=acc, dst=E(2), tag="out")
+    h.add("mem.write", t_drain + 10, unit=5, count=M, addr=0, stride=4, dtype=acc, src0=E(2), tag="out")
+    return h
+
+
+def test_install_lanes_fill_one_buffer_at_once():
+    M, K = 8, 16
+    x = RNG.integers(-5, 5, (M, 16)).astype(np.int8)
+    w = RNG.integers(-5, 5, (K, 16)).astype(np.int8)
+    inputs = {"X": x, **{f"B{j}": w[4 * j:4 * j + 4] for j in range(4)}}
+    r = both_modes(lanes_chain(), inputs)
+    assert np.array_equal(r.outputs["Y"], x.astype(np.int32) @ w.astype(np.int32))
+    assert r.cycles == 42
+    c = r.counters
+    assert [c.port_busy_cycles[f"mxm0.install{j}"] for j in range(4)] == [4, 4, 4, 4]
+    # one cycle too early for the last lane's rows (ready at 15)
+    with pytest.raises(ScheduleHazard) as e:
+        lanes_chain(t_mul=14, t_drain=22).run(timing_only=True)
+    assert e.value.kind == "weights-not-ready"
+
+
+def test_install_parts_in_any_row_order():
+    """The parts land in rows 8.., 0.., 12.., 4..: the buffer's matrix is in row order."""
+    M, K = 8, 16
+    order = (8, 0, 12, 4)
+    x = RNG.integers(-5, 5, (M, 16)).astype(np.int8)
+    w = RNG.integers(-5, 5, (K, 16)).astype(np.int8)
+    inputs = {"X": x, **{f"B{j}": w[r:r + 4] for j, r in enumerate(order)}}
+    h = lanes_chain(parts=tuple(zip(range(4), order)))
+    r = both_modes(h, inputs)
+    assert np.array_equal(r.outputs["Y"], x.astype(np.int32) @ w.astype(np.int32))
+
+
+@pytest.mark.parametrize("parts, lanes, kind", [
+    (((0, 0), (1, 4), (2, 8), (3, 16 - 4 + 1)), (0, 1, 2, 3), "bad-operand"),  # rows 13..16: past the plane's 16
+    (((0, 0), (1, 4), (2, 8), (3, 8)), (0, 1, 2, 3), "weights-overlap"),  # rows 8..11 twice
+    (((0, 0), (1, 4), (2, 12), (3, 16 - 4)), (0, 1, 2, 3), "weights-overlap"),
+    (((0, 0), (1, 8), (2, 12)), (0, 1, 2), "weights-incomplete"),  # rows 4..7 never installed
+    (((0, 0), (1, 4), (2, 8), (3, 12)), (0, 1, 2, 4), "bad-operand"),  # mini has 4 install lanes
+    (((0, 0), (1, 4), (2, 8), (3, 12)), (0, 1, 1, 3), "unit-overlap"),  # lane 1 busy 5..9 at 6
+])
+def test_install_lane_hazards(parts, lanes, kind):
+    with pytest.raises(ScheduleHazard) as e:
+        lanes_chain(parts=parts, lanes=lanes).run(timing_only=True)
+    assert e.value.kind == kind
+
+
+def test_fp16_rows_take_two_install_streams():
+    """mini: 4 install streams, so 2 lanes for fp16 rows: lane 1 holds install streams 2 and 3,
+    and a lane 2 does not exist."""
+    M, K = 8, 16
+    x = RNG.integers(-5, 5, (M, 16)).astype(np.float16)
+    w = RNG.integers(-5, 5, (K, 16)).astype(np.float16)
+    parts = ((0, 0), (1, 8))
+    inputs = {"X": x, "B0": w[:8], "B1": w[8:]}
+    # lane j's 8 rows arrive at 4, 5; done at 4 + 8 + 4 = 16 and 17: mul at 17; fp16 is 4
+    # cycles a vector, row k lands at 17 + 4(k + 1) + 7 = 28 + 4k, the drain at 28 + 21 = 49.
+    h = lanes_chain("fp16", parts=parts, lanes=(0, 1), t_mul=17, t_drain=49, rows=8)
+    r = both_modes(h, inputs)
+    assert np.array_equal(r.outputs["Y"], (x.astype(np.float32) @ w.astype(np.float32)))
+    assert r.cycles == 49 + 10 + 7 + 2
+    c = r.counters
+    assert [c.port_busy_cycles[f"mxm0.install{k}"] for k in range(4)] == [8, 8, 8, 8]
+    with pytest.raises(ScheduleHazard) as e:
+        lanes_chain("fp16", parts=parts, lanes=(0, 2), t_mul=17, t_drain=49, rows=8).run(timing_only=True)
+    assert e.value.kind == "bad-operand"
 
 
 def test_sync_when_the_last_accumulator_row_lands():

@@ -498,14 +498,26 @@ def test_weights_overwritten_while_in_use():
     h.run(timing_only=True)
 
 
-def test_install_while_the_previous_install_completes():
+def test_install_over_rows_of_the_same_fill():
     h = Hand()
     h.add("mem.read", 0, unit=1, count=16, addr=0, stride=1, dtype="int8", dst=W(0))
     h.add("mxm.install", 5, unit=0, buf=0, count=16, dtype="int8", aux0=16, src0=W(0))  # done at 25
-    # the install port is free at 21, but buffer 0 is still being written until 25
+    # no multiply between: the second install would write the rows of the same fill again
     h.add("mem.read", 18, unit=2, count=16, addr=0, stride=1, dtype="int8", dst=W(1))
     i = h.add("mxm.install", 24, unit=0, buf=0, count=16, dtype="int8", aux0=16, src0=W(1))
-    expect(h, "weights-in-use", i, "mxm0", 24)
+    expect(h, "weights-overlap", i, "mxm0", 24)
+
+
+def test_install_while_a_multiply_reads_the_buffer():
+    h = Hand()
+    h.add("mem.read", 0, unit=1, count=16, addr=0, stride=1, dtype="int8", dst=W(0))
+    h.add("mxm.install", 5, unit=0, buf=0, count=16, dtype="int8", aux0=16, src0=W(0))  # ready at 25
+    h.add("mem.read", 21, unit=0, count=8, addr=0, stride=1, dtype="int8", dst=W(1))  # at plane 0 at 25
+    h.add("mxm.mul", 25, unit=0, buf=0, addr=0, count=8, dtype="int8", src0=W(1))  # reads buffer 0 until 33
+    # slice 2 (position 4) read at t - 6 reaches plane 0 at t: a new fill at 32 is too early
+    h.add("mem.read", 26, unit=2, count=16, addr=0, stride=1, dtype="int8", dst=W(2))
+    i = h.add("mxm.install", 32, unit=0, buf=0, count=16, dtype="int8", aux0=16, src0=W(2))
+    expect(h, "weights-in-use", i, "mxm0", 32)
     h.instrs[i - 1], h.instrs[i] = h.instrs[i - 1].moved(1), h.instrs[i].moved(1)
     h.run(timing_only=True)
 
@@ -575,7 +587,7 @@ BAD = [
     ("missing dst", dict(op="mem.read", unit=0, dtype="int8"), "missing dst stream", "mem0"),
     ("missing src", dict(op="vxm.exp", unit=0, dtype="fp16", dst=E(0)), "missing a stream", "vxm0"),
     ("install count", dict(op="mxm.install", unit=0, count=17, dtype="int8", aux0=16, src0=W(0)),
-     "installs 17 rows but a plane has 16", "mxm0"),
+     "installs rows 0..16 but a plane has 16", "mxm0"),
     ("install width", dict(op="mxm.install", unit=0, count=4, dtype="int8", aux0=17, src0=W(0)),
      "width 17 out of range 1..16", "mxm0"),
     ("install width 0", dict(op="mxm.install", unit=0, count=4, dtype="int8", aux0=0, src0=W(0)),

@@ -1153,7 +1153,7 @@ def test_c2c_messages_split_and_joined():
 
 NOP_QUEUES = {"mem.nop": 2, "dma.nop": 0, "mxm.nop": 1, "vxm.nop": 7, "sxm.nop": 1, "c2c.nop": 3}
 NOP_PORTS = {"mem.nop": ["mem2.rd", "mem2.wr"], "dma.nop": ["dma0"],
-             "mxm.nop": ["mxm1.install", "mxm1.compute", "mxm1.drain"], "vxm.nop": ["vxm7"],
+             "mxm.nop": [f"mxm1.install{k}" for k in range(4)] + ["mxm1.compute", "mxm1.drain"], "vxm.nop": ["vxm7"],
              "sxm.nop": ["sxm1"], "c2c.nop": ["c2c3.tx", "c2c3.rx"]}
 
 

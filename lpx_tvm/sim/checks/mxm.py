@@ -18,7 +18,7 @@ from ...machine.isa import NOPS, DType
 from .. import numerics as nx
 from ..memory import Race
 from ..plan import Block
-from ..steps import MxmDrain, MxmInstall, MxmNow, MxmSettle, MxmSplit
+from ..steps import MxmDrain, MxmInstall, MxmNow, MxmSeal, MxmSettle, MxmSplit
 
 
 def operand_problems(cfg, program, ins) -> list:
@@ -29,10 +29,14 @@ def operand_problems(cfg, program, ins) -> list:
     if ins.buf >= cfg.mxm_weight_buffers and op != "mxm.drain":
         problems.append(f"weight buffer {ins.buf} out of range 0..{cfg.mxm_weight_buffers - 1}")
     if op == "mxm.install":
-        if ins.count > cfg.mxm_rows:
-            problems.append(f"installs {ins.count} rows but a plane has {cfg.mxm_rows}")
+        if ins.addr < 0 or ins.addr + ins.count > cfg.mxm_rows:
+            problems.append(f"installs rows {ins.addr}..{ins.addr + ins.count - 1} but a plane has {cfg.mxm_rows}")
         if not 1 <= ins.aux0 <= cfg.mxm_cols:
             problems.append(f"width {ins.aux0} out of range 1..{cfg.mxm_cols}")
+        if ins.dtype.short in MXM_DTYPES and not 0 <= ins.aux1 < tm.install_lanes(cfg, ins.dtype):
+            problems.append(f"install lane {ins.aux1} out of range 0..{tm.install_lanes(cfg, ins.dtype) - 1} "
+                            f"({cfg.mxm_install_streams} install streams, {ins.dtype.itemsize} per "
+                            f"{ins.dtype.short} row)")
     if op != "mxm.drain" and ins.dtype.short not in MXM_DTYPES:
         problems.append(f"the MXM does not multiply {ins.dtype.short}")
     if op == "mxm.drain" and ins.dtype not in (DType.INT32, DType.FP32):
@@ -41,15 +45,47 @@ def operand_problems(cfg, program, ins) -> list:
 
 
 @dataclass
+class _Part:
+    """Rows ``row .. row + count - 1`` of a fill, installed by instruction ``installer``."""
+
+    row: int
+    count: int
+    done: int
+    installer: int
+    producer: int
+    key: "tuple | None"
+
+
+@dataclass
 class _WeightBuffer:
+    """One weight buffer. Installs fill it part by part (one per install lane); the first
+    multiply after them seals the fill: its rows must be 0..K-1, and K is what it contracts."""
+
     dtype: DType = DType.NONE
     rows: int = 0
     width: int = 0
     ready: "int | None" = None  # cycle from which a multiply may use the weights
-    busy_until: int = -1  # last cycle (exclusive) an install or multiply touches it
+    busy_until: int = -1  # last cycle (exclusive) a multiply reads it
     installer: int = -1
-    producer: int = -1  # the instruction whose values were installed
+    producer: int = -1  # an instruction whose values were installed
     key: "tuple | None" = None  # the SRAM lines they came from (see install)
+    parts: list = None  # the open fill's parts; None once sealed by a multiply
+
+    def seal(self, run, plane: int, buf: int):
+        parts = sorted(self.parts, key=lambda p: p.row)
+        row = 0
+        for p in parts:
+            if p.row != row:
+                raise Race("weights-incomplete", f"weight buffer {buf} of plane {plane} has no rows {row}.."
+                                                 f"{p.row - 1} installed (its installs leave a gap)")
+            row += p.count
+        last = max(parts, key=lambda p: p.done)
+        self.rows, self.ready, self.installer = row, last.done, last.installer
+        self.producer = parts[0].producer
+        keys = [p.key for p in parts]
+        self.key = None if None in keys else (keys[0] if len(keys) == 1 else tuple(keys))
+        self.parts = None
+        run.record(MxmSeal(plane, buf, self.width), tuple(p.producer for p in parts))
 
 
 class MxmState:
@@ -71,19 +107,32 @@ def mxm_install(run, i, ins, t, _):
     if ins.cycle < buf.busy_until:
         raise Race("weights-in-use", f"weight buffer {ins.buf} of plane {ins.unit} is in use until cycle "
                                      f"{buf.busy_until}")
+    fresh = buf.parts is None
+    if fresh:
+        buf.parts = []
+        buf.dtype, buf.width, buf.ready = ins.dtype, ins.aux0, None
+    elif (ins.dtype, ins.aux0) != (buf.dtype, buf.width):
+        raise Race("weights-mismatch", f"install of {ins.aux0} {ins.dtype.short} columns into weight buffer "
+                                       f"{ins.buf} of plane {ins.unit}, whose other installs since its last "
+                                       f"multiply are {buf.width} {buf.dtype.short} columns")
+    lo, hi = ins.addr, ins.addr + ins.count
+    for p in buf.parts:
+        if p.row < hi and lo < p.row + p.count:
+            raise Race("weights-overlap", f"rows {max(lo, p.row)}..{min(hi, p.row + p.count) - 1} of weight "
+                                          f"buffer {ins.buf} of plane {ins.unit} are installed by instruction "
+                                          f"#{p.installer} too, with no multiply between")
     em, off = run.streams.read(ins.src0, t.position, ins.cycle, ins.count, ins.dtype)
-    buf.dtype, buf.rows, buf.width, buf.installer = ins.dtype, ins.count, ins.aux0, i
-    buf.ready = t.done
-    buf.busy_until = t.done
-    buf.producer = em.producer
     # The same SRAM rows, unchanged since, give the same weights: the key says which.
-    buf.key = None if em.source is None else em.source + (off, ins.count)
-    run.record(MxmInstall(ins.unit, ins.buf, run.operand(em, off), ins.count, ins.aux0), (em.producer,))
+    key = None if em.source is None else em.source + (off, ins.count)
+    buf.parts.append(_Part(lo, ins.count, t.done, i, em.producer, key))
+    run.record(MxmInstall(ins.unit, ins.buf, run.operand(em, off), ins.count, ins.addr, fresh), (em.producer,))
 
 
 def mxm_multiply(run, i, ins, t, _):
     plane, cfg, mxm = ins.unit, run.cfg, run.mxm
     buf = mxm.wbuf[plane][ins.buf]
+    if buf.parts:
+        buf.seal(run, plane, ins.buf)
     if buf.ready is None:
         raise Race("weights-missing", f"weight buffer {ins.buf} of plane {plane} was never installed")
     if ins.cycle < buf.ready:

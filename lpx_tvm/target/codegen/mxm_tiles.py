@@ -171,12 +171,12 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
         buf = ctx.planes.buffer(plane)
         j, row0, row1 = weights(s)
         if staging is None:
-            src = one(W.segments(j, row0, row1))
+            src = [(r - row0, region) for r, region in W.segments(j, row0, row1)]
         else:
-            src = staging[i % 2].tile(0).rows(0, row1 - row0)
-            b.group(f"{tag}.stream").dma_load(W.offset(j, row0), src)
-        g = b.group(f"{tag}.install")
-        g.install(plane, buf, g.read(src), width=min(channels - col0, lanes))
+            region = staging[i % 2].tile(0).rows(0, row1 - row0)
+            b.group(f"{tag}.stream").dma_load(W.offset(j, row0), region)
+            src = [(0, region)]
+        b.install(f"{tag}.install", plane, buf, src, width=min(channels - col0, lanes))
         for offset, region in window(s):
             g = b.group(f"{tag}.mul")
             g.mul(plane, buf, g.read(region), acc=acc + offset, accumulate=not first)
@@ -222,9 +222,8 @@ def pixel_sums(ctx: LoweringContext, tag: str, x: Stored, column, acc_dtype):
                       for seg in x.tensor.segments(j, i * hw + p0, i * hw + min(hw, p0 + step))]
             for q, (_, region) in enumerate(pieces):
                 buf = ctx.planes.buffer(plane)
-                g = ctx.builder.group(f"{tag}.install")
-                weights = one(column.segments(0, 0, region.count)) if chunked else column.tile(0).rows(0, region.count)
-                g.install(plane, buf, g.read(weights), width=1)
+                weights = column.segments(0, 0, region.count) if chunked else [(0, column.tile(0).rows(0, region.count))]
+                ctx.builder.install(f"{tag}.install", plane, buf, weights, width=1)
                 g = ctx.builder.group(f"{tag}.sum")
                 t = g.sxm("sxm.transpose", g.read(region), out=cv)
                 g.mul(plane, buf, t, acc=acc, accumulate=q > 0)

@@ -78,8 +78,10 @@ def place_weights(ctx: LoweringContext, op: RegionOp):
         try:
             # Reduction tiles spread over slices: planes installing different parts of one
             # weight matrix at once read through different slices' ports.
+            # Each row tile is cut over the plane's install lanes, on different slices, so
+            # that the lanes read at once: installs at the plane's full rate.
             return ctx.builder.tensor(f"{op.out}.weight", matrix.shape, ctx.dtype, data=matrix, row_align=align,
-                                      spread=ctx.options.weight_spread)
+                                      spread=ctx.options.weight_spread, install_align=align)
         except SchedulingError:
             pass
     return StreamedWeights.place(ctx.builder, matrix, ctx.dtype, lanes)
