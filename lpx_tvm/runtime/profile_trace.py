@@ -1,7 +1,7 @@
 """A profiled model run as one Chrome / Perfetto trace (trace-event JSON; docs/profile.md).
 
 Open it in https://ui.perfetto.dev or chrome://tracing. One process per unit kind, one
-thread per unit port: ``MXM`` (each plane's install, compute and drain), ``VXM`` (one
+thread per unit port: ``MXM`` (each plane's install streams, compute and drain), ``VXM`` (one
 per ALU), ``SXM``, ``MEM west`` and ``MEM east`` (each slice's read and write port, by
 the slice's side of the VXM on the floorplan), ``DMA``, ``C2C``. ``LPX`` holds the region
 calls, the layer owning each cycle (the profile's exclusive attribution) and the counter
@@ -107,12 +107,15 @@ def _unit_events(tracks: _Tracks, tl: RegionTimeline, offset: float, us: float, 
 
 
 def _track_of(port: tuple, west: set) -> tuple:
-    """(process, sort key, thread name) of a unit port such as ``("mxm.compute", 2)``."""
-    kind, index = port
+    """(process, sort key, thread name) of a unit port such as ``("mxm.compute", 2)`` or
+    ``("mxm.install", 1, 7)`` (plane 1's install stream 7: a w-byte install holds w)."""
+    kind, index, *stream = port
     unit = kind.split(".")[0]
     order = _PORT_ORDER.get(kind, 0)
     if unit == "mem":
         return ("MEM west" if index in west else "MEM east"), (index, order), f"slice {index} {_PORT_WORD[kind]}"
+    if stream:
+        return "MXM", (index, order, *stream), f"plane {index} {_PORT_WORD[kind]} stream {stream[0]}"
     if unit == "mxm":
         return "MXM", (index, order), f"plane {index} {_PORT_WORD[kind]}"
     if unit == "c2c":
