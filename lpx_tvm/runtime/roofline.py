@@ -1,15 +1,15 @@
 """The profile's roofline-style figure (PNG, matplotlib; docs/profile.md).
 
 Two panels, one point per layer that multiplies on the MXM: achieved MACs per cycle (its
-MACs over its span, the cycles from its first issue to its last completion: while it
-ran, whoever owned those cycles) against its arithmetic intensity, MACs per byte of weights
+MACs over the cycles it owns, the table's time base) against its arithmetic intensity, MACs per byte of weights
 installed (left) and per byte read from SRAM (right). Drawn with them: the MXM compute
 ceiling of each dtype (``peak_macs_per_cycle_for``), and the bandwidth ceilings, install
 (``mxm_planes * mxm_install_streams * lanes`` bytes a cycle) and SRAM read
 (``mem_slices * mem_read_ports * lanes``). A layer's distance below a ceiling is its
-distance from that floor: it sits on the install line exactly when its span equals its
-install floor. (Over the cycles a layer *owns*, a layer whose work overlapped earlier
-layers' cycles could seem to beat a ceiling; over its span it cannot.)
+distance from that floor: it sits on the install line exactly when its cycles equal its
+install floor, as the table's "of floor" says. A layer whose work partly ran in cycles
+owned by earlier layers (its floor above its cycles) can sit above a ceiling: it is drawn
+hollow. A layer that owns no cycle has no point.
 """
 
 from __future__ import annotations
@@ -51,16 +51,16 @@ def bandwidths(cfg) -> dict:
 
 
 def roofline_points(profile) -> list:
-    """``[(layer, MACs per span cycle, MACs per installed byte, MACs per SRAM byte read)]``
-    of the layers with MACs (an intensity is None when the layer moved no such bytes)."""
+    """``[(layer, MACs per owned cycle, MACs per installed byte, MACs per SRAM byte read)]``
+    of the layers with MACs and cycles (an intensity is None when the layer moved no such bytes)."""
     bw = bandwidths(profile.cfg)
     out = []
     for layer in profile.layers:
-        if not layer.macs or not layer.span:
+        if not layer.macs or not layer.cycles:
             continue
         installed = layer.floors.install * bw["install"]
         read = layer.floors.sram_read * bw["sram_read"]
-        out.append((layer, layer.macs / layer.span, layer.macs / installed if installed else None,
+        out.append((layer, layer.macs / layer.cycles, layer.macs / installed if installed else None,
                     layer.macs / read if read else None))
     return out
 
@@ -91,7 +91,9 @@ def save_roofline(profile, path: "str | os.PathLike") -> None:
             x = intensity[col - 2]
             if x is None:
                 continue
-            ax.scatter([x], [rate], s=18, color=_colour(layer.mxm_dtype))
+            overlapped = layer.floor_cycles > layer.cycles  # hollow: it borrowed earlier layers' cycles
+            ax.scatter([x], [rate], s=18, color="none" if overlapped else _colour(layer.mxm_dtype),
+                       edgecolors=_colour(layer.mxm_dtype))
             if id(layer) in labelled:
                 ax.annotate(layer.name, (x, rate), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.set_xscale("log")
@@ -103,7 +105,7 @@ def save_roofline(profile, path: "str | os.PathLike") -> None:
         ax.set_ylabel("achieved MACs per cycle")
         ax.grid(True, which="both", lw=0.3, alpha=0.5)
         ax.legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"{cfg.name}, {profile.precision}: per layer, MACs per cycle of its span against the machine's ceilings")
+    fig.suptitle(f"{cfg.name}, {profile.precision}: per layer, MACs per owned cycle against the machine's ceilings")
     fig.savefig(os.fspath(path), dpi=110)
     plt.close(fig)
 

@@ -200,9 +200,12 @@ def test_roofline_points_lie_under_the_ceilings(profiled):
     points = roofline_points(profile)
     assert [p[0].name for p in points] == ["fc1", "fc2"]
     for layer, rate, per_installed, per_read in points:
-        assert rate == layer.macs / layer.span
+        assert rate == layer.macs / layer.cycles
+        # each layer owns its whole region here, so no ceiling can be beaten: the floors hold
         assert rate <= cfg.peak_macs_per_cycle_for(layer.mxm_dtype)
         assert rate <= bw["install"] * per_installed and rate <= bw["sram_read"] * per_read
+        # on a bandwidth line exactly when the cycles equal that floor
+        assert bw["install"] * per_installed == pytest.approx(layer.macs / layer.floors.install)
 
 
 def test_demo_points_to_the_profile_command():
