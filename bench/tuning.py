@@ -238,6 +238,11 @@ def main(argv=None):
     ap.add_argument("--context-sweeps", type=int, default=2)
     ap.add_argument("--gain-only", action="store_true", help="--gain without the convergence part")
     args = ap.parse_args(argv)
+    if args.plot and not args.gain_only:
+        try:  # checked now, not after the whole convergence study
+            import matplotlib  # noqa: F401
+        except ModuleNotFoundError:
+            ap.error("the convergence plot needs matplotlib: pip install -e '.[profile]' (or --plot '' for none)")
     out = {} if args.gain_only else convergence(args.seeds, args.trials, args.per_iter, args.plot)
     out.update({"resnet50_tuned_speedup": None, "resnet50_isolated_speedup": None,
                 "resnet50_int8_mxm_utilization": None, "bert_base_tuned_speedup": None})

@@ -81,7 +81,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     _input_shapes_arg(p)
     p.add_argument("--outputs", help="npz file to write the outputs to, keyed by output name")
     p.add_argument("--report", help="JSON report to write (cycles, latency, utilization, offload, layers)")
-    p.add_argument("--trace", help="Chrome/Perfetto trace JSON to write (program binaries)")
+    p.add_argument("--trace", help="Chrome/Perfetto trace JSON to write (a model's: every unit, layer and CPU "
+                                   "kernel of the whole run, docs/profile.md)")
     p.add_argument("--preset", default=None, help="machine: tsp, mini, lp30 or a JSON file (default: tsp; a "
                                                    "program or artifact runs on the machine it was built for)")
     p.add_argument("--precision", default=None, choices=Precision.names(), help="ONNX models (default: fp16)")
@@ -91,8 +92,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 
 # The flags of `run` that each kind of model takes (the others are refused, never ignored).
 _RUN_FLAGS = {
-    "onnx": ("preset", "precision", "tuning_log", "input_shapes"),
-    "artifact": (),  # built for one machine, precision and input shapes, its schedules fixed
+    "onnx": ("preset", "precision", "tuning_log", "input_shapes", "trace"),
+    "artifact": ("trace",),  # built for one machine, precision and input shapes, its schedules fixed
     "program": ("preset", "timing_only", "trace"),
 }
 _FLAG_NAMES = {"preset": "--preset", "precision": "--precision", "tuning_log": "--tuning-log",
@@ -102,10 +103,11 @@ _FLAG_NAMES = {"preset": "--preset", "precision": "--precision", "tuning_log": "
 def _refuse_flags(args, kind: str, what: str):
     from .errors import LPXError
 
-    given = [f for f in _FLAG_NAMES if getattr(args, f) not in (None, False) and f not in _RUN_FLAGS[kind]]
+    given = [f for f in _FLAG_NAMES if getattr(args, f, None) not in (None, False) and f not in _RUN_FLAGS[kind]]
     if given:
         why = {"artifact": "an artifact runs as it was compiled (compile it again to change them)",
-               "onnx": "a whole-model trace and timing-only runs are for program binaries (.lpx) for now",
+               "onnx": "timing-only runs are for program binaries (.lpx); lpx-tvm profile MODEL shows a "
+                       "model's timing",
                "program": "a program binary is already compiled, for its input shapes"}[kind]
         raise LPXError(f"{what}: {', '.join(_FLAG_NAMES[f] for f in given)} cannot be used here: {why}")
 
@@ -148,7 +150,14 @@ def _run(args) -> int:
     _refuse_flags(args, "artifact" if os.path.isdir(path) else "onnx", args.model)
     model = _load_model(args)
     inputs = _run_inputs(args, model.inputs)
-    outputs = model.run(inputs)
+    if args.trace:
+        from .runtime.profile import profile_model
+        from .runtime.profile_trace import model_trace, save_trace
+
+        profile, outputs = profile_model(model, inputs)
+        save_trace(model_trace(profile), args.trace)
+    else:
+        outputs = model.run(inputs)
     if args.outputs:
         import numpy as np
 
@@ -311,6 +320,86 @@ def _print_model_report(rep) -> None:
     for op in sorted(set(lpx) | set(cpu)):
         off.add_row(op, str(lpx.get(op, 0)), str(cpu.get(op, 0)))
     console.print(off)
+
+
+# ---- profile ----------------------------------------------------------------------
+
+PROFILE_FILES = {"trace": "trace.json", "table": "layers.json", "roofline": "roofline.png"}
+
+
+def _profile_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="an .onnx model, a model bundled with onnx (light_resnet50, ...) or an artifact "
+                                 "folder (lpx-tvm compile)")
+    p.add_argument("-o", "--output", required=True,
+                   help=f"folder to write {', '.join(PROFILE_FILES.values())} into (made if missing)")
+    p.add_argument("--inputs", help="npz file whose keys are the model's input names")
+    p.add_argument("--fill-mode", choices=FILL_MODES, default="random",
+                   help="fill the inputs --inputs does not give: random (the default), zeros or ones")
+    _input_shapes_arg(p)
+    p.add_argument("--preset", default=None, help="ONNX models: tsp, mini, lp30 or a JSON file (default: tsp)")
+    p.add_argument("--precision", default=None, choices=Precision.names(), help="ONNX models (default: fp16)")
+    p.add_argument("--tuning-log", help="ONNX models: tuning log folder (lpx-tvm tune) whose schedules to use")
+
+
+def _profile(args) -> int:
+    """Run a model once and write its whole-model trace, its per-layer table (floors,
+    bottleneck) and its roofline figure into one folder (docs/profile.md)."""
+    import json
+    import os
+
+    from .errors import LPXError
+    from .runtime.profile import profile_model
+    from .runtime.profile_trace import model_trace, save_trace
+    from .runtime.roofline import pyplot, save_roofline
+
+    if args.model.endswith(".lpx"):
+        raise LPXError(f"{args.model}: lpx-tvm profile takes a model; a program binary's trace is "
+                       "lpx-tvm run PROGRAM --trace FILE")
+    path = _bundled_model(args.model)
+    if os.path.isdir(path):
+        _refuse_flags(args, "artifact", args.model)
+    pyplot()  # before the run: a missing matplotlib says so now
+    out = args.output
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise LPXError(f"{out}: exists and is not a folder")
+    model = _load_model(args)
+    profile, _ = profile_model(model, _run_inputs(args, model.inputs))
+    os.makedirs(out, exist_ok=True)
+    paths = {k: os.path.join(out, name) for k, name in PROFILE_FILES.items()}
+    save_trace(model_trace(profile), paths["trace"])
+    with open(paths["table"], "w", encoding="utf-8") as f:
+        json.dump(profile.to_json(), f, indent=1)
+    save_roofline(profile, paths["roofline"])
+    _print_profile(profile)
+    print(f"wrote {paths['trace']} (open in https://ui.perfetto.dev), {paths['table']}, {paths['roofline']}")
+    return 0
+
+
+def _print_profile(profile) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    # Off a terminal rich would wrap at 80 columns; layer names and numbers need more.
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    kind, floor = profile.floors.largest()
+    top = Table(title=f"profile on {profile.preset} ({profile.precision})", show_header=False)
+    top.add_row("cycles", f"{profile.cycles:,}")
+    top.add_row("largest floor", f"{kind} {floor:,.0f} cycles")
+    top.add_row("cycles / largest floor", f"{profile.cycles / floor:.2f}x" if floor else "-")
+    kernels = sum(1 for c in profile.calls if c.cpu)
+    top.add_row("CPU kernels (measured wall time)",
+                f"{kernels} call(s), {profile.cpu_wall_s * 1e3:,.3f} ms" if kernels else "none")
+    console.print(top)
+    table = Table(title="per layer: each cycle owned by one layer (docs/profile.md)")
+    # "floor": the layer's largest floor; "of floor": that floor over the layer's cycles
+    for col in ("layer", "cycles", "share", "waited", "MACs", "floor", "floor cycles", "of floor", "bottleneck"):
+        table.add_column(col, justify="left" if col in ("layer", "floor", "bottleneck") else "right")
+    for x in profile.layers:
+        share = x.cycles / profile.cycles if profile.cycles else 0.0
+        frac = "-" if x.floor_fraction is None else f"{x.floor_fraction:.1%}"
+        table.add_row(x.name, f"{x.cycles:,}", f"{share:.1%}", f"{x.waited:,}", f"{x.macs:,}", x.floor_kind,
+                      f"{x.floor_cycles:,.1f}", frac, x.bottleneck)
+    console.print(table)
 
 
 # ---- tune -------------------------------------------------------------------------
@@ -528,6 +617,7 @@ def _demo(args) -> int:
     else:
         print("  default schedules (--no-tuning-log)")
     _print_model_report(model.report)
+    print(_profile_command(args, log))
     beyond = {k: f"{e:.2e} > {tol:.1e}" for k, (e, tol) in errs.items() if not e <= tol}
     if beyond:
         raise LPXError(f"simulated outputs differ from onnxruntime beyond tolerance: {beyond}")
@@ -573,6 +663,18 @@ def _print_tuned(model, onnx_model, log: str, cfg, precision: str) -> None:
           f"default schedules ({base / cycles:.3f}x; --no-tuning-log runs the defaults)")
 
 
+def _profile_command(args, log) -> str:
+    """The demo's last line: the ``lpx-tvm profile`` command for the model it ran."""
+    import os
+    import shlex
+
+    words = ["lpx-tvm", "profile", args.model, "--preset", args.preset, "--precision", args.precision]
+    if log is not None:
+        words += ["--tuning-log", log]
+    words += ["-o", os.path.splitext(os.path.basename(args.model))[0] + "_profile"]
+    return f"where the cycles go, layer by layer: {shlex.join(words)}"
+
+
 def _print_program_report(rep) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -602,6 +704,8 @@ COMMANDS = {
     "demo": ("compile a bundled ONNX model for LPX, run it, check it against onnxruntime", _demo_args, _demo),
     "compile": ("compile an ONNX model for LPX into an artifact folder", _compile_args, _compile),
     "run": ("run a model, an artifact or a program binary on the simulated LPX", _run_args, _run),
+    "profile": ("run a model once and write its whole-model trace, per-layer floors and roofline figure",
+                _profile_args, _profile),
     "tune": ("search the MXM schedules of a model on the simulator into a tuning log", _tune_args, _tune),
     "kernel": ("build a hand-written kernel into a program binary", _kernel_args, _kernel),
     "disasm": ("print the assembly listing of a program binary", _disasm_args, _disasm),

@@ -43,7 +43,7 @@ def test_input_problems_still_exit_2(tmp_path, capsys):
 
 def test_run_refuses_flags_it_would_ignore(tmp_path, capsys):
     """Each flag of ``run`` either works or is refused: an artifact runs as compiled, a
-    whole-model trace is not there yet, a program binary has no precision."""
+    model has no timing-only run, a program binary has no precision."""
     import onnx
 
     import lpx_tvm
@@ -60,7 +60,8 @@ def test_run_refuses_flags_it_would_ignore(tmp_path, capsys):
         ([str(tmp_path / "art"), "--precision", "fp16"], "--precision cannot be used here"),
         ([str(tmp_path / "art"), "--preset", "tsp", "--timing-only"], "--preset, --timing-only cannot"),
         ([str(tmp_path / "art"), "--tuning-log", str(tmp_path)], "--tuning-log cannot"),
-        ([str(tmp_path / "cnn.onnx"), "--trace", str(tmp_path / "tr.json")], "--trace cannot"),
+        ([str(tmp_path / "cnn.onnx"), "--timing-only", "--trace", str(tmp_path / "tr.json")],
+         "--timing-only cannot"),
         ([str(tmp_path / "t.lpx"), "--precision", "fp32"], "--precision cannot"),
     ]
     for argv, message in cases:

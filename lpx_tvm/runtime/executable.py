@@ -110,6 +110,9 @@ class LPXExecutable:
         self.tuning = tuning
         self.stats = RunStats()
         self._registered = False
+        # A VM instrument function (see relax.VirtualMachine.set_instrument) each run's VM
+        # gets: how the profiler sees the order of region calls and CPU kernels.
+        self.instrument = None
         # One simulator per region: each keeps its program's image loaded between runs.
         self._sims = {}
         for name, region in regions.items():
@@ -194,7 +197,10 @@ class LPXExecutable:
 
     def vm(self, device=None) -> relax.VirtualMachine:
         self.register()
-        return relax.VirtualMachine(self.vm_exec, device or tvm.cpu())
+        vm = relax.VirtualMachine(self.vm_exec, device or tvm.cpu())
+        if self.instrument is not None:
+            vm.set_instrument(self.instrument)
+        return vm
 
     def run(self, inputs: list) -> list:
         """Run ``main`` on numpy inputs (in parameter order); returns numpy outputs."""

@@ -157,14 +157,18 @@ def layer_of(tag: str) -> str:
 
 def instruction_spans(cfg: LPXConfig, program) -> tuple:
     """``(issue, done)`` cycle arrays, one entry per instruction of ``program`` (in program
-    order): the instruction is in flight over ``[issue, done)``.
-
-    A multiply's timing depends on the dtype of the weights installed in its buffer, so
-    the instructions are walked in issue order (as the simulator does) to know it.
-    """
+    order): the instruction is in flight over ``[issue, done)``."""
     instrs = program.instrs
     issue = np.fromiter((ins.cycle for ins in instrs), dtype=np.int64, count=len(instrs))
-    done = np.empty(len(instrs), dtype=np.int64)
+    done = np.fromiter((t.done for t in instruction_timings(cfg, instrs)), dtype=np.int64, count=len(instrs))
+    return issue, np.maximum(done, issue)
+
+
+def instruction_timings(cfg: LPXConfig, instrs: list) -> list:
+    """The :func:`~lpx_tvm.machine.timing.timing` of each instruction of ``instrs`` (in
+    their order). A multiply's depends on the dtype of the weights installed in its
+    buffer, so the instructions are walked in issue order (as the simulator does)."""
+    out = [None] * len(instrs)
     installed = {}  # (plane, buffer) -> weight dtype
     for i in sorted(range(len(instrs)), key=lambda i: (instrs[i].cycle, instrs[i].op != "icu.sync")):
         ins = instrs[i]
@@ -174,8 +178,8 @@ def instruction_spans(cfg: LPXConfig, program) -> tuple:
         elif ins.op in ("mxm.mul", "mxm.mac"):
             weights = installed.get((ins.unit, ins.buf))
             weights = None if weights is DType.NONE else weights
-        done[i] = timing(cfg, ins, mxm_weights=weights).done
-    return issue, np.maximum(done, issue)
+        out[i] = timing(cfg, ins, mxm_weights=weights)
+    return out
 
 
 def owned_cycles(issue: np.ndarray, done: np.ndarray) -> tuple:
