@@ -34,7 +34,7 @@ from tvm import relax
 from ..machine.config import LPXConfig
 from ..sim import Simulator
 from .region import REGION_PREFIX
-from .report import Layer, Offload, layer_cycles, layer_instructions, layer_of, mxm_dtypes
+from .report import Layer, Offload, layer_cycles, layer_instructions, layer_of, mxm_dtypes, weight_placement
 
 
 @dataclass
@@ -173,7 +173,8 @@ class LPXExecutable:
     @cached_property
     def _region_layers(self) -> dict:
         # The schedule is static: one run's attribution holds for every run of a region.
-        return {name: (layer_cycles(self.config, r.program), layer_instructions(r.program))
+        return {name: (layer_cycles(self.config, r.program), layer_instructions(r.program),
+                       weight_placement(self.config, r.program))
                 for name, r in self.regions.items()}
 
     def layers(self) -> list:
@@ -184,11 +185,13 @@ class LPXExecutable:
         s = self.stats
         for name, calls in s.calls.items():
             region = self.regions[name]
-            cycles, counts = self._region_layers[name]
+            cycles, counts, placement = self._region_layers[name]
             for tag, n in cycles.items():
                 # A tag without a known name stays apart per region (tags repeat across regions).
                 key = region.layer_names.get(tag) or (tag if tag.startswith("(") else f"{name}/{tag}")
                 row = rows.setdefault(key, Layer(key))
+                if row.weights is None and tag in placement:
+                    row.weights = placement[tag]
                 row.cycles += n * calls
                 row.instructions += counts.get(tag, 0) * calls
                 row.macs += s.layer_macs.get((name, tag), 0)

@@ -75,6 +75,7 @@ class Layer:
     cycles: int = 0
     macs: int = 0
     instructions: int = 0
+    weights: "dict | None" = None  # where its MXM weights are read from (see weight_placement)
 
 
 @dataclass
@@ -226,6 +227,53 @@ def layer_instructions(program) -> dict:
     return out
 
 
+def weight_placement(cfg: LPXConfig, program) -> dict:
+    """{layer tag: how its weights feed the MXM}: per layer, the ``installs`` (parts) and
+    ``rows`` it installs, the install ``lanes`` and SRAM ``slices`` they use, the ``hops``
+    from those slices to the planes (min, max), and ``rows_per_cycle``: rows over the
+    install ports' busy cycles of each plane, the plane's install rate it achieved while
+    installing (``mxm.install_streams`` at most, in int8)."""
+    # An install reads what a read put on its stream: the same stream and D (docs/machine.md).
+    reads = {}
+    for ins in program.instrs:
+        if ins.op == "mem.read":
+            pos = cfg.position("MEM", ins.unit)
+            reads[(ins.dst, ins.cycle + cfg.latency["mem_read"] - ins.dst.sign * pos)] = (ins.unit, pos)
+    out = {}
+    for ins in program.instrs:
+        if ins.op != "mxm.install":
+            continue
+        row = out.setdefault(layer_of(ins.tag), {"installs": 0, "rows": 0, "lanes": set(), "slices": set(),
+                                                 "hops": [], "busy": {}})
+        row["installs"] += 1
+        row["rows"] += ins.count
+        row["lanes"].add(ins.aux1)
+        plane_pos = cfg.position("MXM", ins.unit)
+        src = reads.get((ins.src0, ins.cycle - ins.src0.sign * plane_pos))
+        if src is not None:
+            row["slices"].add(src[0])
+            row["hops"].append(abs(plane_pos - src[1]))
+        row["busy"].setdefault(ins.unit, []).append((ins.cycle, ins.cycle + ins.count))
+    for row in out.values():
+        hops = row.pop("hops")
+        installing = sum(_covered(spans) for spans in row.pop("busy").values())
+        row["lanes"], row["slices"] = len(row["lanes"]), len(row["slices"])
+        row["hops"] = [min(hops), max(hops)] if hops else None
+        row["rows_per_cycle"] = round(row["rows"] / installing, 2)
+    return out
+
+
+def _covered(spans) -> int:
+    """Cycles in the union of half-open intervals."""
+    total, end = 0, None
+    for a, b in sorted(spans):
+        if end is None or a > end:
+            total, end = total + b - a, b
+        elif b > end:
+            total, end = total + b - end, b
+    return total
+
+
 def mxm_dtypes(programs) -> list:
     """The activation dtypes the MXM multiplies in ``programs`` (``int8``, ``fp16``, ...)."""
     return sorted({ins.dtype.short for p in programs for ins in p.instrs if ins.op in ("mxm.mul", "mxm.mac")})
@@ -288,7 +336,9 @@ def program_report(result, program, sim_wall_s: float = 0.0) -> Report:
     macs = {}
     for tag, t in c.by_tag.items():
         macs[layer_of(tag)] = macs.get(layer_of(tag), 0) + t.macs
-    layers = [Layer(name, n, macs.get(name, 0), counts.get(name, 0)) for name, n in cycles.items()]
+    placement = weight_placement(cfg, program)
+    layers = [Layer(name, n, macs.get(name, 0), counts.get(name, 0), placement.get(name))
+              for name, n in cycles.items()]
     return Report(
         preset=cfg.name, precision=None, cycles=c.cycles, latency_s=cfg.seconds(c.cycles), macs=c.macs,
         mxm_utilization=c.macs / (peak * c.cycles) if c.cycles else 0.0, mxm_dtypes=dtypes,

@@ -100,15 +100,43 @@ def test_program_utilization_is_against_the_peak_of_the_dtype_it_multiplies():
 def test_report_json_round_trip_and_schema_checks(tmp_path):
     rep = Report(preset="mini", precision="fp32", cycles=25, latency_s=25 / 900e6, macs=7, mxm_utilization=0.5,
                  mxm_dtypes=["fp32"], offload=Offload(lpx={"nn.conv2d": 1}, cpu={"cos": 1}, reasons={"cos": ["x"]}),
-                 layers=[Layer("conv", 20, 7, 3), Layer(IDLE, 5)], tuning={"log": "l", "tuned_layers": [],
+                 layers=[Layer("conv", 20, 7, 3, {"installs": 2, "rows": 16, "lanes": 2, "slices": 2, "hops": [1, 3],
+                                                  "rows_per_cycle": 2.0}), Layer(IDLE, 5)],
+                 tuning={"log": "l", "tuned_layers": [],
                                                                           "default_layers": ["t"]})
     path = tmp_path / "r.json"
     rep.save(path)
     back = Report.load(path)
     assert back == rep
     assert back["offload"]["lpx"] == {"nn.conv2d": 1} and back["layers"][0] == {"name": "conv", "cycles": 20,
-                                                                                "macs": 7, "instructions": 3}
+                                                                                "macs": 7, "instructions": 3,
+                                                                                "weights": rep.layers[0].weights}
+    # a report written before layers had weights reads back with none
+    old = rep.to_json()
+    for row in old["layers"]:
+        del row["weights"]
+    assert Report.from_json(old).layers[1].weights is None
     with pytest.raises(ReportError, match="schema version 0"):
         Report.from_json({**rep.to_json(), "schema_version": 0})
     with pytest.raises(ReportError, match="mxm_dtype'"):
         Report.from_json({**rep.to_json(), "mxm_dtype": "int8"})
+
+
+def test_weight_placement_pairs_each_install_with_its_read():
+    """mini: two install parts of 8 int8 rows, from slices 1 (position 3) and 2 (position
+    4), read at 0 (emitted at 2), into plane 0 (position 0) through lanes 0 and 1: 3 and 4
+    hops, so they issue at 5 and 6; they run over [5, 13) and [6, 14): 16 rows in 9 cycles
+    of plane 0 installing."""
+    from lpx_tvm.machine.isa import DType, Stream
+    from lpx_tvm.runtime.report import weight_placement
+
+    cfg = load_config("mini")
+    ins = [Instr("mem.read", 0, unit=1, count=8, addr=0, stride=1, dtype=DType.INT8, dst=Stream("W", 0), tag="fc.install"),
+           Instr("mxm.install", 5, unit=0, count=8, buf=0, dtype=DType.INT8, aux0=16, addr=0, aux1=0,
+                 src0=Stream("W", 0), tag="fc.install"),
+           Instr("mem.read", 0, unit=2, count=8, addr=0, stride=1, dtype=DType.INT8, dst=Stream("W", 1), tag="fc.install"),
+           Instr("mxm.install", 6, unit=0, count=8, buf=0, dtype=DType.INT8, aux0=16, addr=8, aux1=1,
+                 src0=Stream("W", 1), tag="fc.install")]
+    got = weight_placement(cfg, Program(cfg.hash, ins))
+    assert got == {"fc": {"installs": 2, "rows": 16, "lanes": 2, "slices": 2, "hops": [3, 4],
+                          "rows_per_cycle": round(16 / 9, 2)}}

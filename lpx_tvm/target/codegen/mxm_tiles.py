@@ -12,7 +12,7 @@ from .context import LoweringContext
 from .epilogue import apply_epilogue, epilogue_steps
 from .graph import RegionOp
 from .passes import write_rows
-from .storage import Stored, StreamedWeights, one
+from .storage import Stored, StreamedWeights
 from .values import new_value
 
 TVM_DTYPE = {DType.FP32: "float32", DType.FP16: "float16", DType.BF16: "bfloat16", DType.INT8: "int8"}
