@@ -491,14 +491,9 @@ class ProgramBuilder:
                 for q in range(nchunks):
                     n = min(rows, (q + 1) * per) - q * per
                     want = None if slices is None else slices[(j * nchunks + q) % len(slices)]
-                    near = tuple(avoid)
-                    if distinct > 1:
-                        # Chunks read at once (by the install lanes) keep to different slices,
-                        # and column tiles j of different planes (j mod planes) to different
-                        # slice groups: the planes install side by side, each from its own slices.
-                        groups = self.config.mxm_planes
-                        near += tuple(sl for sl, _, _ in tiles[len(tiles) - min(q, distinct - 1):]) if q else ()
-                        near += tuple(sl for sl in range(self.config.mem_slices) if sl % groups != j % groups)
+                    # Chunks read at once (by the install lanes) keep to different slices.
+                    near = tuple(avoid) + tuple(sl for sl, _, _ in tiles[len(tiles) - min(q, distinct - 1):]) \
+                        if distinct > 1 and q else tuple(avoid)
                     if constant and want is None:
                         tiles.append((*self._alloc_near(self._sram.alloc_constant, n * w, near, avoid), n * w))
                     else:

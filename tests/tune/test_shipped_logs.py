@@ -41,6 +41,28 @@ def test_every_shipped_log_is_keyed_to_its_machine():
         assert TuningLog(path).applied_line(cfg) is not None, f"{path}: no in-context choice"
 
 
+def test_a_log_of_the_machine_before_full_rate_installs_is_refused(tmp_path):
+    """The tsp preset before mxm.install_streams (installs at one row per cycle) had config
+    251c8d37...; its logs' tilings were tuned for another machine and must not apply."""
+    import json
+    import shutil
+    import warnings
+
+    from lpx_tvm.tune.database import TuningLogWarning
+
+    old = tmp_path / "light_resnet50_tsp_old"
+    shutil.copytree(shipped_log("light_resnet50", TSP, "bf16"), old)
+    meta = read_meta(str(old))
+    meta["config_hash"] = "251c8d379005fcaf216e4b1347584f5c"
+    (old / "lpx_tuning.json").write_text(json.dumps(meta))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert load_tuned(str(old), TSP) == {}
+    assert any(issubclass(w.category, TuningLogWarning) and "251c8d379005fcaf216e4b1347584f5c" in str(w.message)
+               for w in caught)
+    assert load_tuned(shipped_log("light_resnet50", TSP, "bf16"), TSP)  # the shipped one applies
+
+
 def _flipped_kernel(model, weight: str):
     """A copy of ``model`` with the 3x3 kernel ``weight`` flipped in both spatial axes: the
     answer of a convolution that reads its taps in the wrong order."""
