@@ -35,7 +35,7 @@ class Timing:
 def install_lanes(cfg: LPXConfig, dtype: DType) -> int:
     """Install lanes of a plane for weights of ``dtype``: each takes one row per cycle from
     one stream, and a row ``w`` bytes wide needs ``w`` of the plane's install streams."""
-    return max(1, cfg.mxm_install_streams // max(1, dtype.itemsize))
+    return max(1, cfg.mxm_install_streams // dtype.itemsize)
 
 
 def install_cycles(cfg: LPXConfig, dtype: DType, rows: int) -> int:
@@ -45,7 +45,7 @@ def install_cycles(cfg: LPXConfig, dtype: DType, rows: int) -> int:
 
 def install_ports(dtype: DType, lane: int, plane: int) -> tuple:
     """The install streams (ports) of ``plane`` that install lane ``lane`` holds."""
-    w = max(1, dtype.itemsize)
+    w = dtype.itemsize
     return tuple(("mxm.install", plane, lane * w + k) for k in range(w))
 
 

@@ -231,14 +231,14 @@ def weight_placement(cfg: LPXConfig, program) -> dict:
     """{layer tag: how its weights feed the MXM}: per layer, the ``installs`` (parts) and
     ``rows`` it installs, the install ``lanes`` and SRAM ``slices`` they use, the ``hops``
     from those slices to the planes (min, max), and ``rows_per_cycle``: rows over the
-    install ports' busy cycles of each plane, the plane's install rate it achieved while
-    installing (``mxm.install_streams`` at most, in int8)."""
+    cycles each plane had one of them in flight, summed over planes, the install rate
+    reached while installing (``mxm.install_streams`` at most, in int8)."""
     # An install reads what a read put on its stream: the same stream and D (docs/machine.md).
     reads = {}
     for ins in program.instrs:
         if ins.op == "mem.read":
-            pos = cfg.position("MEM", ins.unit)
-            reads[(ins.dst, ins.cycle + cfg.latency["mem_read"] - ins.dst.sign * pos)] = (ins.unit, pos)
+            t = timing(cfg, ins)
+            reads[(ins.dst, t.emit - ins.dst.sign * t.position)] = (ins.unit, t.position)
     out = {}
     for ins in program.instrs:
         if ins.op != "mxm.install":
@@ -248,7 +248,7 @@ def weight_placement(cfg: LPXConfig, program) -> dict:
         row["installs"] += 1
         row["rows"] += ins.count
         row["lanes"].add(ins.aux1)
-        plane_pos = cfg.position("MXM", ins.unit)
+        plane_pos = timing(cfg, ins).position
         src = reads.get((ins.src0, ins.cycle - ins.src0.sign * plane_pos))
         if src is not None:
             row["slices"].add(src[0])

@@ -290,17 +290,13 @@ class Group:
         done = n + self.cfg.latency["mxm_install"]
         self._node("mxm.install", n, (plane,), dict(buf=buf, dtype=v.dtype, aux0=width, addr=row, aux1=lane),
                    inputs=[("src0", v)], effects=[(("wbuf", plane, buf), row, row + n - 1, "w", 0, done)])
-        fill = self.b._installed.get((plane, buf))
-        if fill is None or fill[1]:
-            self.b._installed[(plane, buf)] = [v.dtype, False]  # weights dtype, multiplied by since
+        self.b._installed[(plane, buf)] = v.dtype
 
     def mul(self, plane: int, buf: int, v: Value, acc: int, accumulate: bool = False):
         """Multiply each vector of ``v`` by the installed weights into accumulator rows ``acc..``."""
-        fill = self.b._installed.get((plane, buf))
-        if fill is None:
+        weights = self.b._installed.get((plane, buf))
+        if weights is None:
             raise SchedulingError(f"mul on plane {plane} buffer {buf} before any install into it")
-        weights = fill[0]
-        fill[1] = True  # the next install starts a new fill
         r = mxm_rate(self.cfg, v.dtype, weights)
         n, lat = v.count, self.cfg.latency["mxm_mul"]
         # It reads every row of the buffer: no install of the next fill, whatever its rows,
@@ -421,7 +417,7 @@ class ProgramBuilder:
         chunks of a multiple of ``row_align`` rows (e.g. whole image rows); ``spread`` asks
         for that many chunks even when a slice would hold the tile.
 
-        ``install_align`` lays out MXM weights (see :meth:`weights`): the matrix is installed
+        ``install_align`` lays out MXM weights (see :meth:`install`): the matrix is installed
         in row tiles that start at multiples of ``install_align`` rows, and each such tile is
         cut into one chunk per install lane, the chunks of a tile on different slices, so
         that all lanes read at once (a slice reads one line per cycle)."""

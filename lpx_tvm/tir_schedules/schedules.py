@@ -78,11 +78,16 @@ def k_split_rule(cfg: LPXConfig, blocks: int) -> int:
     return max(1, cfg.mxm_planes // blocks) if blocks else 1
 
 
+def tile_install_cycles(cfg: LPXConfig, dtype: str) -> int:
+    """Cycles a plane takes to install one full weight tile of a workload dtype (a TVM
+    dtype name) over its install lanes."""
+    return install_cycles(cfg, DType.parse(_SHORT.get(dtype, dtype)), cfg.mxm_rows)
+
+
 def _min_block_pixels(cfg: LPXConfig, dtype: str) -> int:
     """Pixels (activation vectors) whose multiply takes as long as installing one weight
     tile over the plane's install lanes."""
-    short = _SHORT.get(dtype, dtype)
-    return -(-install_cycles(cfg, DType.parse(short), cfg.mxm_rows) // cycles_per_vector(cfg, short))
+    return -(-tile_install_cycles(cfg, dtype) // cycles_per_vector(cfg, dtype))
 
 
 _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8", "uint8": "uint8"}

@@ -21,9 +21,9 @@ from tvm.s_tir import meta_schedule as ms
 
 from ..machine.config import LPXConfig
 from ..tir_schedules import DenseWorkload, DepthwiseWorkload
-from ..machine.isa import DType, Unit
-from ..machine.timing import install_cycles, unit_count
-from ..tir_schedules.schedules import _SHORT, cycles_per_vector, k_split_rule, taps_per_tile, tiling_of
+from ..machine.isa import Unit
+from ..machine.timing import unit_count
+from ..tir_schedules.schedules import cycles_per_vector, k_split_rule, taps_per_tile, tile_install_cycles, tiling_of
 from .space import orders, output_blocks, reduction_tiles, task_key_of
 
 NAMES = ("log2_block_rows", "log2_blocks", "blocks_per_plane", "k_split", "reduction_tiles", "log2_installs",
@@ -67,8 +67,7 @@ def estimated_cycles(w, tiling, cfg: LPXConfig, batches: int = 1) -> float:
     n = _counts(w, tiling, cfg, batches)
     lanes, planes = cfg.lanes, cfg.mxm_planes
     parts = n["blocks"] * n["k_split"]
-    install = install_cycles(cfg, DType.parse(_SHORT.get(w.dtype, w.dtype)), cfg.mxm_rows) \
-        + cfg.latency["mxm_install"] + cfg.latency["mem_read"]
+    install = tile_install_cycles(cfg, w.dtype) + cfg.latency["mxm_install"] + cfg.latency["mem_read"]
     per_part = n["tiles"] / n["k_split"] * max(n["rows"] * n["rate"], install) + lanes + n["rows"]
     mxm = -(-parts // planes) * per_part + n["blocks"] * (n["k_split"] - 1) * n["rows"] / planes
     n_sxm = max(1, unit_count(cfg, Unit.SXM))

@@ -76,10 +76,9 @@ def place_weights(ctx: LoweringContext, op: RegionOp):
     budget = share * ctx.cfg.mem_slices * ctx.cfg.lines_per_slice
     if ctx.builder.constant_lines + lines <= budget:
         try:
-            # Reduction tiles spread over slices: planes installing different parts of one
-            # weight matrix at once read through different slices' ports.
-            # Each row tile is cut over the plane's install lanes, on different slices, so
-            # that the lanes read at once: installs at the plane's full rate.
+            # Reduction tiles spread over slices, each cut over the plane's install lanes on
+            # different slices: planes, and the lanes of one plane, read through different
+            # slices' ports at once (installs at the plane's full rate).
             return ctx.builder.tensor(f"{op.out}.weight", matrix.shape, ctx.dtype, data=matrix, row_align=align,
                                       spread=ctx.options.weight_spread, install_align=align)
         except SchedulingError:
