@@ -51,7 +51,7 @@ import numpy as np
 
 from ..machine import timing as tm
 from ..machine.config import LPXConfig, load_config
-from ..machine.isa import VXM_BINARY, VXM_REDUCE, VXM_TRANSCENDENTAL, DType, Instr
+from ..machine.isa import VXM_BINARY, VXM_REDUCE, VXM_TRANSCENDENTAL, DType, Instr, dtype_of_numpy
 from ..machine.layout import coerce, offchip_bytes, offchip_nbytes, read_offchip, read_tensor, tensor_tiles
 from ..machine.program import Program
 from . import blas
@@ -82,40 +82,56 @@ def run(config, program: Program, inputs: dict) -> ReferenceResult:
 
 @dataclass
 class _Emission:
-    """A value in flight: vector ``k`` passes position ``x`` at cycle ``d0 + k + sign * x``."""
+    """One byte-plane in flight: vector ``k`` passes position ``x`` at cycle ``d0 + k + sign * x``."""
 
     d0: int
     position: int
-    values: np.ndarray  # (count, lanes)
+    plane: np.ndarray  # (count, lanes) uint8: byte ``b`` of every element, on register ``first + b``
+    dtype: DType  # of the whole value
     leaves: int  # the cycle its last vector passes the chip's edge
 
 
 class _Streams:
-    """Every stream register's values in flight (docs/machine.md, "Streams").
+    """Every stream register's byte-planes in flight (docs/machine.md, "Streams").
 
     Along a value's path ``D = cycle - sign * position`` is constant, so "the vector
     passing position ``x`` at cycle ``c``" is vector ``c - sign * x - d0`` of the value
     whose ``D`` interval holds ``c - sign * x`` and whose producer is upstream of ``x``.
+    A register carries one byte per lane: a ``w``-byte value travels as its ``w``
+    byte-planes on registers ``s .. s + w - 1``, and a reader reassembles them.
     """
 
     def __init__(self, positions: int):
         self.edge = {1: positions - 1, -1: 0}
-        self.values = {}  # Stream -> [_Emission]
+        self.values = {}  # (dir, register) -> [_Emission]
 
     def emit(self, stream, position: int, first_cycle: int, values: np.ndarray, now: int):
-        """Put ``values`` on ``stream`` at ``position`` from ``first_cycle``; values that left
-        the chip before cycle ``now`` (no later instruction can read them) are forgotten."""
+        """Put ``values`` on ``stream``'s registers at ``position`` from ``first_cycle``; planes
+        that left the chip before cycle ``now`` (no later instruction can read them) are forgotten."""
         d0 = first_cycle - stream.sign * position
         leaves = d0 + len(values) - 1 + stream.sign * self.edge[stream.sign]
-        flying = [e for e in self.values.get(stream, ()) if e.leaves >= now]
-        self.values[stream] = flying + [_Emission(d0, position, values, leaves)]
+        dtype = dtype_of_numpy(values.dtype)
+        w = dtype.itemsize
+        planes = np.ascontiguousarray(values).view(np.uint8).reshape(len(values), -1, w)
+        for b in range(w):
+            reg = (stream.dir, stream.id + b)
+            flying = [e for e in self.values.get(reg, ()) if e.leaves >= now]
+            self.values[reg] = flying + [_Emission(d0, position, planes[:, :, b], dtype, leaves)]
 
     def take(self, stream, position: int, cycle: int, count: int) -> np.ndarray:
         d = cycle - stream.sign * position
-        for e in reversed(self.values.get(stream, ())):
-            if e.d0 <= d < e.d0 + len(e.values) and (position - e.position) * stream.sign >= 0:
-                return e.values[d - e.d0:d - e.d0 + count]
-        raise AssertionError(f"stream {stream}: nothing passes position {position} at cycle {cycle}")
+        first = self._plane((stream.dir, stream.id), position, d, stream.sign)
+        w = first.dtype.itemsize
+        planes = [first] + [self._plane((stream.dir, stream.id + b), position, d, stream.sign) for b in range(1, w)]
+        k = d - first.d0
+        data = np.stack([p.plane[k:k + count] for p in planes], axis=-1)
+        return np.ascontiguousarray(data).view(first.dtype.np).reshape(count, -1)
+
+    def _plane(self, reg, position: int, d: int, sign: int) -> _Emission:
+        for e in reversed(self.values.get(reg, ())):
+            if e.d0 <= d < e.d0 + len(e.plane) and (position - e.position) * sign >= 0:
+                return e
+        raise AssertionError(f"stream {reg[0]}{reg[1]}: nothing passes position {position} at D {d}")
 
 
 @dataclass

@@ -242,7 +242,7 @@ class _Run:
                                f"but this machine ({cfg.name}) is {cfg.hash}; rebuild it for {cfg.name}")
         self.trace = TraceRecorder(cfg.clock_hz, prog.name) if self.want_trace else None
         self.ports = Ports(self.counters, self.trace)
-        self.streams = StreamNetwork(len(cfg.floorplan))
+        self.streams = StreamNetwork(len(cfg.floorplan), cfg.streams_east, cfg.streams_west)
         self.mxm = mxm.MxmState(cfg)
         self.links = c2c.links(cfg)
         self.host_size = max(prog.host_bytes, len(prog.host_init))

@@ -9,7 +9,8 @@ groups, in program order, each at the earliest cycle where
 - its dependencies through state (SRAM lines, MXM weight buffers, accumulator rows,
   links) are met, with the exact read/write windows the simulator checks,
 - every port it uses is free (a choice among equivalent units, e.g. VXM ALUs),
-- each of its stream values finds a free stream register in its direction.
+- each of its stream values finds free stream registers in its direction (a ``w``-byte
+  value takes an aligned group of ``w``, its byte-planes).
 
 Later groups fill gaps left by earlier ones (backfilling), which is what overlaps weight
 installs with streaming and keeps the MXM planes busy. The busy intervals themselves are
@@ -147,24 +148,28 @@ class Placer:
         return (units, streams), None
 
     def _streams(self, g: Group, values, dirs, units, t: int):
-        """A stream for each value, taken in the order of ``values``, or (None, next cycle
-        worth trying)."""
+        """A stream group for each value, taken in the order of ``values``, or (None, next
+        cycle worth trying). A ``w``-byte value needs the ``w`` registers of an aligned group
+        (its byte-planes), each free over the value's ``D`` interval."""
         streams = {}
         local_s = defaultdict(list)
         for v in values:
             best = None
+            w = v.dtype.itemsize
             for dr in ([dirs[id(v)]] if dirs[id(v)] else ["E", "W"]):
                 d0, n = self._dinterval(v, units, t, dr)
-                for sid in range(self.cfg.streams_east if dr == "E" else self.cfg.streams_west):
-                    key = (dr, sid)
-                    if any(la < d0 + n and d0 < lb for la, lb in local_s[key]):
+                count = self.cfg.streams_east if dr == "E" else self.cfg.streams_west
+                for first in range(0, count - w + 1, w):
+                    keys = [(dr, first + b) for b in range(w)]
+                    if any(la < d0 + n and d0 < lb for key in keys for la, lb in local_s[key]):
                         continue
-                    e = self.res.streams[key].conflict(d0, d0 + n)
-                    if e is None:
-                        streams[id(v)] = Stream(dr, sid)
-                        local_s[key].append((d0, d0 + n))
+                    ends = [e for key in keys for e in [self.res.streams[key].conflict(d0, d0 + n)] if e is not None]
+                    if not ends:
+                        streams[id(v)] = Stream(dr, first)
+                        for key in keys:
+                            local_s[key].append((d0, d0 + n))
                         break
-                    best = (e - d0) if best is None else min(best, e - d0)
+                    best = (max(ends) - d0) if best is None else min(best, max(ends) - d0)
                 if id(v) in streams:
                     break
             if id(v) not in streams:
@@ -199,6 +204,7 @@ class Placer:
         for v in values:
             s = streams[id(v)]
             d0, cnt = self._dinterval(v, units, t, s.dir)
-            self.res.streams[(s.dir, s.id)].add(d0, d0 + cnt)
+            for b in range(v.dtype.itemsize):
+                self.res.streams[(s.dir, s.id + b)].add(d0, d0 + cnt)
         self.res.record(effects, t)
         return out

@@ -20,12 +20,20 @@ from lpx_tvm.machine.program import Binding, Program, TensorLayout
 BF16 = ml_dtypes.bfloat16
 
 
+# A value of a w-byte dtype travels on w stream registers (its byte-planes) from a multiple
+# of w. Hand programs name whole 4-register groups, which hold a value of any dtype, so their
+# stream choices never depend on the dtype; the byte-plane rule itself is tested with Stream().
+GROUP = 4
+
+
 def E(i: int) -> Stream:
-    return Stream("E", i)
+    """Eastward stream group ``i``: registers ``E<4i>`` .. ``E<4i+3>``."""
+    return Stream("E", GROUP * i)
 
 
 def W(i: int) -> Stream:
-    return Stream("W", i)
+    """Westward stream group ``i``: registers ``W<4i>`` .. ``W<4i+3>``."""
+    return Stream("W", GROUP * i)
 
 
 class Hand:

@@ -15,7 +15,7 @@ import pytest
 from lpx_tvm.errors import ScheduleHazard
 from lpx_tvm.sim import Simulator
 from lpx_tvm.target.builder import ProgramBuilder
-from lpx_tvm.machine.isa import DType
+from lpx_tvm.machine.isa import DType, Stream
 
 from lpx_hand import E, Hand, W
 
@@ -173,7 +173,7 @@ def test_install_mul_drain(dtype, t_drain, cycles, compute):
 def lanes_chain(dtype="int8", parts=((0, 0), (1, 4), (2, 8), (3, 12)), lanes=(0, 1, 2, 3), t_mul=15, t_drain=23,
                 M=8, K=16, rows=4):
     """K = 16 weight rows in four parts of 4 rows, part j in slice j (positions 2..5), each
-    read at 0 onto stream W(j) and installed through lane j of plane 0 (position 0) when it
+    read at 0 onto stream W<2j> (a group of two registers, room for an fp16 part) and installed through lane j of plane 0 (position 0) when it
     arrives: at 2 (mem_read) + hops = 4, 5, 6, 7; lane j is done at its issue + 4 rows + 4
     (mxm_install) = 12, 13, 14, 15, so the weights are ready at 15 (one stream: 25).
     Activations from slice 4 (position 7) reach plane 0 at t + 2 + 7: read at t_mul - 9.
@@ -188,11 +188,11 @@ def lanes_chain(dtype="int8", parts=((0, 0), (1, 4), (2, 8), (3, 12)), lanes=(0,
     for j, (sl, row) in enumerate(parts):
         h.input(f"B{j}", rows, dtype, sl)
         hops = h.mem(sl) - h.pos("MXM", 0)
-        h.add("mem.read", 0, unit=sl, count=rows, addr=0, stride=s, dtype=dtype, dst=W(j), tag="w")
+        h.add("mem.read", 0, unit=sl, count=rows, addr=0, stride=s, dtype=dtype, dst=Stream("W", 2 * j), tag="w")
         h.add("mxm.install", 2 + hops, unit=0, buf=0, count=rows, dtype=dtype, aux0=16, addr=row, aux1=lanes[j],
-              src0=W(j), tag="w")
-    h.add("mem.read", t_mul - 9, unit=4, count=M, addr=0, stride=s, dtype=dtype, dst=W(7), tag="mm")
-    h.add("mxm.mul", t_mul, unit=0, buf=0, addr=0, count=M, dtype=dtype, src0=W(7), tag="mm")
+              src0=Stream("W", 2 * j), tag="w")
+    h.add("mem.read", t_mul - 9, unit=4, count=M, addr=0, stride=s, dtype=dtype, dst=Stream("W", 12), tag="mm")
+    h.add("mxm.mul", t_mul, unit=0, buf=0, addr=0, count=M, dtype=dtype, src0=Stream("W", 12), tag="mm")
     h.add("mxm.drain", t_drain, unit=0, addr=0, count=M, dtype=acc, dst=E(2), tag="out")
     h.add("mem.write", t_drain + 10, unit=5, count=M, addr=0, stride=4, dtype=acc, src0=E(2), tag="out")
     return h

@@ -14,7 +14,7 @@ import pytest
 
 from lpx_tvm.errors import ProgramError, ScheduleHazard
 from lpx_tvm.sim import Simulator
-from lpx_tvm.machine.isa import DType, Stream
+from lpx_tvm.machine.isa import DType, Instr, Stream
 from lpx_tvm.machine.program import Binding, SramImage, TensorLayout
 
 from lpx_hand import E, Hand, W
@@ -133,6 +133,59 @@ def test_no_conflict_once_the_value_has_passed():
     h.run(timing_only=True)
     h.instrs[1] = h.instrs[1].moved(-1)  # one cycle earlier: its first vector meets the last one
     expect(h, "stream-conflict", 1, "mem1", 4)
+
+
+# ---- streams carry bytes: a w-byte value on an aligned group of w registers -----------
+
+@pytest.mark.parametrize("dtype, reg, ok", [
+    ("int8", 3, True), ("fp16", 2, True), ("fp16", 3, False), ("bf16", 5, False),
+    ("fp32", 12, True), ("fp32", 14, False), ("int32", 2, False)])
+def test_a_value_takes_an_aligned_group_of_byte_planes(dtype, reg, ok):
+    """mini: slice 0 (pos 2) reads 2 vectors onto E<reg>; the write at slice 7 (pos 10)
+    takes them at 2 + 8 = 10. A w-byte value needs registers reg .. reg + w - 1, reg a
+    multiple of w; a misaligned group is refused at the read that emits it."""
+    h = Hand()
+    w = DType.parse(dtype).itemsize
+    h.input("X", 2, dtype, 0)
+    h.output("Y", 2, dtype, 7)
+    h.add("mem.read", 0, unit=0, count=2, addr=0, stride=w, dtype=dtype, dst=Stream("E", reg))
+    h.add("mem.write", 10, unit=7, count=2, addr=0, stride=w, dtype=dtype, src0=Stream("E", reg))
+    if ok:
+        h.run(timing_only=True)
+    else:
+        err = expect(h, "stream-group", 0, "mem0", 0, {"X": np.zeros((2, h.lanes), DType.parse(dtype).np)})
+        first = reg - reg % w
+        assert f"E{first}..E{first + w - 1}" in str(err) and f"multiple of {w}" in str(err)
+
+
+@pytest.mark.parametrize("reg, conflict", [(0, True), (1, True), (2, False), (3, False)])
+def test_an_fp16_value_holds_both_its_registers(reg, conflict):
+    """slice 0 (pos 2) puts 4 fp16 vectors on E0 and E1 (its byte-planes) from cycle 2:
+    D in [0, 4). An int8 read on slice 1 (pos 3) at cycle 1 emits from 3: D in [0, 4) too,
+    so it meets the fp16 value on E0 and on E1 (byte-plane 1), and on neither E2 nor E3."""
+    h = Hand()
+    h.input("X", 4, "fp16", 0)
+    h.add("mem.read", 0, unit=0, count=4, addr=0, stride=2, dtype="fp16", dst=Stream("E", 0))
+    h.add("mem.read", 1, unit=1, count=4, addr=0, stride=1, dtype="int8", dst=Stream("E", reg))
+    if conflict:
+        err = expect(h, "stream-conflict", 1, "mem1", 1, {"X": np.zeros((4, h.lanes), np.float16)})
+        assert "instruction #0" in str(err)
+        assert f"byte-plane {reg} of a 2-byte fp16 value" in str(err)
+    else:
+        h.run(timing_only=True)
+
+
+def test_a_byte_plane_is_not_a_value_of_its_own():
+    """An fp32 value on E4..E7; reading E4 as int8 (the value's low bytes) is refused, and
+    so is naming E6 for the value (its group starts at E4)."""
+    h = Hand()
+    h.input("X", 3, "fp32", 0)
+    h.add("mem.read", 0, unit=0, count=3, addr=0, stride=4, dtype="fp32", dst=Stream("E", 4))
+    h.add("mem.write", 10, unit=7, count=3, addr=0, stride=1, dtype="int8", src0=Stream("E", 4))
+    x = {"X": np.zeros((3, h.lanes), np.float32)}
+    expect(h, "dtype-mismatch", 1, "mem7", 10, x)
+    h.instrs[1] = Instr("mem.write", 10, unit=7, count=3, addr=0, stride=4, dtype=DType.FP32, src0=Stream("E", 6))
+    expect(h, "stream-group", 1, "mem7", 10, x)
 
 
 def test_stream_conflict_westward():
@@ -581,8 +634,8 @@ BAD = [
     ("c2c link", dict(op="c2c.nop", unit=4), "C2C index 4", "c2c4"),
     ("mxm plane", dict(op="mxm.nop", unit=2), "MXM index 2", "mxm2"),
     ("dma engine", dict(op="dma.nop", unit=1), "DMA index 1", "dma1"),
-    ("stream id", dict(op="mem.read", unit=0, dtype="int8", dst=E(8)), "stream E8 does not exist", "mem0"),
-    ("west stream id", dict(op="mem.write", unit=0, dtype="int8", src0=W(9)), "stream W9 does not exist", "mem0"),
+    ("stream id", dict(op="mem.read", unit=0, dtype="int8", dst=Stream("E", 16)), "stream E16 does not exist", "mem0"),
+    ("west stream id", dict(op="mem.write", unit=0, dtype="int8", src0=Stream("W", 17)), "stream W17 does not exist", "mem0"),
     ("missing dtype", dict(op="mem.read", unit=0, dst=E(0)), "missing dtype", "mem0"),
     ("missing dst", dict(op="mem.read", unit=0, dtype="int8"), "missing dst stream", "mem0"),
     ("missing src", dict(op="vxm.exp", unit=0, dtype="fp16", dst=E(0)), "missing a stream", "vxm0"),
@@ -739,8 +792,8 @@ def test_binding_outside_the_sram():
 def test_hazards_stop_at_the_first_violation():
     """Two broken instructions: the earlier-issued one is reported."""
     h = Hand()
-    h.add("mem.write", 9, unit=4, count=1, addr=0, stride=1, dtype="int8", src0=E(5))
-    h.add("mem.write", 8, unit=5, count=1, addr=0, stride=1, dtype="int8", src0=E(6))
+    h.add("mem.write", 9, unit=4, count=1, addr=0, stride=1, dtype="int8", src0=Stream("E", 5))
+    h.add("mem.write", 8, unit=5, count=1, addr=0, stride=1, dtype="int8", src0=Stream("E", 6))
     expect(h, "stream-empty", 1, "mem5", 8)
 
 

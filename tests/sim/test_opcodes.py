@@ -186,8 +186,8 @@ def test_tsp_copy_across_the_chip():
     h.output("Y", 5, "fp32", 0)
     # tsp: slice 87 at pos 91, slice 0 at pos 3: 88 hops west; write at 2 + 88 = 90
     assert (h.mem(87), h.mem(0)) == (91, 3)
-    h.add("mem.read", 0, unit=87, count=5, addr=0, stride=4, dtype="fp32", dst=W(31))
-    h.add("mem.write", 90, unit=0, count=5, addr=0, stride=4, dtype="fp32", src0=W(31))
+    h.add("mem.read", 0, unit=87, count=5, addr=0, stride=4, dtype="fp32", dst=W(7))
+    h.add("mem.write", 90, unit=0, count=5, addr=0, stride=4, dtype="fp32", src0=W(7))
     assert_same_float(h.run({"X": x}).outputs["Y"], x, "tsp copy")
 
 
@@ -440,8 +440,8 @@ def test_narrow_mul_and_mac_over_wide_rows(dtype):
     drain(d_c, E(2), 6, "Y3")
     # mul X1 @ W6 into the same rows, landing after drain C's reads
     t_mul2 = max(t_mac + 4 * r, d_c + 4)
-    h.add("mem.read", t_mul2 - 4, unit=0, count=4, addr=0, stride=s, dtype=dtype, dst=W(4))
-    h.add("mxm.mul", t_mul2, unit=0, buf=1, addr=0, count=4, dtype=dtype, src0=W(4))
+    h.add("mem.read", t_mul2 - 4, unit=0, count=4, addr=0, stride=s, dtype=dtype, dst=W(0))
+    h.add("mxm.mul", t_mul2, unit=0, buf=1, addr=0, count=4, dtype=dtype, src0=W(0))
     drain(max(land(t_mul2, k) - k for k in range(4)), E(3), 7, "Y4")
     out = h.run({"X1": x1, "W16": w16, "W6": w6, "X2": x2}).outputs
     y1 = f64(x1) @ f64(w16)

@@ -202,10 +202,10 @@ def test_activations_overwritten_before_the_drain(dtype, window):
     h.add("mxm.mul", t_mul, unit=0, buf=0, addr=3, count=M, dtype=dtype, src0=W(1))
     # after X's lines are read (t_x .. t_x + M - 1), overwrite them with B's first rows
     t_r = t_x + M
-    h.add("mem.read", t_r, unit=1, count=M, addr=0, stride=w, dtype=dtype, dst=W(5))
+    h.add("mem.read", t_r, unit=1, count=M, addr=0, stride=w, dtype=dtype, dst=W(2))
     t_ow = t_r + L["mem_read"] + 1
     assert t_ow < t_d
-    h.add("mem.write", t_ow, unit=0, count=M, addr=0, stride=w, dtype=dtype, src0=W(5))
+    h.add("mem.write", t_ow, unit=0, count=M, addr=0, stride=w, dtype=dtype, src0=W(2))
     h.add("mxm.drain", t_d, unit=0, addr=3, count=M, dtype=acc, dst=E(2))
     h.add("mem.write", t_d + L["mxm_drain"] + 4, unit=2, count=M, addr=0, stride=acc.itemsize, dtype=acc,
           src0=E(2))

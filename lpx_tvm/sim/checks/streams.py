@@ -8,6 +8,12 @@ owns an interval of ``D`` on its stream, and two producers whose intervals overl
 would meet on some stream segment: that is a conflict. A consumer at ``x`` reading
 ``n`` vectors from cycle ``c`` needs ``[c - sign*x, c - sign*x + n)`` to lie inside one
 producer's interval, downstream of the producer.
+
+A stream register carries ``lanes`` bytes a cycle, so a vector of a ``w``-byte dtype
+travels as ``w`` byte-planes on the ``w`` registers ``s .. s + w - 1`` of a group whose
+first register ``s`` is a multiple of ``w`` (an fp16 value on ``E2`` holds ``E2`` and
+``E3``). Each register of the group carries the value's ``D`` interval, so a conflict on
+any byte-plane is a conflict, and a reader names the group's first register.
 """
 
 from __future__ import annotations
@@ -35,34 +41,67 @@ class Emission:
     source: "tuple | None" = None  # (slice, addr, stride, dtype, generation) for values read from SRAM
 
 
+def group_problem(stream: Stream, dtype: DType, registers: int) -> "str | None":
+    """Why ``stream`` cannot carry a ``dtype`` value on a machine with ``registers`` streams
+    in its direction (None if it can)."""
+    w = dtype.itemsize
+    if stream.id % w or stream.id + w > registers:
+        first = stream.id - stream.id % w
+        return (f"stream {stream}: a value of {dtype.short} ({w} bytes) takes {w} stream registers (its byte-planes), "
+                f"a group {stream.dir}{first}..{stream.dir}{first + w - 1} starting at a multiple of {w}"
+                + ("" if stream.id % w else f", but there are only {registers} {stream.dir} streams"))
+    return None
+
+
+def _plane_of(register: Stream, dtype: DType) -> str:
+    """Which byte-plane of a ``dtype`` value ``register`` carries, in words ('' for 1 byte)."""
+    w = dtype.itemsize
+    return "" if w == 1 else f", byte-plane {register.id % w} of a {w}-byte {dtype.short} value"
+
+
 class StreamNetwork:
-    def __init__(self, positions: int):
+    def __init__(self, positions: int, east: int = 64, west: int = 64):
         self.positions = positions
+        self.registers = {"E": east, "W": west}
         self._starts: dict = {}  # Stream -> sorted list of d0
         self._emissions: dict = {}  # Stream -> list of Emission, same order
 
     def emit(self, stream: Stream, position: int, first_cycle: int, dtype: DType, count: int, producer: int,
              source=None):
+        self._check_group(stream, dtype)
         d0 = first_cycle - stream.sign * position
         d1 = d0 + count
-        starts = self._starts.setdefault(stream, [])
-        ems = self._emissions.setdefault(stream, [])
-        i = bisect.bisect_left(starts, d0)
-        for j in (i - 1, i):
-            if 0 <= j < len(ems) and ems[j].d0 < d1 and d0 < ems[j].d1:
-                other = ems[j]
-                raise StreamFault(
-                    "stream-conflict",
-                    f"stream {stream}: its values would meet those of instruction #{other.producer} "
-                    f"(emitted from position {other.position}) on one stream segment")
+        planes = [Stream(stream.dir, stream.id + b) for b in range(dtype.itemsize)]
+        slots = []
+        for plane in planes:
+            starts = self._starts.setdefault(plane, [])
+            ems = self._emissions.setdefault(plane, [])
+            i = bisect.bisect_left(starts, d0)
+            for j in (i - 1, i):
+                if 0 <= j < len(ems) and ems[j].d0 < d1 and d0 < ems[j].d1:
+                    other = ems[j]
+                    raise StreamFault(
+                        "stream-conflict",
+                        f"stream {plane}{_plane_of(plane, dtype)}: its values would meet those of instruction "
+                        f"#{other.producer} (emitted from position {other.position}"
+                        f"{_plane_of(plane, other.dtype)}) on one stream segment")
+            slots.append((starts, ems, i))
         edge = self.positions - 1 if stream.sign > 0 else 0
         last = d1 - 1 + stream.sign * edge
-        starts.insert(i, d0)
-        ems.insert(i, Emission(d0, d1, position, dtype, producer, last, source))
+        em = Emission(d0, d1, position, dtype, producer, last, source)
+        for starts, ems, i in slots:
+            starts.insert(i, d0)
+            ems.insert(i, em)
+
+    def _check_group(self, stream: Stream, dtype: DType):
+        problem = group_problem(stream, dtype, self.registers[stream.dir])
+        if problem:
+            raise StreamFault("stream-group", problem)
 
     def read(self, stream: Stream, position: int, first_cycle: int, count: int, dtype: DType):
         """Return (emission, offset) of the vectors passing ``position`` from ``first_cycle``: they are
         vectors ``offset ..`` of what instruction ``emission.producer`` emitted."""
+        self._check_group(stream, dtype)
         d0 = first_cycle - stream.sign * position
         starts = self._starts.get(stream, ())
         i = bisect.bisect_right(starts, d0) - 1
@@ -86,13 +125,17 @@ class StreamNetwork:
         return em, d0 - em.d0
 
     def prune(self, now: int) -> list:
-        """Forget values that have left the chip before cycle ``now``; returns their producers."""
-        gone = []
+        """Forget values that have left the chip before cycle ``now``; returns their producers
+        (once each, though a multi-byte value was on several registers)."""
+        gone = {}
         for stream, ems in self._emissions.items():
             if ems and any(e.last_cycle < now for e in ems):
                 keep = []
                 for e in ems:
-                    (keep if e.last_cycle >= now else gone).append(e)
+                    if e.last_cycle >= now:
+                        keep.append(e)
+                    else:
+                        gone[id(e)] = e
                 self._emissions[stream] = keep
                 self._starts[stream] = [e.d0 for e in keep]
-        return [e.producer for e in gone]
+        return [e.producer for e in gone.values()]
