@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import time
 import warnings
+
+from tvm.s_tir import meta_schedule as ms
 from dataclasses import dataclass, field
 
 from ..errors import LPXError
@@ -27,7 +29,7 @@ from ..machine.config import LPXConfig
 from ..tir_schedules import DenseWorkload, DepthwiseWorkload
 from ..tir_schedules.schedules import describe
 from .check import record_passes
-from .database import TuningLog, best_records, measured_records, tiling_of_record
+from .database import TuningLog, best_records, load_tuned, measured_records, tiling_of_record
 from .space import Task, workload_module
 
 
@@ -197,4 +199,25 @@ def refine_in_context(mod, tasks: list, cfg: LPXConfig, log_dir: str, *, top_k: 
                         time.perf_counter() - start, done_sweeps)
 
 
-__all__ = ["ModelContext", "RefineResult", "refine_in_context", "task_macs"]
+def remeasure_applied(mod, cfg: LPXConfig, log_dir: str, precision: str) -> tuple:
+    """Measure the log's in-context choice again on this simulator, and append it as a new
+    line with the cycles it has now: for a change of the machine model that leaves the
+    config (and so the log's key) as it was, but moves cycles. The choice itself is kept,
+    not searched again. Returns (default cycles, cycles of the choice)."""
+    db = TuningLog(log_dir, writer=True)
+    line = db.applied_line(cfg)
+    if line is None:
+        raise LPXError(f"tuning log {log_dir}: no in-context choice for machine {cfg.name} to measure again")
+    ctx = ModelContext(mod, cfg, precision)
+    default_cycles = ctx.cycles({})
+    cycles = ctx.cycles(load_tuned(log_dir, cfg))
+    choices = {}
+    for ref, rec in line["choices"]:
+        _, wl = db._workload(ref)
+        choices[wl.mod] = None if rec is None else ms.database.TuningRecord.from_json(rec, wl)
+    db.commit_applied(cfg, choices, model=line.get("model"), cycles=cycles, default_cycles=default_cycles,
+                      remeasured={"cycles": line.get("cycles"), "default_cycles": line.get("default_cycles")})
+    return default_cycles, cycles
+
+
+__all__ = ["ModelContext", "RefineResult", "refine_in_context", "remeasure_applied", "task_macs"]

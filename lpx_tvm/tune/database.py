@@ -26,7 +26,10 @@ naming the file and the line.
 context* (:mod:`.context`): each line is one whole choice for a model's tasks, written
 once the refinement has measured it: ``{"kind": "context", "config_hash", "model",
 "cycles", "default_cycles", "isolated_cycles", "choices": [[workload hash, record | null],
-...]}`` (null: the task keeps its default schedule). For each model the last line for the
+...]}`` (null: the task keeps its default schedule). A line measured again after a change
+of the machine model that kept the config (:func:`.context.remeasure_applied`) repeats
+the choice with the new cycles and ``"remeasured": {"cycles", "default_cycles"}``, the
+figures it replaces. For each model the last line for the
 machine is in force; a ``{"kind": "isolated", "config_hash", "workloads": [hash, ...]}``
 line (new records for those workloads) withdraws every earlier choice that names one of
 them. Tasks no choice in force names take their best isolated record, as does every task
