@@ -84,19 +84,23 @@ def tile_install_cycles(cfg: LPXConfig, dtype: str) -> int:
     return install_cycles(cfg, DType.parse(_SHORT.get(dtype, dtype)), cfg.mxm_rows)
 
 
-def _min_block_pixels(cfg: LPXConfig, dtype: str) -> int:
-    """Pixels (activation vectors) whose multiply takes as long as installing one weight
-    tile over the plane's install lanes."""
-    return -(-tile_install_cycles(cfg, dtype) // cycles_per_vector(cfg, dtype))
+def _min_block_pixels(cfg: LPXConfig, dtype: str, fetch_cycles: int = 0) -> int:
+    """Pixels (activation vectors) whose multiply takes as long as bringing one weight
+    tile in: installing it over the plane's install lanes, or ``fetch_cycles`` when each
+    block loads its tiles from off-chip memory first."""
+    return -(-max(tile_install_cycles(cfg, dtype), fetch_cycles) // cycles_per_vector(cfg, dtype))
 
 
 _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8", "uint8": "uint8"}
 
 
-def default_tiling(cfg: LPXConfig, w) -> "DenseTiling | Conv2dTiling":
+def default_tiling(cfg: LPXConfig, w, fetch_cycles: int = 0) -> "DenseTiling | Conv2dTiling":
+    """The tiling a layer gets without a tuning log. ``fetch_cycles``: the cycles one
+    weight tile takes to load when the layer's weights stream from off-chip memory (each
+    output block loads them again, so such a layer keeps fewer, larger blocks)."""
     half = cfg.mxm_acc_rows // 2
     planes = cfg.mxm_planes
-    pixels = _min_block_pixels(cfg, w.dtype)
+    pixels = _min_block_pixels(cfg, w.dtype, fetch_cycles)
     if isinstance(w, DenseWorkload):
         n = _largest_divisor(w.N, cfg.mxm_cols)
         return DenseTiling(m=_block_rows(w.M, half, w.N // n, planes, pixels), k=_largest_divisor(w.K, cfg.mxm_rows),

@@ -11,6 +11,7 @@ from tvm import s_tir
 import lpx_tvm
 from lpx_tvm.relax_passes import import_onnx
 from lpx_tvm.machine.config import load_config
+from lpx_tvm.machine.isa import DType
 from lpx_tvm.tir_schedules import Conv2dTiling, DenseTiling, DenseWorkload, DepthwiseWorkload, default_tiling
 from lpx_tvm.tir_schedules.schedules import tiling_of
 from lpx_tvm.tune.database import (RECORDS, TuningLog, TuningLogError, TuningLogWarning, best_records, load_tuned)
@@ -182,3 +183,21 @@ def test_corrupt_line_is_named(tuned_mm, tmp_path):
         f.writelines(lines)
     with pytest.raises(TuningLogError, match=f"{path}:3: corrupt"):
         TuningLog(log)
+
+
+def test_default_blocks_of_a_layer_whose_weights_stream_from_off_chip():
+    """tsp, fp16, a BERT-base projection: M 128, K = N = 960 (768 padded), column tiles
+    of 320 (3 of them). Resident, a block's multiply need only cover a 40-cycle install
+    (320 rows over 8 fp16 lanes): 10 pixels at 4 cycles each, so blocks of 16, 32, 64 or
+    128 rows qualify and 32 is the largest that gives each of the 4 planes two blocks
+    (128 / 32 x 3 = 12 >= 8). Streamed, every block loads each of its weight tiles over
+    the off-chip path first: 900 + 320 x 320 x 2 / 35.56 = 6,660 cycles, 1,665 pixels,
+    more than M: one block of all 128 rows, so each tile is loaded once."""
+    from lpx_tvm.machine.timing import dma_cycles
+
+    tsp = load_config("tsp")
+    w = DenseWorkload(128, 960, 960, "float16")
+    fetch = dma_cycles(tsp, 320, DType.FP16)
+    assert fetch == 900 + 5760
+    assert default_tiling(tsp, w).m == 32
+    assert default_tiling(tsp, w, fetch).m == 128

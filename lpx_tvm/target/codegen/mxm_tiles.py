@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 from ...machine.isa import DType
+from ...machine.timing import dma_cycles
 from ...tir_schedules import Conv2dWorkload, DenseTiling, DenseWorkload, default_tiling, round_up, schedule, tile_steps
 from ...tir_schedules.schedules import Conv2dTiling, k_split_rule
 from .context import LoweringContext
@@ -29,8 +30,11 @@ def layer_tiling(ctx: LoweringContext, op: RegionOp, work, batches: int = 1):
     """The tiling of one MXM layer: its tuned one if the policy has it, else the default."""
     # The task is the whole composite (an int8 op's MXM view lacks the epilogue its
     # lowering reads); off-chip bands are not tuning tasks.
+    fetch = 0
+    if isinstance(ctx.weights.get(op.out), StreamedWeights):
+        fetch = dma_cycles(ctx.cfg, ctx.cfg.mxm_rows, ctx.dtype)  # every block loads its tiles
     return ctx.policy.tiling((work, op.composite, batches), ctx.layer_ops.get(op.out, op),
-                             lambda: default_tiling(ctx.cfg, work), record=not ctx.offchip)
+                             lambda: default_tiling(ctx.cfg, work, fetch), record=not ctx.offchip)
 
 
 def tuned_pack(ctx: LoweringContext, op: RegionOp, work: Conv2dWorkload) -> str:
