@@ -38,7 +38,9 @@ def test_gemv_matches_onnxruntime_above_its_floors(tmp_path, shape):
     assert fig["floor_cycles"] == max(floors.values()) > 0
     assert floors[fig["floor_kind"]] == fig["floor_cycles"]
     assert fig["cycles"] >= fig["floor_cycles"]
-    assert fig["over_floor"] == pytest.approx(fig["cycles"] / fig["floor_cycles"], rel=1e-2)
+    # floor_cycles is printed to 0.1 cycle: a small floor carries that rounding into the ratio
+    assert fig["over_floor"] == pytest.approx(fig["cycles"] / fig["floor_cycles"],
+                                              rel=1e-2 + 0.05 / fig["floor_cycles"])
 
     # What the arithmetic itself forces on mini, whatever the tiling: every weight byte is
     # read from SRAM (lines of `lanes` bytes, one per read port a cycle), installed (a row

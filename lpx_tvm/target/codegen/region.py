@@ -73,16 +73,26 @@ def compile_region(cfg: LPXConfig, precision: str, name: str, func, policy: "Til
     options = options if options is not None else current_options()
     region = func if isinstance(func, Region) else read_region(name, func)
 
-    def attempt(off_chip: bool, band_share: float) -> CompiledRegion:
-        ctx = LoweringContext.fresh(cfg, precision, region.name, policy, options, off_chip, band_share)
+    def attempt(off_chip: bool, band_share: float, opts=options) -> CompiledRegion:
+        ctx = LoweringContext.fresh(cfg, precision, region.name, policy, opts, off_chip, band_share)
         return _compile(ctx, region)
+
+    def on_chip() -> CompiledRegion:
+        # Weights resident up to the large share; if the working space then does not
+        # fit beside them, up to the smaller one (more of them stream from off chip).
+        try:
+            return attempt(False, shares[0])
+        except SramFull:
+            if options.fallback_weight_budget >= options.weight_budget:
+                raise
+        return attempt(False, shares[0], replace(options, weight_budget=options.fallback_weight_budget))
 
     shares = options.band_shares
     if not offchip:
-        return attempt(False, shares[0])
+        return on_chip()
     if not options.force_offchip:
         try:
-            return attempt(False, shares[0])
+            return on_chip()
         except SramFull:
             if precision == Precision.INT8:
                 raise  # the off-chip (band) lowerings are for float regions

@@ -90,7 +90,9 @@ def int8_working_set_problem(values, cfg, weight_bytes: int = 0) -> "str | None"
     weights leave (weights past their share stream from off-chip memory).
     """
     need = sum(stored_bytes(shape, itemsize, cfg.lanes) for shape, itemsize in values)
-    room = cfg.sram_bytes - min(weight_bytes, int(CodegenOptions().weight_budget * cfg.sram_bytes))
+    opts = CodegenOptions()
+    share = min(opts.weight_budget, opts.fallback_weight_budget)
+    room = cfg.sram_bytes - min(weight_bytes, int(share * cfg.sram_bytes))
     if need > room:
         shapes = ", ".join(str(_ints(shape)) for shape, _ in values)
         return (f"its activations {shapes} need {need} bytes of SRAM together, more than the {room} bytes "
