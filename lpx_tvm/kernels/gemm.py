@@ -47,11 +47,13 @@ def gemm(config, M: int, K: int, N: int, dtype="fp16", *, bias=None, relu: bool 
     if problem:
         raise ConfigError(problem)
     A = b.input("A", (M, K), dt)
+    # A's and C's tiles are read and written whole (one slice each): they take their
+    # slices before B's parts spread over every slice.
+    Cout = b.output("C", (M, N), out_dt)
     # B's row tiles cut over the install lanes on different slices: installs at full rate.
     B = (b.input("B", (K, N), dt, install_align=R) if weights is None
          else b.constant("B", weights, dt, install_align=R))
     bias_t = None if bias is None else b.constant("bias", np.asarray(bias).reshape(1, N), acc_dt)
-    Cout = b.output("C", (M, N), out_dt)
 
     kt_n = -(-K // R)
     nt_n = -(-N // C)

@@ -67,6 +67,22 @@ def test_gemm_bias_relu(preset):
     assert _rel_l2(out, want) < 1e-3
 
 
+def test_the_benchmark_gemm_fills_whole_slices():
+    """bench/sim_throughput.py's 2048^3 fp16 GEMM on tsp: each C tile (2048 fp32 rows) is
+    a whole slice, so it must take its slice before B's install parts spread over all of
+    them. Its multiply floor with K and N padded to 7 tiles of 320: 2048 x 2240 x 2240
+    MACs at 4 x 320 x 320 / 4 per cycle = 100,352 cycles."""
+    n = 2048
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n)).astype(np.float16)
+    b = rng.standard_normal((n, n)).astype(np.float16)
+    prog = gemm("tsp", n, n, n, "fp16")
+    r = Simulator("tsp").run(prog, {"A": a, "B": b})
+    want = a.astype(np.float32) @ b.astype(np.float32)
+    assert np.abs(r.outputs["C"] - want).max() < 1e-2
+    assert r.cycles >= 2048 * 2240 * 2240 // (4 * 320 * 320 // 4) == 100_352
+
+
 def test_gemm_int8_bias_relu():
     M, K, N = 20, 40, 24
     rng = np.random.default_rng(4)
