@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...errors import SramFull
+from ...errors import SchedulingError, SramFull
 from ...machine.config import LPXConfig
 from ...precision import Precision
 from ...runtime.region import CompiledRegion
@@ -82,7 +82,7 @@ def compile_region(cfg: LPXConfig, precision: str, name: str, func, policy: "Til
         # fit beside them, up to the smaller one (more of them stream from off chip).
         try:
             return attempt(False, shares[0])
-        except SramFull:
+        except SchedulingError:  # SramFull, or a buffer that must sit in one slice found no hole
             if options.fallback_weight_budget >= options.weight_budget:
                 raise
         return attempt(False, shares[0], replace(options, weight_budget=options.fallback_weight_budget))
