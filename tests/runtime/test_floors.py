@@ -2,7 +2,7 @@
 
 tsp: 4 planes, 16 install streams, 88 slices with one read and one write port each,
 32 + 32 streams, 16 VXM ALUs, 2 SXMs, 320 lanes, 32e9 B/s off-chip at 0.9 GHz.
-mini: 2 planes, 4 install streams, 8 slices, 8 + 8 streams, 8 ALUs, 2 SXMs, 16 lanes.
+mini: 2 planes, 4 install streams, 8 slices, 32 + 32 streams, 8 ALUs, 2 SXMs, 16 lanes.
 """
 
 import pytest
@@ -63,7 +63,7 @@ def test_sram_and_stream_floors_count_bytes(mini):
     f = floors_of(mini, instrs)
     assert f.sram_read == 128 / 8
     assert f.sram_write == 40 / 8
-    assert f.stream == 128 / 16
+    assert f.stream == 128 / 64
     assert f.multiply == f.install == f.vxm == f.sxm == f.dma == 0
 
 
@@ -76,7 +76,7 @@ def test_vxm_sxm_and_their_emitted_bytes(mini):
     f = floors_of(mini, instrs)
     assert f.vxm == (40 + 16) / 8
     assert f.sxm == 32 / 2
-    assert f.stream == (80 + 16 + 16) / 16
+    assert f.stream == (80 + 16 + 16) / 64
 
 
 def test_dma_floor_is_bytes_over_the_offchip_rate(mini, tsp):
