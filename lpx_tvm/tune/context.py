@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import time
 import warnings
-
-from tvm.s_tir import meta_schedule as ms
 from dataclasses import dataclass, field
 
 from ..errors import LPXError
@@ -211,11 +209,7 @@ def remeasure_applied(mod, cfg: LPXConfig, log_dir: str, precision: str) -> tupl
     ctx = ModelContext(mod, cfg, precision)
     default_cycles = ctx.cycles({})
     cycles = ctx.cycles(load_tuned(log_dir, cfg))
-    choices = {}
-    for ref, rec in line["choices"]:
-        _, wl = db._workload(ref)
-        choices[wl.mod] = None if rec is None else ms.database.TuningRecord.from_json(rec, wl)
-    db.commit_applied(cfg, choices, model=line.get("model"), cycles=cycles, default_cycles=default_cycles,
+    db.commit_applied(cfg, db.line_choices(line), model=line.get("model"), cycles=cycles, default_cycles=default_cycles,
                       remeasured={"cycles": line.get("cycles"), "default_cycles": line.get("default_cycles")})
     return default_cycles, cycles
 

@@ -372,14 +372,20 @@ class TuningLog(_Queries):
         newer choice decides a workload two models share)."""
         out = {}
         for line in self._in_force(cfg):
-            for ref, rec in line["choices"]:
-                try:
-                    _, wl = self._workload(ref)
-                    key = task_key_of(wl.mod)[:3]
-                    out[key] = None if rec is None else ms.database.TuningRecord.from_json(rec, wl)
-                except Exception as e:  # noqa: BLE001
-                    raise TuningLogError(f"{self._file(APPLIED)}: corrupt applied choice "
-                                         f"({type(e).__name__}: {e})") from None
+            for mod, rec in self.line_choices(line).items():
+                out[task_key_of(mod)[:3]] = rec
+        return out
+
+    def line_choices(self, line: dict) -> dict:
+        """{workload module: TuningRecord or None (the default schedule)} of one applied line."""
+        out = {}
+        for ref, rec in line["choices"]:
+            try:
+                _, wl = self._workload(ref)
+                out[wl.mod] = None if rec is None else ms.database.TuningRecord.from_json(rec, wl)
+            except Exception as e:  # noqa: BLE001
+                raise TuningLogError(f"{self._file(APPLIED)}: corrupt applied choice "
+                                     f"({type(e).__name__}: {e})") from None
         return out
 
 

@@ -60,7 +60,7 @@ def _plane_of(register: Stream, dtype: DType) -> str:
 
 
 class StreamNetwork:
-    def __init__(self, positions: int, east: int = 64, west: int = 64):
+    def __init__(self, positions: int, east: int, west: int):
         self.positions = positions
         self.registers = {"E": east, "W": west}
         self._starts: dict = {}  # Stream -> sorted list of d0
