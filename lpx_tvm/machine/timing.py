@@ -43,6 +43,13 @@ def install_cycles(cfg: LPXConfig, dtype: DType, rows: int) -> int:
     return -(-rows // install_lanes(cfg, dtype))
 
 
+def planes_beside(cfg: LPXConfig, plane: int) -> list:
+    """The MXM planes on the same side of the VXM as ``plane`` (itself included)."""
+    vxm = cfg.position("VXM")
+    west = cfg.position("MXM", plane) < vxm
+    return [p for p in range(cfg.mxm_planes) if (cfg.position("MXM", p) < vxm) == west]
+
+
 def install_ports(dtype: DType, lane: int, plane: int) -> tuple:
     """The install streams (ports) of ``plane`` that install lane ``lane`` holds."""
     w = dtype.itemsize

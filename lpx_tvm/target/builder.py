@@ -195,6 +195,21 @@ class Node:
         return Instr(self.op, 0, unit=unit, count=self.count, **self.fields)
 
 
+def install_parts(segments, per: int) -> list:
+    """[(segment's first row, offset in it, rows)]: each segment cut into parts of at most
+    ``per`` rows."""
+    return [(row0, a, min(region.count, a + per) - a) for row0, region in segments
+            for a in range(0, region.count, per)]
+
+
+def _lane_load(parts, lanes: int) -> int:
+    """Rows the busiest install lane takes when ``parts`` go to lanes in turn."""
+    load = [0] * lanes
+    for i, (_, _, n) in enumerate(parts):
+        load[i % lanes] += n
+    return max(load)
+
+
 class Group:
     """A rigid set of instructions connected by streams, tagged with the op it implements."""
 
@@ -408,7 +423,8 @@ class ProgramBuilder:
                 self._sram.free(sl, addr, n * lay.row_stride)
 
     def tensor(self, name: str, shape, dtype, *, role: "str | None" = None, data=None, slices=None,
-               avoid=(), tile_avoid=None, row_align: int = 1, spread: int = 1, install_align: int = 0) -> SramTensor:
+               avoid=(), tile_avoid=None, row_align: int = 1, spread: int = 1, install_align: int = 0,
+               install_pools=None) -> SramTensor:
         """Allocate a tensor in SRAM, one column tile of ``lanes`` columns per allocation.
 
         ``avoid``: slices to keep clear of, e.g. those of a tensor this one is read beside
@@ -420,7 +436,9 @@ class ProgramBuilder:
         ``install_align`` lays out MXM weights (see :meth:`install`): the matrix is installed
         in row tiles that start at multiples of ``install_align`` rows, and each such tile is
         cut into one chunk per install lane, the chunks of a tile on different slices, so
-        that all lanes read at once (a slice reads one line per cycle)."""
+        that all lanes read at once (a slice reads one line per cycle). ``install_pools(j,
+        q)`` may name the slices chunk ``q`` of column tile ``j`` is best kept in (those of
+        the plane and lane that install it), or None; a full pool falls back to any slice."""
         dt = DType.parse(dtype)
         shape = tuple(int(s) for s in shape)
         key = None
@@ -453,7 +471,7 @@ class ProgramBuilder:
                 raise SramFull(f"tensor {name}: a row group of {row_align} vectors does not fit one slice")
             try:
                 tiles = self._alloc_chunks(rows, ntiles, w, chunk_rows, slices, avoid, constant=data is not None,
-                                           tile_avoid=tile_avoid, distinct=distinct)
+                                           tile_avoid=tile_avoid, distinct=distinct, pools=install_pools)
                 break
             except SchedulingError as e:
                 # No hole holds a whole chunk: try chunks half as long (whole row groups).
@@ -476,7 +494,7 @@ class ProgramBuilder:
         return out
 
     def _alloc_chunks(self, rows, ntiles, w, chunk_rows, slices, avoid, constant=False, tile_avoid=None,
-                      distinct=1) -> list:
+                      distinct=1, pools=None) -> list:
         per = chunk_rows or rows
         nchunks = -(-rows // per)
         tiles = []
@@ -490,7 +508,16 @@ class ProgramBuilder:
                     # Chunks read at once (by the install lanes) keep to different slices.
                     near = tuple(avoid) + tuple(sl for sl, _, _ in tiles[len(tiles) - min(q, distinct - 1):]) \
                         if distinct > 1 and q else tuple(avoid)
-                    if constant and want is None:
+                    pool = pools(j, q) if pools is not None and constant and want is None else None
+                    placed = None
+                    if pool:
+                        try:
+                            placed = self._sram.alloc_constant(n * w, near, among=pool)
+                        except SramFull:
+                            pass
+                    if placed is not None:
+                        tiles.append((*placed, n * w))
+                    elif constant and want is None:
                         tiles.append((*self._alloc_near(self._sram.alloc_constant, n * w, near, avoid), n * w))
                     else:
                         tiles.append((*self._alloc_near(lambda k, a: self.alloc_lines(k, want, a), n * w, near,
@@ -568,14 +595,18 @@ class ProgramBuilder:
         segments = list(segments)
         k = sum(r.count for _, r in segments)
         lanes = install_lanes(self.config, segments[0][1].dtype)
-        per = -(-k // lanes)
-        lane = 0
-        for row0, region in segments:
-            for a in range(0, region.count, per):
-                part = region.rows(a, min(region.count, a + per))
-                g = self.group(tag)
-                g.install(plane, buf, g.read(part), width, row=row0 + a, lane=lane % lanes)
-                lane += 1
+        cut = install_parts(segments, -(-k // lanes))
+        if len(segments) <= lanes:
+            # Whole segments, one lane each, when that is no slower (a short last tile whose
+            # chunks are as long as a full tile's parts: 13 chunks of 20 rows take 20
+            # cycles whole, 36 cut into 16-row parts that need a second round).
+            whole = [(row0, 0, region.count) for row0, region in segments]
+            if max(n for _, _, n in whole) <= _lane_load(cut, lanes):
+                cut = whole
+        for lane, (row0, a, n) in enumerate(cut):
+            region = dict(segments)[row0]
+            g = self.group(tag)
+            g.install(plane, buf, g.read(region.rows(a, a + n)), width, row=row0 + a, lane=lane % lanes)
 
     def group(self, tag: str = "") -> Group:
         g = Group(self, tag)

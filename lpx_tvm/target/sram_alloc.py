@@ -26,9 +26,11 @@ class SramAllocator:
         self.floor = [lines] * slices  # constants occupy [floor, lines) of each slice
         self.high = [0] * slices  # working space ever used: [0, high) (even if freed since)
 
-    def alloc_constant(self, lines: int, avoid=()) -> tuple:
-        """(slice, addr) at the top of the least-used slice whose topmost lines are free."""
-        for s in sorted((s for s in range(len(self._free)) if s not in avoid), key=lambda s: (self.used[s], s)):
+    def alloc_constant(self, lines: int, avoid=(), among=None) -> tuple:
+        """(slice, addr) at the top of the least-used slice (of ``among`` if given) whose
+        topmost lines are free."""
+        pool = range(len(self._free)) if among is None else among
+        for s in sorted((s for s in pool if s not in avoid), key=lambda s: (self.used[s], s)):
             holes = self._free[s]
             # Never lines that working space has used: the image is in place from cycle 0.
             if holes and holes[-1][0] + holes[-1][1] == self.floor[s] and self.floor[s] - lines >= self.high[s]:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 
 from ...machine.isa import DType
-from ...machine.timing import dma_cycles
+from ...machine.timing import dma_cycles, install_cycles
 from ...tir_schedules import Conv2dWorkload, DenseTiling, DenseWorkload, default_tiling, round_up, schedule, tile_steps
-from ...tir_schedules.schedules import Conv2dTiling, k_split_rule
+from ...tir_schedules.schedules import Conv2dTiling, block_parts, k_split_rule
 from .context import LoweringContext
 from .epilogue import apply_epilogue, epilogue_steps
 from .graph import RegionOp
@@ -26,15 +26,16 @@ def scheduled_steps(work, tiling) -> tuple:
     return tuple(tile_steps(schedule(work, tiling).mod["main"]))
 
 
-def layer_tiling(ctx: LoweringContext, op: RegionOp, work, batches: int = 1):
-    """The tiling of one MXM layer: its tuned one if the policy has it, else the default."""
+def layer_tiling(ctx: LoweringContext, op: RegionOp, work, batches: int = 1, record: bool = True):
+    """The tiling of one MXM layer: its tuned one if the policy has it, else the default
+    (``record``: the layer is a tuning task of this compile)."""
     # The task is the whole composite (an int8 op's MXM view lacks the epilogue its
     # lowering reads); off-chip bands are not tuning tasks.
     fetch = 0
     if isinstance(ctx.weights.get(op.out), StreamedWeights):
         fetch = dma_cycles(ctx.cfg, ctx.cfg.mxm_rows, ctx.dtype)  # every block loads its tiles
     return ctx.policy.tiling((work, op.composite, batches), ctx.layer_ops.get(op.out, op),
-                             lambda: default_tiling(ctx.cfg, work, fetch), record=not ctx.offchip)
+                             lambda: default_tiling(ctx.cfg, work, fetch), record=record and not ctx.offchip)
 
 
 def tuned_pack(ctx: LoweringContext, op: RegionOp, work: Conv2dWorkload) -> str:
@@ -85,6 +86,31 @@ def conv_tiles(ctx: LoweringContext, work, t, xp: Stored, per: int = 1, image=No
     return steps, window, block, t.k_split
 
 
+def dense_steps(ctx: LoweringContext, op: RegionOp, rows: int, k: int, nn: int, batches: int = 1, tiling=None,
+                record: bool = True) -> tuple:
+    """(tiling, steps) of a (rows, k) x (k, nn) product through DenseWorkload tiles; a
+    step is (batch, tile step)."""
+    lanes = ctx.cfg.lanes
+    work = DenseWorkload(rows, round_up(k, lanes), round_up(nn, lanes), TVM_DTYPE[ctx.dtype])
+    t = tiling or layer_tiling(ctx, op, work, batches, record=record)
+    steps_of_batch = scheduled_steps(work, DenseTiling(m=t.m, k=lanes, n=lanes, order=t.order))
+    return t, [(i, s) for i in range(batches) for s in steps_of_batch]
+
+
+def dense_block(step, rows: int) -> tuple:
+    """(first channel, first output row, rows) of the output block a dense step accumulates into."""
+    i, step = step
+    (m0, me), (n0, _) = step.writes["mxm"]
+    return n0, i * rows + m0, me
+
+
+def dense_weights(step, k: int, lanes: int) -> tuple:
+    """(column tile, first row, end row) of the weight matrix a dense step installs."""
+    i, step = step
+    (k0, _), (n0, _) = step.reads["B"]
+    return n0 // lanes, i * k + k0, i * k + min(k, k0 + lanes)
+
+
 def matmul(ctx: LoweringContext, op: RegionOp, x: Stored, rows: int, k: int, nn: int, is_output: bool, W=None,
            batches: int = 1, q=None, tiling=None):
     """(rows, k) activations times a (k, nn) matrix — the op's weights, or ``W`` — through
@@ -92,10 +118,7 @@ def matmul(ctx: LoweringContext, op: RegionOp, x: Stored, rows: int, k: int, nn:
     by rows i * k .. of ``W``. ``tiling``: a convolution's packed im2col, tiled by the
     convolution's schedule (its MACs are counted there)."""
     lanes = ctx.cfg.lanes
-    work = DenseWorkload(rows, round_up(k, lanes), round_up(nn, lanes), TVM_DTYPE[ctx.dtype])
-    t = tiling or layer_tiling(ctx, op, work, batches)
-    steps_of_batch = scheduled_steps(work, DenseTiling(m=t.m, k=lanes, n=lanes, order=t.order))
-    steps = [(i, s) for i in range(batches) for s in steps_of_batch]
+    t, steps = dense_steps(ctx, op, rows, k, nn, batches, tiling)
 
     def window(step):
         i, step = step
@@ -103,38 +126,65 @@ def matmul(ctx: LoweringContext, op: RegionOp, x: Stored, rows: int, k: int, nn:
         first_row = i * rows + m0
         return [(first - first_row, r) for first, r in x.tensor.segments(k0 // lanes, first_row, first_row + me)]
 
-    def weights(step):
-        i, step = step
-        (k0, _), (n0, _) = step.reads["B"]
-        return n0 // lanes, i * k + k0, i * k + min(k, k0 + lanes)
-
-    def block(step):
-        i, step = step
-        (m0, me), (n0, _) = step.writes["mxm"]
-        return n0, i * rows + m0, me
-
     if tiling is None:
         ctx.macs += batches * rows * k * nn
-    emit_mxm(ctx, op, steps, window, weights, block, nn, is_output, W=W, q=q, k_split=t.k_split)
+    emit_mxm(ctx, op, steps, window, lambda s: dense_weights(s, k, lanes), lambda s: dense_block(s, rows), nn,
+             is_output, W=W, q=q, k_split=t.k_split)
+
+
+def dense_install_planes(ctx: LoweringContext, op: RegionOp, rows: int, k: int, nn: int) -> dict:
+    """Which plane installs each weight tile ``(column tile, reduction tile)`` of a dense
+    layer, as :func:`emit_mxm` will assign them; a tile that several planes install (a
+    layer of several row blocks) is left out."""
+    lanes = ctx.cfg.lanes
+    t, steps = dense_steps(ctx, op, rows, k, nn, record=False)
+    keys = [dense_block(s, rows) for s in steps]
+    planes = part_planes(ctx.cfg, keys, k_parts(ctx, keys, t.k_split))
+    found = {}
+    for s, plane in zip(steps, planes):
+        j, row0, _ = dense_weights(s, k, lanes)
+        found.setdefault((j, row0 // lanes), set()).add(plane)
+    return {tile: ps.pop() for tile, ps in found.items() if len(ps) == 1}
 
 
 def k_parts(ctx: LoweringContext, keys: list, split: "int | None" = None) -> list:
-    """For each tile step, which part of its block's reduction it belongs to. A layer
-    with fewer output blocks than MXM planes splits each block's reduction tiles into
-    parts on different planes (each accumulates its own partial sum; the drains add
-    them), so every plane multiplies. A tuned tiling sets ``split`` (parts per block)."""
+    """For each tile step, which part of its block's reduction it belongs to. A block's
+    reduction tiles may be split into parts on different planes (each accumulates its own
+    partial sum; the drains add them), so that every plane multiplies: how many parts
+    each block has is :func:`~lpx_tvm.tir_schedules.schedules.block_parts` of the K split
+    (``split``, a tuned tiling's, or the default rule's)."""
     count = {}
     for k in keys:
         count[k] = count.get(k, 0) + 1
     if split is None:
         split = k_split_rule(ctx.cfg, len(count))
-    seen, out = {}, []
+    # A block of n tiles in s parts has n % s parts one tile longer; which parts are long
+    # rotates from block to block, so that the planes the parts land on get equal shares.
+    tiles, rows = max(count.values(), default=0), max((k[2] for k in count), default=1)
+    rate = ctx.cfg.mxm_cycles_per_vector[ctx.dtype.short]
+    install = install_cycles(ctx.cfg, ctx.dtype, ctx.cfg.mxm_rows)
+    per_block = dict(zip(count, block_parts(ctx.cfg, len(count), split, tiles, rows, rate, install)))
+    ends, seen, out = {}, {}, []
     for k in keys:
-        n = count[k]
-        s = min(split, n)
-        out.append(seen.get(k, 0) * s // n)
-        seen[k] = seen.get(k, 0) + 1
+        if k not in ends:
+            n = count[k]
+            s = min(per_block[k], n)
+            base, extra = divmod(n, s)
+            first = len(ends) * extra
+            lengths = [base + ((q - first) % s < extra) for q in range(s)]
+            ends[k] = [sum(lengths[:q + 1]) for q in range(s)]
+        i = seen.get(k, 0)
+        out.append(next(q for q, end in enumerate(ends[k]) if i < end))
+        seen[k] = i + 1
     return out
+
+
+def part_planes(cfg, keys: list, parts: list) -> list:
+    """The plane of each tile step: the planes take a layer's (block, K part)s round robin
+    in the order they first appear, from plane 0 (row block k of consecutive layers share
+    a plane, so a plane that finished its rows early goes on with the same rows)."""
+    first = {}
+    return [first.setdefault(kp, len(first) % cfg.mxm_planes) for kp in zip(keys, parts)]
 
 
 def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, channels: int, is_output: bool,
@@ -156,10 +206,10 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
     y = new_value(ctx, op.out, op.shape, is_output, dtype=q.out_dtype if q else None)
     epi = q.epilogue if q else epilogue_steps(ctx, op, channels)
     tag = op.out
-    # Each layer's first block on plane 0: row block k of consecutive layers share a
-    # plane, so a plane that finished its rows early goes on with the same rows.
-    ctx.planes.start_layer()
-    parts = k_parts(ctx, [block(s) for s in steps], k_split)
+    keys = [block(s) for s in steps]
+    parts = k_parts(ctx, keys, k_split)
+    planes = part_planes(ctx.cfg, keys, parts)
+    ctx.planes.next = len(set(zip(keys, parts))) % ctx.cfg.mxm_planes  # other ops take planes on in turn
     last = {(block(s), parts[i]): i for i, s in enumerate(steps)}
     nparts = {key: part + 1 for key, part in last}
     live = {}  # (output block, K part) -> (plane, first accumulator row)
@@ -170,7 +220,7 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
         part = (key, parts[i])
         first = part not in live
         if first:
-            live[part] = ctx.planes.new_block(nrows)
+            live[part] = ctx.planes.new_block(nrows, planes[i])
         plane, acc = live[part]
         buf = ctx.planes.buffer(plane)
         j, row0, row1 = weights(s)

@@ -15,14 +15,13 @@ class Planes:
         self.installs = [0] * cfg.mxm_planes
         self.blocks = [0] * cfg.mxm_planes
 
-    def start_layer(self):
-        """The next block goes to plane 0: row block k of consecutive layers share a plane."""
-        self.next = 0
-
-    def new_block(self, rows: int) -> tuple:
-        """(plane, first accumulator row) of a new output block of ``rows`` rows."""
-        p = self.next
-        self.next = (self.next + 1) % self.cfg.mxm_planes
+    def new_block(self, rows: int, plane: "int | None" = None) -> tuple:
+        """(plane, first accumulator row) of a new output block of ``rows`` rows, on
+        ``plane`` or the next plane in turn."""
+        if plane is None:
+            plane = self.next
+            self.next = (self.next + 1) % self.cfg.mxm_planes
+        p = plane
         half = self.cfg.mxm_acc_rows // 2
         base = (self.blocks[p] % 2) * half if rows <= half else 0
         if rows > self.cfg.mxm_acc_rows:

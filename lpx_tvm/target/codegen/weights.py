@@ -11,7 +11,8 @@ from ...tir_schedules import round_up
 from ...tir_schedules.schedules import taps_per_tile
 from .context import LoweringContext
 from .graph import RegionOp
-from .mxm_tiles import conv_workload, tuned_pack
+from ...machine.timing import install_lanes, planes_beside
+from .mxm_tiles import conv_workload, dense_install_planes, tuned_pack
 from .quant import mxm_view
 from .rules import block_diagonal, is_depthwise
 from .storage import StreamedWeights
@@ -62,6 +63,40 @@ def weight_matrix(ctx: LoweringContext, op: RegionOp) -> "tuple | None":
     return None if matrix is None else (matrix, align)
 
 
+def install_pool(cfg, plane: int, lane: int, lanes: int) -> tuple:
+    """The SRAM slices install lane ``lane`` (of ``lanes``) of ``plane`` reads its weight
+    rows from: the slices on the plane's side of the VXM, dealt out in turn to the lanes
+    of the planes on that side. Planes installing at once, and the lanes of one plane,
+    then read through different slices' ports, and no weight crosses the VXM."""
+    vxm = cfg.position("VXM")
+    west = cfg.position("MXM", plane) < vxm
+    planes = planes_beside(cfg, plane)
+    slices = [s for s in range(cfg.mem_slices) if (cfg.position("MEM", s) < vxm) == west]
+    k, n = planes.index(plane) * lanes + lane, len(planes) * lanes
+    return tuple(slices[k::n]) if len(slices) >= n else (slices[k % len(slices)],)
+
+
+def _install_pools(ctx: LoweringContext, op: RegionOp, matrix, align: int):
+    """For a dense layer whose every weight tile one plane installs: chunk (column tile
+    ``j``, ``q``) -> the pool of the plane and lane that install it (None otherwise)."""
+    view = mxm_view(op)
+    if view.main.op != "matmul" or align != ctx.cfg.lanes:
+        return None
+    x = view.main.args[0].shape
+    rows = int(np.prod(x[:-1]))
+    k, nn = matrix.shape
+    planes = dense_install_planes(ctx, view, rows, k, nn)
+    lanes = install_lanes(ctx.cfg, ctx.dtype)
+    per = -(-min(align, k) // lanes)  # a chunk's rows (builder.tensor's install_align cut)
+    chunks = -(-align // per)
+
+    def pools(j, q):
+        plane = planes.get((j, q // chunks))
+        return None if plane is None else install_pool(ctx.cfg, plane, q % chunks, lanes)
+
+    return pools if planes else None
+
+
 def place_weights(ctx: LoweringContext, op: RegionOp):
     """The MXM weight matrix of an op, placed (None for vector ops): an SRAM tensor while
     the budget lasts, else :class:`~.storage.StreamedWeights`."""
@@ -80,7 +115,8 @@ def place_weights(ctx: LoweringContext, op: RegionOp):
             # different slices: planes, and the lanes of one plane, read through different
             # slices' ports at once (installs at the plane's full rate).
             return ctx.builder.tensor(f"{op.out}.weight", matrix.shape, ctx.dtype, data=matrix, row_align=align,
-                                      spread=ctx.options.weight_spread, install_align=align)
+                                      spread=ctx.options.weight_spread, install_align=align,
+                                      install_pools=_install_pools(ctx, op, matrix, align))
         except SchedulingError:
             pass
     return StreamedWeights.place(ctx.builder, matrix, ctx.dtype, lanes)

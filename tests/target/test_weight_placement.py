@@ -1,0 +1,91 @@
+"""Where a dense layer's weights live and which planes install them.
+
+``block_parts`` is checked against counts worked out by hand; the GEMV below is compiled
+for ``tsp`` and its program is read back: how many tiles each plane multiplies, and which
+SRAM slices feed which plane's installs (each install matched to the read that put its
+rows on the stream: same stream register, same ``D = cycle - sign * position``). The
+expected figures come from the ``tsp`` floorplan (MXM, MXM, SXM, 44 MEM, VXM, 44 MEM, SXM,
+MXM, MXM), not from the compiler.
+"""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import lpx_tvm
+from lpx_tvm import load_config
+from lpx_tvm.machine.timing import timing
+from lpx_tvm.tir_schedules.schedules import block_parts
+
+
+# (blocks, k_split, reduction tiles, block rows, cycles per row, install cycles) -> parts;
+# a split into s pays when tiles * max(rows * rate, install) * (1 - 1/s) exceeds
+# (s - 1) * (5 * rows + 20).
+@pytest.mark.parametrize("blocks, k_split, tiles, rows, rate, install, want", [
+    (13, 1, 13, 1, 1, 20, [1] * 12 + [4]),  # the int8 GEMV: one block left over, 195 > 75
+    (13, 1, 18, 49, 1, 20, [1] * 13),  # an int8 7x7 conv: 661.5 <= 795
+    (13, 1, 18, 49, 4, 40, [1] * 12 + [4]),  # the same in bf16: 2646 > 795
+    (14, 1, 3, 1, 1, 20, [1] * 12 + [2, 2]),  # two left over, each in 2: 30 > 25
+    (14, 1, 2, 1, 1, 20, [1] * 14),  # 20 <= 25
+    (15, 1, 16, 1, 1, 20, [1] * 12 + [4] * 3),  # three left over: 12 parts, 3 per plane
+    (3, 1, 16, 1, 1, 20, [4] * 3),  # fewer blocks than planes (a split of 1 would idle a plane)
+    (8, 1, 64, 1, 1, 20, [1] * 8),  # whole rounds: nothing to split
+    (13, 2, 64, 1, 1, 20, [2] * 13),  # a K split other than 1 is kept as it is
+])
+def test_block_parts(blocks, k_split, tiles, rows, rate, install, want):
+    assert block_parts(load_config("tsp"), blocks, k_split, tiles, rows, rate, install) == want
+
+
+def _gemv_model(path, k, n, seed=0):
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "gemv",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+                              [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return w
+
+
+def test_gemv_planes_and_slices(tmp_path):
+    # fp16, 1 x 1280 x 1600: 4 reduction tiles of 320 rows, 5 column blocks of 320. Blocks
+    # 0-3 take planes 0-3 (4 tiles each); block 4 is split into 4 parts of one tile, one
+    # per plane (4 tiles of 40 install cycles: 120 saved against 3 * (5 + 20)): every plane
+    # multiplies 5 tiles.
+    k, n = 1280, 1600
+    path = str(tmp_path / "gemv.onnx")
+    w = _gemv_model(path, k, n)
+    model = lpx_tvm.compile_model(path, preset="tsp", precision="fp16")
+    x = np.random.default_rng(1).standard_normal((1, k)).astype(np.float32)
+    got = model.run({"x": x})["y"]
+    want = x @ w
+    assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
+
+    cfg = load_config("tsp")
+    (region,) = model.executable.regions.values()
+    instrs = region.program.instrs
+    muls = [ins.unit for ins in instrs if ins.op in ("mxm.mul", "mxm.mac")]
+    assert [muls.count(p) for p in range(4)] == [5, 5, 5, 5]
+
+    reads = {}
+    for ins in instrs:
+        if ins.op == "mem.read":
+            t = timing(cfg, ins)
+            reads[(ins.dst, t.emit - ins.dst.sign * t.position)] = ins.unit
+    feeds = {}  # slice -> planes it installs into
+    lanes = {}  # (plane, lane) -> slices
+    installs = [ins for ins in instrs if ins.op == "mxm.install"]
+    # 20 tiles of 320 fp16 rows, each cut over the plane's 8 lanes (16 install streams, 2 bytes a row).
+    assert len(installs) == 20 * 8
+    for ins in installs:
+        plane_position = timing(cfg, ins).position
+        src = reads[(ins.src0, ins.cycle - ins.src0.sign * plane_position)]
+        feeds.setdefault(src, set()).add(ins.unit)
+        lanes.setdefault((ins.unit, ins.aux1), set()).add(src)
+        west_plane = ins.unit < 2
+        assert (src < 44) == west_plane, f"plane {ins.unit} installs from slice {src} across the VXM"
+    assert all(len(planes) == 1 for planes in feeds.values()), "a slice feeds two planes"
+    assert len(lanes) == 4 * 8
+    assert all(1 <= len(s) <= 3 for s in lanes.values())  # 44 slices a side dealt to 2 planes x 8 lanes: 2 or 3 each
+    assert len({s for ss in lanes.values() for s in ss}) == len(feeds)
