@@ -196,17 +196,17 @@ class Node:
 
 
 def install_parts(segments, per: int) -> list:
-    """[(segment's first row, offset in it, rows)]: each segment cut into parts of at most
-    ``per`` rows."""
-    return [(row0, a, min(region.count, a + per) - a) for row0, region in segments
+    """[(segment's first row, its Region, offset in it, rows)]: each segment cut into parts
+    of at most ``per`` rows."""
+    return [(row0, region, a, min(region.count, a + per) - a) for row0, region in segments
             for a in range(0, region.count, per)]
 
 
 def _lane_load(parts, lanes: int) -> int:
     """Rows the busiest install lane takes when ``parts`` go to lanes in turn."""
     load = [0] * lanes
-    for i, (_, _, n) in enumerate(parts):
-        load[i % lanes] += n
+    for i, part in enumerate(parts):
+        load[i % lanes] += part[-1]
     return max(load)
 
 
@@ -508,17 +508,11 @@ class ProgramBuilder:
                     # Chunks read at once (by the install lanes) keep to different slices.
                     near = tuple(avoid) + tuple(sl for sl, _, _ in tiles[len(tiles) - min(q, distinct - 1):]) \
                         if distinct > 1 and q else tuple(avoid)
-                    pool = pools(j, q) if pools is not None and constant and want is None else None
-                    placed = None
-                    if pool:
-                        try:
-                            placed = self._sram.alloc_constant(n * w, near, among=pool)
-                        except SramFull:
-                            pass
-                    if placed is not None:
-                        tiles.append((*placed, n * w))
-                    elif constant and want is None:
-                        tiles.append((*self._alloc_near(self._sram.alloc_constant, n * w, near, avoid), n * w))
+                    if constant and want is None:
+                        pool = pools(j, q) if pools is not None else None
+                        placed = self._alloc_among(n * w, near, pool) if pool else None
+                        tiles.append((*(placed or self._alloc_near(self._sram.alloc_constant, n * w, near, avoid)),
+                                      n * w))
                     else:
                         tiles.append((*self._alloc_near(lambda k, a: self.alloc_lines(k, want, a), n * w, near,
                                                         avoid), n * w))
@@ -527,6 +521,13 @@ class ProgramBuilder:
                 self._sram.free(sl, addr, lines)
             raise
         return [(sl, addr) for sl, addr, _ in tiles]
+
+    def _alloc_among(self, lines, avoid, pool) -> "tuple | None":
+        """Constant lines on a slice of ``pool`` (not of ``avoid``), or None when it is full."""
+        try:
+            return self._sram.alloc_constant(lines, avoid, among=pool)
+        except SramFull:
+            return None
 
     @staticmethod
     def _alloc_near(alloc, lines, near, avoid):
@@ -600,11 +601,10 @@ class ProgramBuilder:
             # Whole segments, one lane each, when that is no slower (a short last tile whose
             # chunks are as long as a full tile's parts: 13 chunks of 20 rows take 20
             # cycles whole, 36 cut into 16-row parts that need a second round).
-            whole = [(row0, 0, region.count) for row0, region in segments]
-            if max(n for _, _, n in whole) <= _lane_load(cut, lanes):
+            whole = [(row0, region, 0, region.count) for row0, region in segments]
+            if max(region.count for _, region in segments) <= _lane_load(cut, lanes):
                 cut = whole
-        for lane, (row0, a, n) in enumerate(cut):
-            region = dict(segments)[row0]
+        for lane, (row0, region, a, n) in enumerate(cut):
             g = self.group(tag)
             g.install(plane, buf, g.read(region.rows(a, a + n)), width, row=row0 + a, lane=lane % lanes)
 

@@ -4,6 +4,7 @@ TensorIR schedule, and the install / multiply / drain groups they become."""
 from __future__ import annotations
 
 import functools
+import itertools
 
 from ...machine.isa import DType
 from ...machine.timing import dma_cycles, install_cycles
@@ -172,7 +173,7 @@ def k_parts(ctx: LoweringContext, keys: list, split: "int | None" = None) -> lis
             base, extra = divmod(n, s)
             first = len(ends) * extra
             lengths = [base + ((q - first) % s < extra) for q in range(s)]
-            ends[k] = [sum(lengths[:q + 1]) for q in range(s)]
+            ends[k] = list(itertools.accumulate(lengths))
         i = seen.get(k, 0)
         out.append(next(q for q, end in enumerate(ends[k]) if i < end))
         seen[k] = i + 1
@@ -210,7 +211,7 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
     parts = k_parts(ctx, keys, k_split)
     planes = part_planes(ctx.cfg, keys, parts)
     ctx.planes.next = len(set(zip(keys, parts))) % ctx.cfg.mxm_planes  # other ops take planes on in turn
-    last = {(block(s), parts[i]): i for i, s in enumerate(steps)}
+    last = {(keys[i], parts[i]): i for i in range(len(steps))}
     nparts = {key: part + 1 for key, part in last}
     live = {}  # (output block, K part) -> (plane, first accumulator row)
     partial = {}  # output block -> fp32 SRAM sum of the K parts drained so far

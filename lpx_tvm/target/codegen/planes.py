@@ -18,10 +18,10 @@ class Planes:
     def new_block(self, rows: int, plane: "int | None" = None) -> tuple:
         """(plane, first accumulator row) of a new output block of ``rows`` rows, on
         ``plane`` or the next plane in turn."""
-        if plane is None:
-            plane = self.next
-            self.next = (self.next + 1) % self.cfg.mxm_planes
         p = plane
+        if p is None:
+            p = self.next
+            self.next = (self.next + 1) % self.cfg.mxm_planes
         half = self.cfg.mxm_acc_rows // 2
         base = (self.blocks[p] % 2) * half if rows <= half else 0
         if rows > self.cfg.mxm_acc_rows:

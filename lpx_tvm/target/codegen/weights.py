@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import SchedulingError
+from ...machine.timing import install_lanes, planes_beside
 from ...tir_schedules import round_up
 from ...tir_schedules.schedules import taps_per_tile
 from .context import LoweringContext
 from .graph import RegionOp
-from ...machine.timing import install_lanes, planes_beside
 from .mxm_tiles import conv_workload, dense_install_planes, tuned_pack
 from .quant import mxm_view
 from .rules import block_diagonal, is_depthwise
