@@ -423,6 +423,9 @@ def _tune_args(p: argparse.ArgumentParser) -> None:
                    help="best distinct isolated schedules per task tried in the whole model (default 4)")
     p.add_argument("--context-sweeps", type=int, default=2, metavar="N",
                    help="passes over the tasks in the refinement (default 2; stops when one changes nothing)")
+    p.add_argument("--no-placement", dest="placement", action="store_false",
+                   help="skip the refinement's last pass, which tries each task's first plane and installs "
+                        "ahead in the whole model (planes + 2 whole-model runs per task)")
 
 
 def _tune(args) -> int:
@@ -476,7 +479,8 @@ def _tune(args) -> int:
                                             f"({st['default'] / st['best']:.3f}x default)")
 
             refined = refine_in_context(mod, tasks, cfg, args.log, top_k=args.context_top_k,
-                                        sweeps=args.context_sweeps, model=args.model, report=ctx_report)
+                                        sweeps=args.context_sweeps, model=args.model, report=ctx_report,
+                                        place=args.placement)
     table = Table(title=f"tuning {args.model} on {cfg.name}: {time.perf_counter() - start:.0f} s "
                         "(each task measured alone)")
     # "rejected": fast records whose outputs differed from the default schedule's (shown when any did).

@@ -604,9 +604,36 @@ class ProgramBuilder:
             whole = [(row0, region, 0, region.count) for row0, region in segments]
             if max(region.count for _, region in segments) <= _lane_load(cut, lanes):
                 cut = whole
+        out = []
         for lane, (row0, region, a, n) in enumerate(cut):
             g = self.group(tag)
             g.install(plane, buf, g.read(region.rows(a, a + n)), width, row=row0 + a, lane=lane % lanes)
+            out.append(g)
+        return out
+
+    def hoist(self, groups: list, limit: int = 2000):
+        """Move ``groups`` (the last ones added, in order) as early in program order as
+        their state allows: to just after the last earlier group that touches what they
+        touch (a write against any access of the same lines), never across a barrier nor
+        more than ``limit`` groups back. The placer gives earlier groups first pick of
+        ports and streams, so a hoisted group goes before the work it passed."""
+        n = len(groups)
+        if self._groups[len(self._groups) - n:] != groups:
+            raise SchedulingError("only the groups added last can be hoisted")
+        del self._groups[len(self._groups) - n:]
+        for g in groups:
+            mine = [e[:4] for node in g.nodes for e in node.effects]
+            keys = {e[0] for e in mine}
+            pos = len(self._groups)
+            stop = max(0, pos - limit)
+            while pos > stop:
+                h = self._groups[pos - 1]
+                if h == "sync" or any(k2 in keys and lo <= hi2 and lo2 <= hi and "w" in (kd, kd2)
+                                      for node in h.nodes for (k2, lo2, hi2, kd2, _, _) in node.effects
+                                      for (k, lo, hi, kd) in mine if k == k2):
+                    break
+                pos -= 1
+            self._groups.insert(pos, g)
 
     def group(self, tag: str = "") -> Group:
         g = Group(self, tag)

@@ -8,10 +8,13 @@ is LPX's tensor intrinsic: codegen replaces each of its instances by an install,
 multiply-accumulate and (after the last reduction tile) a drain. The block keeps its
 scalar body, so a cost model still sees the multiply-accumulate it stands for.
 
-The block rows, the loop order, the K split and (convolutions with few input channels)
-the tap packing are the schedule's decisions; the tile block carries them as annotations
-(``lpx_rows``, ``lpx_order``, ``lpx_k_split``, ``lpx_pack``) so that
-codegen reads a tuned schedule back (:func:`tiling_of`). The tuner searches them
+The block rows, the loop order, the K split, (convolutions with few input channels)
+the tap packing, and two decisions about the layer's place among its neighbours — the
+plane that takes its first block (``first_plane``) and how many installs per plane are
+issued ahead of the previous layer's remaining work (``install_ahead``) — are the
+schedule's decisions; the tile block carries them as annotations (``lpx_rows``,
+``lpx_order``, ``lpx_k_split``, ``lpx_pack``, ``lpx_first_plane``,
+``lpx_install_ahead``) so that codegen reads a tuned schedule back (:func:`tiling_of`). The tuner searches them
 (:mod:`lpx_tvm.tune.space`), and :func:`default_tiling` is one point of that space.
 """
 
@@ -38,6 +41,8 @@ class DenseTiling:
     n: int  # output channels per tile
     order: str = "mnk"  # outer-to-inner order of the tile loops; k innermost keeps one accumulator block live
     k_split: "int | None" = None  # planes sharing one block's reduction; None: codegen's rule (target/codegen/mxm_tiles.py, k_parts)
+    first_plane: int = 0  # the plane of the first block; the others follow round robin
+    install_ahead: int = 0  # each plane's first installs hoisted ahead of earlier layers' work (mxm_tiles.emit_mxm)
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,8 @@ class Conv2dTiling:
     order: str = "noc"  # n, output-row block, output-channel tile outside the (kh, kw, ci) reduction
     k_split: "int | None" = None
     pack: str = ""  # "taps" / "rows": an on-chip im2col packs taps into tiles (packings); "": one tap per tile
+    first_plane: int = 0
+    install_ahead: int = 0
 
 
 def _largest_divisor(n: int, limit: int) -> int:
@@ -173,6 +180,7 @@ def packed_tiles(w, lanes: int, pack: str) -> int:
 
 
 ROWS_KEY, ORDER_KEY, K_SPLIT_KEY, PACK_KEY = "lpx_rows", "lpx_order", "lpx_k_split", "lpx_pack"
+FIRST_PLANE_KEY, AHEAD_KEY = "lpx_first_plane", "lpx_install_ahead"
 INNER_KEY, COLS_KEY = "lpx_inner", "lpx_cols"
 
 
@@ -182,17 +190,19 @@ def schedule(workload, tiling) -> s_tir.Schedule:
     rows = tiling.m if isinstance(workload, DenseWorkload) else tiling.oh
     inner = tiling.k if isinstance(workload, DenseWorkload) else tiling.ci
     cols = tiling.n if isinstance(workload, DenseWorkload) else tiling.co
-    apply_tiling(sch, workload, rows, inner, cols, tiling.order, tiling.k_split, getattr(tiling, "pack", ""))
+    apply_tiling(sch, workload, rows, inner, cols, tiling.order, tiling.k_split, getattr(tiling, "pack", ""),
+                 tiling.first_plane or None, tiling.install_ahead or None)
     return sch
 
 
 def apply_tiling(sch: s_tir.Schedule, workload, rows, inner: int, cols: int, order: str, k_split=None,
-                 pack: str = ""):
+                 pack: str = "", first_plane=None, install_ahead=None):
     """Split, reorder and blockize ``sch`` (the workload's PrimFunc) into MXM tiles.
 
-    ``rows`` (output rows, or output image rows, per block) and ``k_split`` may be
-    integers or sampled random variables of a design space; the tile block records
-    them (and the order, and a convolution's tap packing ``pack``) as annotations.
+    ``rows`` (output rows, or output image rows, per block), ``k_split``,
+    ``first_plane`` and ``install_ahead`` may be integers or sampled random variables of
+    a design space; the tile block records them (and the order, and a convolution's tap
+    packing ``pack``) as annotations (None: not recorded, the default).
     Returns the tile block.
     """
     block = sch.get_sblock(MXM_BLOCK)
@@ -229,15 +239,21 @@ def apply_tiling(sch: s_tir.Schedule, workload, rows, inner: int, cols: int, ord
         sch.annotate(tile, K_SPLIT_KEY, k_split)
     if pack:
         sch.annotate(tile, PACK_KEY, pack)
+    if first_plane is not None:
+        sch.annotate(tile, FIRST_PLANE_KEY, first_plane)
+    if install_ahead is not None:
+        sch.annotate(tile, AHEAD_KEY, install_ahead)
     return tile
 
 
 def describe(tiling) -> str:
-    """A tiling in a few words, e.g. ``rows 7, noc, K split 1, packed rows``."""
+    """A tiling in a few words, e.g. ``rows 7, noc, K split 1, packed rows, first plane 2``."""
     rows = tiling.m if isinstance(tiling, DenseTiling) else tiling.oh
     k = "K split by rule" if tiling.k_split is None else f"K split {tiling.k_split}"
     pack = getattr(tiling, "pack", "")
-    return f"rows {rows}, {tiling.order}, {k}" + (f", packed {pack}" if pack else "")
+    return (f"rows {rows}, {tiling.order}, {k}" + (f", packed {pack}" if pack else "")
+            + (f", first plane {tiling.first_plane}" if tiling.first_plane else "")
+            + (f", {tiling.install_ahead} install(s) ahead" if tiling.install_ahead else ""))
 
 
 def tiling_of(workload, func) -> "DenseTiling | Conv2dTiling":
@@ -261,7 +277,10 @@ def tiling_of(workload, func) -> "DenseTiling | Conv2dTiling":
     rows, order = int(ann[ROWS_KEY]), str(ann[ORDER_KEY])
     k_split = int(ann[K_SPLIT_KEY]) if K_SPLIT_KEY in ann else None
     inner, cols = int(ann[INNER_KEY]), int(ann[COLS_KEY])
+    # Records made before these two decisions existed leave them at their defaults.
+    place = dict(first_plane=int(ann[FIRST_PLANE_KEY]) if FIRST_PLANE_KEY in ann else 0,
+                 install_ahead=int(ann[AHEAD_KEY]) if AHEAD_KEY in ann else 0)
     if isinstance(workload, DenseWorkload):
-        return DenseTiling(m=rows, k=inner, n=cols, order=order, k_split=k_split)
+        return DenseTiling(m=rows, k=inner, n=cols, order=order, k_split=k_split, **place)
     pack = str(ann[PACK_KEY]) if PACK_KEY in ann else ""
-    return Conv2dTiling(oh=rows, ci=inner, co=cols, order=order, k_split=k_split, pack=pack)
+    return Conv2dTiling(oh=rows, ci=inner, co=cols, order=order, k_split=k_split, pack=pack, **place)

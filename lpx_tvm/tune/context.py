@@ -9,7 +9,10 @@ choice for every other task, runs it on the simulator timing only, and keeps the
 candidate that gives the fewest total cycles (coordinate descent over the tasks, the
 largest first by MACs). The candidates of a task are its best distinct isolated records
 plus its default schedule; the start is the better of all-default and all-isolated-best,
-so the choice is never slower than either. A choice whose whole program the compiler
+so the choice is never slower than either. After the tilings, a last pass places each
+layer among its neighbours: it tries the current choice of every task with each other
+first plane and install-ahead (decisions that mean little for a layer alone,
+:mod:`.space`), keeping what the whole model gains from. A choice whose whole program the compiler
 rejects (a combination of tilings that passes each layer alone but not the model's
 checks) counts as unusable: it is skipped with a warning, never chosen. The choice is appended to the tuning log as
 one line (:meth:`~lpx_tvm.tune.database.TuningLog.commit_applied`), and
@@ -26,9 +29,12 @@ from ..errors import LPXError
 from ..machine.config import LPXConfig
 from ..tir_schedules import DenseWorkload, DepthwiseWorkload
 from ..tir_schedules.schedules import describe
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
 from .check import record_passes
 from .database import TuningLog, best_records, load_tuned, measured_records, tiling_of_record
-from .space import Task, workload_module
+from .space import AHEAD, Task, default_decisions, trace_for, workload_module
 
 
 def task_macs(task: Task) -> int:
@@ -120,14 +126,36 @@ def _candidates(db: TuningLog, task: Task, cfg: LPXConfig, top_k: int, best=None
     return out
 
 
+def placed(db: TuningLog, task: Task, cfg: LPXConfig, choice, first_plane: int, install_ahead: int):
+    """``choice`` ((record, tiling) or None: the default) with the layer placed otherwise:
+    a record whose trace takes the given first plane and install-ahead, and its tiling;
+    None when the choice's trace has no such decisions (a record older than them)."""
+    if choice is None:
+        d = {**default_decisions(task, cfg), "first_plane": first_plane, "install_ahead": install_ahead}
+        sch = trace_for(task, cfg, **d)
+        if sch is None:
+            return None
+        trace = sch.trace
+    else:
+        trace = choice[0].trace
+        cats = [i for i in trace.insts if i.kind.name == "SampleCategorical"]
+        if len(cats) != 3:  # k_split, first_plane, install_ahead (space_fn's order)
+            return None
+        for inst, value in zip(cats[1:], (first_plane, AHEAD.index(install_ahead))):
+            trace = trace.with_decision(inst, tvm.runtime.convert(value), remove_postproc=True)
+    rec = ms.database.TuningRecord(trace, db.commit_workload(workload_module(task, cfg)))
+    return rec, tiling_of_record(rec)
+
+
 def refine_in_context(mod, tasks: list, cfg: LPXConfig, log_dir: str, *, top_k: int = 4, sweeps: int = 2,
-                      model: "str | None" = None, report=None) -> RefineResult:
+                      model: "str | None" = None, report=None, place: bool = True) -> RefineResult:
     """Choose each task's schedule by the whole model's cycles (see the module docstring).
 
     ``mod``: the Relax module the tasks came from; ``tasks``: its tuning tasks (already
     tuned into the log at ``log_dir``); ``top_k`` isolated records per task are tried
     besides the default, over at most ``sweeps`` passes (a pass that changes nothing
-    ends it). ``report(state)`` is called after every evaluation (the CLI's progress bar).
+    ends it), then (``place``) one pass over each task's first plane and install-ahead.
+    ``report(state)`` is called after every evaluation (the CLI's progress bar).
     The choice is appended to the log; returns a :class:`RefineResult`.
     """
     start = time.perf_counter()
@@ -186,11 +214,35 @@ def refine_in_context(mod, tasks: list, cfg: LPXConfig, log_dir: str, *, top_k: 
                     current, best, changed = trial, cycles, True
         if not changed:
             break
+    if place:
+        state["phase"] = "placement"
+        for task in order:
+            state["task"] = task.name
+            for field_, values in (("first_plane", range(cfg.mxm_planes)), ("install_ahead", AHEAD)):
+                state["total"] += len(values) - 1
+                for value in values:
+                    cur = current[task.key]
+                    t = cur[1] if cur is not None else None
+                    now = dict(first_plane=t.first_plane if t else 0, install_ahead=t.install_ahead if t else 0)
+                    if now[field_] == value:
+                        continue
+                    opt = placed(db, task, cfg, cur, **{**now, field_: value})
+                    if opt is None:
+                        continue
+                    trial = {**current, task.key: opt}
+                    cycles = evaluate(trial)
+                    if cycles is not None and cycles < best:
+                        # Placement does not change the numerics, but the check keeps the
+                        # rule that only checked records apply.
+                        if record_passes(db, task, cfg, opt[0]):
+                            current, best = trial, cycles
     names = {t.key: t.name for t in order}
     choices = {}
     for key, c in current.items():
+        records = [r for r, _ in cands[key]]
         choices[names[key]] = ("default" if c is None else
-                               f"record {[r for r, _ in cands[key]].index(c[0]) + 1}: {describe(c[1])}")
+                               f"{f'record {records.index(c[0]) + 1}' if c[0] in records else 'placed'}: "
+                               f"{describe(c[1])}")
     db.commit_applied(cfg, {workload_module(t, cfg): (current[t.key][0] if current[t.key] else None) for t in order},
                       model=model, cycles=best, default_cycles=default_cycles, isolated_cycles=isolated_cycles)
     return RefineResult(default_cycles, isolated_cycles, best, choices, ctx.evaluations,

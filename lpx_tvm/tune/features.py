@@ -28,7 +28,7 @@ from .space import orders, output_blocks, reduction_tiles, task_key_of
 
 NAMES = ("log2_block_rows", "log2_blocks", "blocks_per_plane", "k_split", "reduction_tiles", "log2_installs",
          "log2_mul_cycles", "log2_mul_cycles_per_busy_plane", "install_over_mul", "busy_planes", "pack_taps",
-         "pack_rows", "log2_pack_vectors", "order_second", "log2_macs", "log2_estimated_cycles")
+         "pack_rows", "log2_pack_vectors", "order_second", "log2_macs", "log2_estimated_cycles", "first_plane", "install_ahead")
 
 
 def _counts(w, tiling, cfg: LPXConfig, batches: int) -> dict:
@@ -81,7 +81,8 @@ def candidate_features(w, tiling, cfg: LPXConfig, batches: int = 1) -> np.ndarra
                      n["tiles"], math.log2(n["installs"]), math.log2(n["mul"]), math.log2(n["mul"] / n["busy"]),
                      n["installs"] * cfg.lanes / n["mul"], n["busy"], n["pack"] == "taps", n["pack"] == "rows",
                      math.log2(1 + n["pack_vectors"]), tiling.order == orders(w)[1], math.log2(n["macs"]),
-                     math.log2(estimated_cycles(w, tiling, cfg, batches))], np.float32)
+                     math.log2(estimated_cycles(w, tiling, cfg, batches)), tiling.first_plane,
+                     tiling.install_ahead], np.float32)
 
 
 @derived_object

@@ -11,6 +11,11 @@ instructions, over the decisions LPX codegen reads back from the tile block:
   the accumulators (the other half drains meanwhile);
 - ``k_split``: how many MXM planes share one block's reduction tiles
   (``sample_categorical`` over 1 .. planes); each part accumulates its own partial sum;
+- ``first_plane``: the plane of the layer's first block (``sample_categorical`` over the
+  planes; the others follow round robin), and ``install_ahead``: how many of each
+  plane's first installs are issued ahead of the previous layers' remaining work (0, 1
+  or 2: the weight buffers). Both place the layer among its neighbours, so they are
+  judged in context (:mod:`.context`); measured alone they change little;
 - the loop order of the tile loops (``mnk`` / ``nmk``, ``noc`` / ``nco``): a structural
   choice, so one design space per order;
 - for a convolution with few input channels (at most half a tile), whether and how its
@@ -39,6 +44,7 @@ from ..tir_schedules import Conv2dWorkload, DenseWorkload, DepthwiseWorkload, de
 from ..tir_schedules.schedules import apply_tiling, k_split_rule, packed_tiles, packings, tiling_of
 from ..tir_schedules.workloads import MXM_BLOCK
 
+AHEAD = (0, 1, 2)  # install_ahead choices: up to the double weight buffer
 WORKLOADS = {c.__name__: c for c in (DenseWorkload, Conv2dWorkload, DepthwiseWorkload)}
 
 
@@ -151,7 +157,9 @@ def space_fn(w, cfg: LPXConfig):
             loop, _, limit = _rows_loop_and_limit(s, w, cfg)
             _, rows = s.sample_perfect_tile(loop, n=2, max_innermost_factor=limit)
             k_split = s.sample_categorical(list(range(1, planes + 1)), [1.0 / planes] * planes)
-            apply_tiling(s, w, rows, lanes, lanes, order, k_split, pack)
+            first_plane = s.sample_categorical(list(range(planes)), [1.0 / planes] * planes)
+            ahead = s.sample_categorical(list(AHEAD), [1.0 / len(AHEAD)] * len(AHEAD))
+            apply_tiling(s, w, rows, lanes, lanes, order, k_split, pack, first_plane, ahead)
             spaces.append(s)
         return spaces
 
@@ -165,7 +173,7 @@ def default_decisions(task: Task, cfg: LPXConfig) -> dict:
     t = default_tiling(cfg, w)
     rows = t.m if isinstance(w, DenseWorkload) else t.oh
     k_split = k_split_rule(cfg, output_blocks(w, rows, cfg.lanes, batches))
-    return {"order": t.order, "rows": rows, "k_split": k_split, "pack": ""}
+    return {"order": t.order, "rows": rows, "k_split": k_split, "pack": "", "first_plane": 0, "install_ahead": 0}
 
 
 def fits(w, tiling, cfg: LPXConfig) -> "str | None":
@@ -182,6 +190,10 @@ def fits(w, tiling, cfg: LPXConfig) -> "str | None":
         return f"{tiling.k_split} K parts for {tiles} reduction tiles"
     if tiling.k_split is not None and tiling.k_split > cfg.mxm_planes:
         return f"{tiling.k_split} K parts on {cfg.mxm_planes} planes"
+    if not 0 <= tiling.first_plane < cfg.mxm_planes:
+        return f"first plane {tiling.first_plane} of {cfg.mxm_planes} planes"
+    if tiling.install_ahead not in AHEAD:
+        return f"{tiling.install_ahead} installs ahead (the choices: {', '.join(map(str, AHEAD))})"
     return None
 
 
@@ -238,8 +250,11 @@ def design_space(task: Task, cfg: LPXConfig) -> ms.space_generator.ScheduleFn:
         mutator_probs={ms.mutator.MutateTileSize(): 0.5, MutateCategorical(): 0.5})
 
 
-def trace_for(task: Task, cfg: LPXConfig, order: str, rows: int, k_split: int, pack: str = ""):
+def trace_for(task: Task, cfg: LPXConfig, order: str, rows: int, k_split: int, pack: str = "",
+              first_plane: int = 0, install_ahead: int = 0):
     """A schedule of the design space with the given decisions (None when they are not in it)."""
+    if install_ahead not in AHEAD or not 0 <= first_plane < cfg.mxm_planes:
+        return None
     w = task.workload
     if (order, pack) not in structures(w, cfg.lanes):
         return None
@@ -247,6 +262,7 @@ def trace_for(task: Task, cfg: LPXConfig, order: str, rows: int, k_split: int, p
     sch = s_tir.Schedule(workload_module(task, cfg))
     space = space_fn(w, cfg)(sch)[i]
     trace = space.trace
+    categorical = iter([k_split - 1, first_plane, AHEAD.index(install_ahead)])  # in the order space_fn samples
     for inst in trace.insts:
         if inst.kind.name == "SamplePerfectTile":
             extent = _rows_loop_and_limit(s_tir.Schedule(workload_module(task, cfg)), w, cfg)[1]
@@ -254,7 +270,7 @@ def trace_for(task: Task, cfg: LPXConfig, order: str, rows: int, k_split: int, p
                 return None
             trace = trace.with_decision(inst, [extent // rows, rows], remove_postproc=True)
         elif inst.kind.name == "SampleCategorical":
-            trace = trace.with_decision(inst, tvm.runtime.convert(k_split - 1), remove_postproc=True)
+            trace = trace.with_decision(inst, tvm.runtime.convert(next(categorical)), remove_postproc=True)
     out = s_tir.Schedule(workload_module(task, cfg))
     trace.apply_to_schedule(out, remove_postproc=False)
     return out

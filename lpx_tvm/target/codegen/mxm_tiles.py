@@ -63,7 +63,7 @@ def conv_workload(ctx: LoweringContext, x_shape, w_shape, attrs) -> Conv2dWorklo
 def conv_tiles(ctx: LoweringContext, work, t, xp: Stored, per: int = 1, image=None):
     """The tile steps of a (dense or depthwise) convolution's tiling ``t``, with the
     activation window each step multiplies, the output block it accumulates into and
-    the tiling's K split. ``per`` > 1: kernel rows packed ``per`` taps per tile, read
+    the tiling itself. ``per`` > 1: kernel rows packed ``per`` taps per tile, read
     from ``image`` (the row image of the conv2d lowering): one step per tile, at its
     first tap."""
     lanes = ctx.cfg.lanes
@@ -84,7 +84,7 @@ def conv_tiles(ctx: LoweringContext, work, t, xp: Stored, per: int = 1, image=No
         n0, (oh0, ohe), c0 = step.writes["mxm"][0][0], step.writes["mxm"][1], step.writes["mxm"][3][0]
         return c0, (n0 * oh + oh0) * ow, ohe * ow
 
-    return steps, window, block, t.k_split
+    return steps, window, block, t
 
 
 def dense_steps(ctx: LoweringContext, op: RegionOp, rows: int, k: int, nn: int, batches: int = 1, tiling=None,
@@ -130,7 +130,7 @@ def matmul(ctx: LoweringContext, op: RegionOp, x: Stored, rows: int, k: int, nn:
     if tiling is None:
         ctx.macs += batches * rows * k * nn
     emit_mxm(ctx, op, steps, window, lambda s: dense_weights(s, k, lanes), lambda s: dense_block(s, rows), nn,
-             is_output, W=W, q=q, k_split=t.k_split)
+             is_output, t, W=W, q=q)
 
 
 def dense_install_planes(ctx: LoweringContext, op: RegionOp, rows: int, k: int, nn: int) -> dict:
@@ -140,7 +140,7 @@ def dense_install_planes(ctx: LoweringContext, op: RegionOp, rows: int, k: int, 
     lanes = ctx.cfg.lanes
     t, steps = dense_steps(ctx, op, rows, k, nn, record=False)
     keys = [dense_block(s, rows) for s in steps]
-    planes = part_planes(ctx.cfg, keys, k_parts(ctx, keys, t.k_split))
+    planes = part_planes(ctx.cfg, keys, k_parts(ctx, keys, t.k_split), t.first_plane)
     found = {}
     for s, plane in zip(steps, planes):
         j, row0, _ = dense_weights(s, k, lanes)
@@ -180,17 +180,24 @@ def k_parts(ctx: LoweringContext, keys: list, split: "int | None" = None) -> lis
     return out
 
 
-def part_planes(cfg, keys: list, parts: list) -> list:
+def part_planes(cfg, keys: list, parts: list, first_plane: int = 0) -> list:
     """The plane of each tile step: the planes take a layer's (block, K part)s round robin
-    in the order they first appear, from plane 0 (row block k of consecutive layers share
-    a plane, so a plane that finished its rows early goes on with the same rows)."""
+    in the order they first appear, from ``first_plane`` (a tiling's decision; by default
+    plane 0, so row block k of consecutive layers share a plane and a plane that finished
+    its rows early goes on with the same rows)."""
     first = {}
-    return [first.setdefault(kp, len(first) % cfg.mxm_planes) for kp in zip(keys, parts)]
+    return [first.setdefault(kp, (first_plane + len(first)) % cfg.mxm_planes) for kp in zip(keys, parts)]
 
 
 def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, channels: int, is_output: bool,
-             W=None, q=None, k_split=None):
+             tiling, W=None, q=None):
     """Install / multiply groups per tile, a drain group (with the epilogue) per output block.
+
+    ``tiling`` gives the K split, the first block's plane and how many installs each
+    plane hoists (``install_ahead``): a plane's first installs of the layer move, in
+    program order, to just after the last work that uses their weight buffer
+    (:meth:`~lpx_tvm.target.builder.ProgramBuilder.hoist`), ahead of the previous
+    layers' remaining drains and multiplies, which then yield them ports and streams.
 
     ``window(step)`` -> [(row offset in the block, Region)]; ``weights(step)`` -> (column
     tile, first row, end row) of the op's weight matrix; ``block(step)`` -> (first channel,
@@ -208,9 +215,11 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
     epi = q.epilogue if q else epilogue_steps(ctx, op, channels)
     tag = op.out
     keys = [block(s) for s in steps]
-    parts = k_parts(ctx, keys, k_split)
-    planes = part_planes(ctx.cfg, keys, parts)
-    ctx.planes.next = len(set(zip(keys, parts))) % ctx.cfg.mxm_planes  # other ops take planes on in turn
+    parts = k_parts(ctx, keys, tiling.k_split)
+    planes = part_planes(ctx.cfg, keys, parts, tiling.first_plane)
+    # other ops take planes on in turn
+    ctx.planes.next = (tiling.first_plane + len(set(zip(keys, parts)))) % ctx.cfg.mxm_planes
+    hoisted = [0] * ctx.cfg.mxm_planes
     last = {(keys[i], parts[i]): i for i in range(len(steps))}
     nparts = {key: part + 1 for key, part in last}
     live = {}  # (output block, K part) -> (plane, first accumulator row)
@@ -231,7 +240,10 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
             region = staging[i % 2].tile(0).rows(0, row1 - row0)
             b.group(f"{tag}.stream").dma_load(W.offset(j, row0), region)
             src = [(0, region)]
-        b.install(f"{tag}.install", plane, buf, src, width=min(channels - col0, lanes))
+        installs = b.install(f"{tag}.install", plane, buf, src, width=min(channels - col0, lanes))
+        if hoisted[plane] < tiling.install_ahead:
+            hoisted[plane] += 1
+            b.hoist(installs)
         for offset, region in window(s):
             g = b.group(f"{tag}.mul")
             g.mul(plane, buf, g.read(region), acc=acc + offset, accumulate=not first)

@@ -54,7 +54,7 @@ def lower_conv2d(ctx: LoweringContext, op: RegionOp, is_output: bool, q=None):
         return _conv_taps_packed(ctx, op, xp, work, t, c, co, is_output, q)
     per = taps_per_tile(work, lanes, pack) if pack == "rows" else 1
     image = _row_image(ctx, op, xp, work, t, c, per) if pack == "rows" else None
-    steps, window, block, k_split = conv_tiles(ctx, work, t, xp, per, image)
+    steps, window, block, tiling = conv_tiles(ctx, work, t, xp, per, image)
 
     def weights(step):
         # Row (tap * c + ci) of the weight matrix: input channel ci at one tap.
@@ -62,7 +62,7 @@ def lower_conv2d(ctx: LoweringContext, op: RegionOp, is_output: bool, q=None):
         base = (kh0 * kw + kw0) * c + ci0
         return co0 // lanes, base, base + min(c - ci0, lanes) * min(per, kw - kw0)  # rows packing: the row's taps
 
-    emit_mxm(ctx, op, steps, window, weights, block, co, is_output, q=q, k_split=k_split)
+    emit_mxm(ctx, op, steps, window, weights, block, co, is_output, tiling, q=q)
 
 
 def _conv_taps_packed(ctx: LoweringContext, op: RegionOp, xp: Stored, work, t, c: int, co: int, is_output: bool,
@@ -107,7 +107,8 @@ def _conv_taps_packed(ctx: LoweringContext, op: RegionOp, xp: Stored, work, t, c
                         lane_pass(ctx, f"{op.out}.im2col", src, dst, slot * c, c, passes % n_sxm, add=slot > 0)
                         passes += 1
     order = {"noc": "mnk", "nco": "nmk"}[t.order]
-    tiling = DenseTiling(m=t.oh * ow, k=lanes, n=lanes, order=order, k_split=t.k_split)
+    tiling = DenseTiling(m=t.oh * ow, k=lanes, n=lanes, order=order, k_split=t.k_split,
+                         first_plane=t.first_plane, install_ahead=t.install_ahead)
     matmul(ctx, op, Stored(cols, (rows, len(tiles) * lanes)), rows, len(tiles) * lanes, co, is_output, q=q,
            tiling=tiling)
 

@@ -26,7 +26,7 @@ def lower_depthwise(ctx: LoweringContext, op: RegionOp, x: Stored, w: np.ndarray
     cpad = round_up(c, lanes)
     work = DepthwiseWorkload(n, hp, wp, cpad, kh, kw, (sh, sw), (dh, dw), TVM_DTYPE[ctx.dtype])
     oh, ow = work.OH, work.OW
-    steps, window, block, k_split = conv_tiles(ctx, work, layer_tiling(ctx, op, work), xp)
+    steps, window, block, tiling = conv_tiles(ctx, work, layer_tiling(ctx, op, work), xp)
 
     def weights(step):
         kh0, kw0, c0 = (step.reads["W"][d][0] for d in range(3))
@@ -34,4 +34,4 @@ def lower_depthwise(ctx: LoweringContext, op: RegionOp, x: Stored, w: np.ndarray
         return 0, base, base + min(c - c0, lanes)
 
     ctx.macs += n * oh * ow * c * kh * kw
-    emit_mxm(ctx, op, steps, window, weights, block, c, is_output, q=q, k_split=k_split)
+    emit_mxm(ctx, op, steps, window, weights, block, c, is_output, tiling, q=q)
