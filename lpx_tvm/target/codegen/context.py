@@ -55,6 +55,10 @@ class LoweringContext:
     layer_ops
         Op name -> the composite a lowering was given when it lowers a view of it (an
         int8 op as its integer conv2d): the tuning task is the whole composite.
+    dequantized
+        Int8 MXM op name -> (the ``lpx.dequantize`` op that alone reads it, whether that
+        op's value is a region output): the drain dequantizes on the way out
+        (:func:`~.quant.fusable_dequantizes`).
     fills, lane_maps
         Constant fill vectors and SXM permutation tables made so far (shared).
     scratch
@@ -79,6 +83,7 @@ class LoweringContext:
     input_transforms: dict = field(default_factory=dict)
     im2col_values: dict = field(default_factory=dict)
     layer_ops: dict = field(default_factory=dict)
+    dequantized: dict = field(default_factory=dict)
     fills: dict = field(default_factory=dict)
     lane_maps: dict = field(default_factory=dict)
     scratch: list = field(default_factory=list)

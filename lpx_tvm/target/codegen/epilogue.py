@@ -1,4 +1,5 @@
-"""The fused epilogue of an MXM op or an elementwise op: bias, clips, requantization."""
+"""The fused epilogue of an MXM op or an elementwise op: bias, clips, requantization, and
+a dequantization that follows it."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import numpy as np
 
 from .context import LoweringContext
 from .graph import RegionOp, UnsupportedOnLPX
+from .quant import dequantized
 
 
 def epilogue_steps(ctx: LoweringContext, op: RegionOp, channels: int) -> list:
@@ -38,6 +40,8 @@ def apply_epilogue(g, y, epilogue, tile: int, rows: int):
         elif e[0] == "requant":  # int32 -> int8 / uint8 with a per-channel scale
             _, scale, zp, to = e
             y = g.vxm("vxm.requant", y, g.read(scale.tile(tile).repeat(rows)), to=to, zp=zp)
+        elif e[0] == "dequant":  # int8 / uint8 -> fp32, (q - zp) * scale: a fused DequantizeLinear
+            y = dequantized(g, y, e[1], e[2])
         else:
             _, lo, hi = e
             if lo is not None and np.isfinite(lo):

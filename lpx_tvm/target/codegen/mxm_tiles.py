@@ -223,7 +223,7 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
     last = {(keys[i], parts[i]): i for i in range(len(steps))}
     nparts = {key: part + 1 for key, part in last}
     live = {}  # (output block, K part) -> (plane, first accumulator row)
-    partial = {}  # output block -> fp32 SRAM sum of the K parts drained so far
+    partial = {}  # output block -> fp32 SRAM sums of its K parts drained so far, one tensor each
     for i, s in enumerate(steps):
         key = block(s)
         col0, first_row, nrows = key
@@ -252,17 +252,19 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
         g = b.group(f"{tag}.drain")
         v = g.drain(plane, acc, nrows, ctx.acc)
         del live[part]
-        if key in partial:
-            v = g.vxm("vxm.add", v, g.read(partial[key].tile(0)))
-        if parts[i] + 1 < nparts[key]:  # more K parts to come: keep the fp32 sum
-            if key not in partial:
-                # The last part's drain also reads the bias (int8: and the requantization scale) rows.
-                avoid = [sl for e in epi if e[0] in ("bias", "requant") for sl, _ in e[1].layout.tiles]
-                partial[key] = b.tensor(f"{tag}.partial", (nrows, lanes), ctx.acc, avoid=avoid)
-            g.write(v, partial[key].tile(0))
+        if parts[i] + 1 < nparts[key]:  # more K parts to come: keep this part's fp32 sum
+            # Each part its own buffer, on slices of its own (the last part's drain reads
+            # them all, and the bias and requantization rows, in one group): no part waits
+            # on another's sum, only the last on all of them.
+            held = partial.setdefault(key, [])
+            avoid = [sl for e in epi if e[0] in ("bias", "requant") for sl, _ in e[1].layout.tiles]
+            avoid += [sl for t in held for sl, _ in t.layout.tiles]
+            held.append(b.tensor(f"{tag}.partial{len(held)}", (nrows, lanes), ctx.acc, avoid=avoid))
+            g.write(v, held[-1].tile(0))
             continue
-        if key in partial:
-            b.free(partial.pop(key))
+        for t in partial.pop(key, []):
+            v = g.vxm("vxm.add", v, g.read(t.tile(0)))
+            b.free(t)
         v = apply_epilogue(g, v, epi, col0 // lanes, nrows)
         write_rows(ctx, g, v, y, col0 // lanes, first_row, first_row + nrows)
     ctx.values[op.out] = y

@@ -57,3 +57,44 @@ def mxm_view(op: RegionOp) -> RegionOp:
     core = step_of(op, "nn.conv2d" if op.composite == "lpx.qconv2d" else "matmul")
     main = Step(core.op, [op.main.args[0], core.args[1]], core.attrs, core.shape, core.dtype)
     return RegionOp(op.composite, main, [], op.out, op.shape, op.dtype)
+
+
+QMXM_OUTPUT_STEPS = 2  # VXM ops of an int8 MXM drain's own epilogue: the int32 bias, the requantization
+
+
+def dequantized(g, v, scale: float, zp: int):
+    """(v - zp) * scale in fp32, as ONNX DequantizeLinear computes it."""
+    v = g.vxm("vxm.cvt", v, to=DType.FP32)
+    if zp:
+        v = g.vxm("vxm.sub", v, imm=float(zp))
+    return g.vxm("vxm.mul", v, imm=scale)
+
+
+def fusable_dequantizes(region, alus: int, planes: int) -> dict:
+    """{int8 MXM op name: (dequantize op, is a region output)} for each int8 conv2d /
+    dense whose value only an ``lpx.dequantize`` reads (a QDQ model's float output, or
+    the float input of an op that runs in float): its drains dequantize the requantized
+    rows on the way to SRAM, instead of a pass that writes them and reads them back.
+    Only where the drain's chain of VXM ops (the K parts' adds, bias, requantization,
+    and the dequantization) fits the ALUs: each op holds one while the rows stream."""
+    readers = {}
+    for op in region.ops:
+        for s in [op.main] + op.epilogue:
+            for a in s.args:
+                if not a.is_const:
+                    readers.setdefault(a.name, []).append(op)
+    producers = {op.out: op for op in region.ops if op.composite in QMXM_COMPOSITES}
+    out = {}
+    for name, op in producers.items():
+        users = readers.get(name, [])
+        if name in region.outputs or len(users) != 1 or users[0].composite != "lpx.dequantize":
+            continue
+        dq = users[0]
+        try:
+            zp = int(round(scalar(dq.main.args[2])))
+            scalar(dq.main.args[1])
+        except UnsupportedOnLPX:
+            continue  # a per-channel scale: the dequantize runs as its own pass
+        if (planes - 1) + QMXM_OUTPUT_STEPS + 2 + bool(zp) <= alus:
+            out[name] = (dq, dq.out in region.outputs)
+    return out

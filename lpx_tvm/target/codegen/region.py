@@ -33,7 +33,7 @@ from .lowerings import FAMILIES  # noqa: F401  (importing them registers every l
 from .offchip import Spilled, lower_by_bands, spill_param
 from .options import CodegenOptions, current_options
 from .policy import TilingPolicy
-from .quant import relax_dtype
+from .quant import fusable_dequantizes, relax_dtype
 from .registry import lower
 from .storage import Stored, StreamedWeights, row_align, stored_shape
 from .values import copy_value, release
@@ -133,6 +133,8 @@ def _compile(ctx: LoweringContext, region: Region) -> CompiledRegion:
             if arg.name in names:
                 last_use[arg.name] = i
     keep = set(region.outputs)
+    if ctx.int8 and not ctx.offchip:
+        ctx.dequantized = fusable_dequantizes(region, ctx.cfg.vxm_alus, ctx.cfg.mxm_planes)
     # Constants go first: the initial image must sit in lines that working space never
     # touches, which the allocator can only promise for space it has not handed out yet.
     ctx.weights = {op.out: place_weights(ctx, op) for op in region.ops}

@@ -13,7 +13,10 @@
   defines it), added, scaled by ``1 / s_y``, rounded to int32, ``+ z_y``, saturated.
 - ``lpx.qglobal_avg_pool2d``: the pixel sums on the MXM (a column of int8 ones, int32
   accumulators), ``- z_x * H * W``, then ``vxm.requant`` by ``s_x / (H * W * s_y)``.
-- ``lpx.quantize`` / ``lpx.dequantize``: a model's float input and output.
+- ``lpx.quantize`` / ``lpx.dequantize``: a model's float input and output. A dequantize
+  that alone reads an int8 conv2d / dense is fused into that op's drains (the rows are
+  requantized, then dequantized on their way to SRAM: the same values as two passes,
+  without writing the int8 rows and reading them back).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from ..context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..mxm_tiles import matmul, pixel_sums
 from ..passes import rowwise, write_rows
-from ..quant import QEpilogue, mxm_view, relax_dtype, scalar, step_of
+from ..quant import QEpilogue, dequantized, mxm_view, relax_dtype, scalar, step_of
 from ..registry import register_lowering
 from ..rules import spatial_mean_problem
 from ..storage import Stored
@@ -75,19 +78,15 @@ def lower_qmxm(ctx: LoweringContext, op: RegionOp, is_output: bool):
     # The drain reads both beside the accumulators: on different slices (one read port each).
     mult = ctx.temp(_beside(ctx, f"{op.out}.requant", (1.0 / scale).reshape(1, channels), bias_t))
     q = QEpilogue(float(zx), [("bias", bias_t), ("requant", mult, zy, out_dt)], out_dt)
+    if op.out in ctx.dequantized:  # its only reader dequantizes it: the drains do, into that op's value
+        dq, is_output = ctx.dequantized[op.out]
+        q.epilogue.append(("dequant", scalar(dq.main.args[1]), _zero_point(dq.main.args[2])))
+        q.out_dtype = DType.FP32
     if conv:
         return lower_conv2d(ctx, view, is_output, q)
     x = ctx.value(view.main.args[0])
     k, nn = w.shape
     return matmul(ctx, view, x, math.prod(x.shape[:-1]), k, nn, is_output, q=q)
-
-
-def _dequantized(g, v, scale: float, zp: int):
-    """(v - zp) * scale in fp32, as ONNX DequantizeLinear computes it."""
-    v = g.vxm("vxm.cvt", v, to=DType.FP32)
-    if zp:
-        v = g.vxm("vxm.sub", v, imm=float(zp))
-    return g.vxm("vxm.mul", v, imm=scale)
 
 
 def _quantized(g, v, scale: float, zp: int, out_dt: DType):
@@ -112,7 +111,7 @@ def lower_qadd(ctx: LoweringContext, op: RegionOp, is_output: bool):
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x], dtype=out_dt)
 
     def dequantized_sum(g, vs):
-        return g.vxm("vxm.add", _dequantized(g, vs[0], sa, za), _dequantized(g, vs[1], sb, zb))
+        return g.vxm("vxm.add", dequantized(g, vs[0], sa, za), dequantized(g, vs[1], sb, zb))
 
     # Every VXM op of one group holds an ALU for as long as the rows stream through it:
     # a chain longer than the machine has ALUs runs as two groups, through an fp32 sum.
@@ -143,10 +142,14 @@ def lower_quantize(ctx: LoweringContext, op: RegionOp, is_output: bool):
 
 @register_lowering("lpx.dequantize")
 def lower_dequantize(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    src = op.main.args[0].name
+    if ctx.dequantized.get(src, (None,))[0] is op:
+        ctx.values[op.out] = ctx.values[src]  # its producer's drains dequantized it already
+        return
     x = ctx.value(op.main.args[0])
     s, zp = scalar(op.main.args[1]), _zero_point(op.main.args[2])
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x], dtype=DType.FP32)
-    rowwise(ctx, f"{op.out}.dequantize", [x], y, lambda g, vs: _dequantized(g, vs[0], s, zp))
+    rowwise(ctx, f"{op.out}.dequantize", [x], y, lambda g, vs: dequantized(g, vs[0], s, zp))
     ctx.values[op.out] = y
 
 
