@@ -20,6 +20,7 @@ from lpx_tvm.relax_passes import import_onnx
 from lpx_tvm.sim import Simulator
 from lpx_tvm.target.builder import ProgramBuilder
 from lpx_tvm.target.codegen import TilingPolicy
+from lpx_tvm.target.codegen.mxm_tiles import wavefront
 from lpx_tvm.tir_schedules import default_tiling
 from lpx_tvm.tir_schedules.schedules import DenseTiling, describe
 from lpx_tvm.tune.space import fits
@@ -123,3 +124,28 @@ def test_placement_decisions_are_checked_and_described():
     assert "3 installs ahead" in fits(w, dataclasses.replace(t, install_ahead=3), MINI)
     assert describe(dataclasses.replace(t, first_plane=1, install_ahead=2)).endswith(
         "first plane 1, 2 install(s) ahead")
+
+
+def test_wavefront_emits_one_round_of_the_planes_side_by_side():
+    # Blocks A, B, C of 2 tiles each on 2 planes (A, C on plane 0, B on plane 1), in the
+    # schedule's order A0 A1 B0 B1 C0 C1: round 0 is A and B, step by step (A0 B0 A1 B1),
+    # then round 1, C alone.
+    keys = ["A", "A", "B", "B", "C", "C"]
+    parts = [0] * 6
+    planes = [0, 0, 1, 1, 0, 0]
+    assert wavefront(keys, parts, planes) == [0, 2, 1, 3, 4, 5]
+    # K parts of one block are (block, part)s of their own: a block split in 2 parts of
+    # 2 tiles on planes 0 and 1 runs both parts side by side.
+    assert wavefront(["A"] * 4, [0, 0, 1, 1], [0, 0, 1, 1]) == [0, 2, 1, 3]
+
+
+def test_region_outputs_sit_next_to_the_vxm(tmp_path):
+    model, w1, w2 = _two_dense()
+    x = RNG.integers(-3, 4, (4, 32)).astype(np.float32)
+    got, program = _run(model, {}, x)
+    np.testing.assert_array_equal(got, np.maximum(x @ w1, 0) @ w2)
+    (out,) = [b for b in program.bindings if b.role == "output"]
+    # mini's floorplan: MXM, SXM, 4 MEM (positions 2-5), VXM (6), 4 MEM (7-10), SXM, MXM.
+    # The output's 3 column tiles take the slices 1 hop from the VXM (3 and 4), then one
+    # 2 hops away (2 before 5).
+    assert sorted(sl for sl, _ in out.layout.tiles) == [2, 3, 4]

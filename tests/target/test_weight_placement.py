@@ -87,5 +87,9 @@ def test_gemv_planes_and_slices(tmp_path):
         assert (src < 44) == west_plane, f"plane {ins.unit} installs from slice {src} across the VXM"
     assert all(len(planes) == 1 for planes in feeds.values()), "a slice feeds two planes"
     assert len(lanes) == 4 * 8
-    assert all(1 <= len(s) <= 3 for s in lanes.values())  # 44 slices a side dealt to 2 planes x 8 lanes: 2 or 3 each
-    assert len({s for ss in lanes.values() for s in ss}) == len(feeds)
+    # A side keeps for the pools its 32 slices farthest from the VXM, one per int8 lane
+    # of its 2 planes (west: slices 0-31 at positions 3-34; east: 56-87 at 60-91), and
+    # leaves the 12 nearest to the working space; its 2 planes x 8 fp16 lanes get 2 each.
+    assert all(len(s) == 2 for s in lanes.values())
+    used = {s for ss in lanes.values() for s in ss}
+    assert used == set(range(32)) | set(range(56, 88)) and len(used) == len(feeds)

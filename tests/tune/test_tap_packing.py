@@ -15,6 +15,7 @@ from lpx_tvm.relax_passes import import_onnx
 from lpx_tvm.machine.config import load_config
 from lpx_tvm.tir_schedules import Conv2dTiling, Conv2dWorkload, default_tiling
 from lpx_tvm.tir_schedules.schedules import packed_tiles, packings, taps_per_tile, tiling_of
+from lpx_tvm.tune.database import TuningLog, best_records, load_tuned, tiling_of_record
 from lpx_tvm.tune.measure import task_cycles
 from lpx_tvm.tune.space import LPXFits, fits, space_fn, structures, workload_module
 from lpx_tvm.tune.tuner import extract_tasks, tune
@@ -162,4 +163,13 @@ def test_int8_layers_are_measured_as_tuning_tasks(tmp_path):
     assert task_cycles(task, TSP, None) > 0
     results = tune([task], TSP, str(tmp_path / "log"), 3, seed=1)
     assert results[0].error is None and results[0].trials == 3
-    assert results[0].tuned_cycles <= results[0].default_cycles
+    # The log's best record applies, and the model built with it gives the default
+    # build's integers.
+    log = str(tmp_path / "log")
+    (best, _), = best_records(TuningLog(log), TSP).values()
+    tuned = load_tuned(log, TSP)
+    assert tuned == {task.key: tiling_of_record(best)}
+    x = np.random.default_rng(5).standard_normal((1, 40, 11, 11)).astype(np.float32)
+    got, _ = run(onnx.load(path), TSP, "int8", tuned, x)
+    want, _ = run(onnx.load(path), TSP, "int8", {}, x)
+    np.testing.assert_array_equal(got, want)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import itertools
 
+from ...errors import SramFull
 from ...machine.isa import DType
 from ...machine.timing import dma_cycles, install_cycles
 from ...tir_schedules import Conv2dWorkload, DenseTiling, DenseWorkload, default_tiling, round_up, schedule, tile_steps
@@ -189,6 +190,40 @@ def part_planes(cfg, keys: list, parts: list, first_plane: int = 0) -> list:
     return [first.setdefault(kp, (first_plane + len(first)) % cfg.mxm_planes) for kp in zip(keys, parts)]
 
 
+def partial_buffer(ctx: LoweringContext, name: str, rows: int, plane: int, avoid):
+    """An fp32 buffer for one K part's partial sum: on the drained plane's side of the
+    VXM, as near the VXM as a slice (not of ``avoid``) has room. The drain streams
+    towards the VXM, against the direction the plane's installs and activations flow,
+    and the last part's drain reads the buffer back into the VXM on its critical path."""
+    cfg, b = ctx.cfg, ctx.builder
+    vxm = cfg.position("VXM")
+    west = cfg.position("MXM", plane) < vxm
+    side = [s for s in range(cfg.mem_slices) if (cfg.position("MEM", s) < vxm) == west and s not in avoid]
+    for sl in sorted(side, key=lambda s: abs(cfg.position("MEM", s) - vxm)):
+        try:
+            return b.tensor(name, (rows, cfg.lanes), ctx.acc, slices=[sl])
+        except SramFull:
+            continue
+    return b.tensor(name, (rows, cfg.lanes), ctx.acc, avoid=avoid)
+
+
+def wavefront(keys: list, parts: list, planes: list) -> list:
+    """The order tile steps are emitted in: the planes' (block, K part)s of one round side
+    by side, step by step (step 0 of every plane's part, then step 1, ...), so that the
+    placer, which gives earlier groups first pick of ports and streams, meets the planes'
+    work in about the order it runs; each part's own steps keep their order."""
+    round_of, index, seen = {}, [], {}
+    count = {}
+    for i, kp in enumerate(zip(keys, parts)):
+        if kp not in round_of:
+            p = planes[i]
+            round_of[kp] = count.get(p, 0)
+            count[p] = round_of[kp] + 1
+        index.append(seen.get(kp, 0))
+        seen[kp] = index[-1] + 1
+    return sorted(range(len(keys)), key=lambda i: (round_of[(keys[i], parts[i])], index[i], planes[i]))
+
+
 def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, channels: int, is_output: bool,
              tiling, W=None, q=None):
     """Install / multiply groups per tile, a drain group (with the epilogue) per output block.
@@ -220,11 +255,16 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
     # other ops take planes on in turn
     ctx.planes.next = (tiling.first_plane + len(set(zip(keys, parts)))) % ctx.cfg.mxm_planes
     hoisted = [0] * ctx.cfg.mxm_planes
-    last = {(keys[i], parts[i]): i for i in range(len(steps))}
-    nparts = {key: part + 1 for key, part in last}
+    order = wavefront(keys, parts, planes)
+    last = {(keys[i], parts[i]): i for i in order}
+    nparts = {}
+    for key, part in last:
+        nparts[key] = nparts.get(key, 0) + 1
+    drained = {}
     live = {}  # (output block, K part) -> (plane, first accumulator row)
     partial = {}  # output block -> fp32 SRAM sums of its K parts drained so far, one tensor each
-    for i, s in enumerate(steps):
+    for n_emitted, i in enumerate(order):
+        s = steps[i]
         key = block(s)
         col0, first_row, nrows = key
         part = (key, parts[i])
@@ -237,7 +277,7 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
         if staging is None:
             src = [(r - row0, region) for r, region in W.segments(j, row0, row1)]
         else:
-            region = staging[i % 2].tile(0).rows(0, row1 - row0)
+            region = staging[n_emitted % 2].tile(0).rows(0, row1 - row0)
             b.group(f"{tag}.stream").dma_load(W.offset(j, row0), region)
             src = [(0, region)]
         installs = b.install(f"{tag}.install", plane, buf, src, width=min(channels - col0, lanes))
@@ -252,14 +292,15 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
         g = b.group(f"{tag}.drain")
         v = g.drain(plane, acc, nrows, ctx.acc)
         del live[part]
-        if parts[i] + 1 < nparts[key]:  # more K parts to come: keep this part's fp32 sum
+        drained[key] = drained.get(key, 0) + 1
+        if drained[key] < nparts[key]:  # more K parts to come: keep this part's fp32 sum
             # Each part its own buffer, on slices of its own (the last part's drain reads
             # them all, and the bias and requantization rows, in one group): no part waits
             # on another's sum, only the last on all of them.
             held = partial.setdefault(key, [])
             avoid = [sl for e in epi if e[0] in ("bias", "requant") for sl, _ in e[1].layout.tiles]
             avoid += [sl for t in held for sl, _ in t.layout.tiles]
-            held.append(b.tensor(f"{tag}.partial{len(held)}", (nrows, lanes), ctx.acc, avoid=avoid))
+            held.append(partial_buffer(ctx, f"{tag}.partial{len(held)}", nrows, plane, avoid))
             g.write(v, held[-1].tile(0))
             continue
         for t in partial.pop(key, []):

@@ -16,9 +16,21 @@ def new_value(ctx: LoweringContext, name: str, shape: tuple, is_output: bool = F
     the slices of the values in ``avoid`` — or, when those cover every slice with room
     (a value of many column tiles spreads over all of them), each column tile clear of
     the slices of the tiles of ``avoid`` read beside it (:func:`beside_slices`; ``beside``
-    names those tiles when the default rule does not know them)."""
+    names those tiles when the default rule does not know them). An output binding goes
+    next to the VXM."""
     kw = dict(role="output" if is_output else None, row_align=row_align(shape), spread=ctx.spread_of(shape))
     stored, dt = stored_shape(shape), dtype or ctx.dtype
+    if is_output:
+        # Read only by the host: nearest the VXM, which writes it (the far end of a side is
+        # 44 hops away on tsp), tile j on the j-th nearest slice clear of ``avoid``.
+        vxm = ctx.cfg.position("VXM")
+        clear = set(slices_of(avoid))
+        near = sorted((s for s in range(ctx.cfg.mem_slices) if s not in clear),
+                      key=lambda s: (abs(ctx.cfg.position("MEM", s) - vxm), s))
+        try:
+            return Stored(ctx.builder.tensor(name, stored, dt, slices=near, **kw), shape)
+        except SramFull:
+            pass  # no room on those: wherever the allocator finds it
     try:
         t = ctx.builder.tensor(name, stored, dt, avoid=slices_of(avoid), **kw)
     except SramFull:

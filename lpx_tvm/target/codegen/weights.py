@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import SchedulingError
+from ...machine.isa import DType
 from ...machine.timing import install_lanes, planes_beside
 from ...tir_schedules import round_up
 from ...tir_schedules.schedules import taps_per_tile
@@ -64,15 +65,22 @@ def weight_matrix(ctx: LoweringContext, op: RegionOp) -> "tuple | None":
 
 
 def install_pool(cfg, plane: int, lane: int, lanes: int) -> tuple:
-    """The SRAM slices install lane ``lane`` (of ``lanes``) of ``plane`` reads its weight
+    """The SRAM slice(s) install lane ``lane`` (of ``lanes``) of ``plane`` reads its weight
     rows from: the slices on the plane's side of the VXM, dealt out in turn to the lanes
     of the planes on that side. Planes installing at once, and the lanes of one plane,
-    then read through different slices' ports, and no weight crosses the VXM."""
+    then read through different slices' ports, and no weight crosses the VXM. A lane
+    reads one chunk at a time: one slice per lane of the widest case (int8, a lane per
+    install stream) is enough, and the side's slices beyond those, the ones nearest the
+    VXM, are left to the working space (the layer's input and output, K parts' sums),
+    whose reads would otherwise hold a port an install part needs for all its rows."""
     vxm = cfg.position("VXM")
     west = cfg.position("MXM", plane) < vxm
     planes = planes_beside(cfg, plane)
     slices = [s for s in range(cfg.mem_slices) if (cfg.position("MEM", s) < vxm) == west]
     k, n = planes.index(plane) * lanes + lane, len(planes) * lanes
+    widest = len(planes) * install_lanes(cfg, DType.INT8)
+    if len(slices) > widest:
+        slices = sorted(sorted(slices, key=lambda s: -abs(cfg.position("MEM", s) - vxm))[:widest])
     return tuple(slices[k::n]) if len(slices) >= n else (slices[k % len(slices)],)
 
 
