@@ -50,6 +50,19 @@ def planes_beside(cfg: LPXConfig, plane: int) -> list:
     return [p for p in range(cfg.mxm_planes) if (cfg.position("MXM", p) < vxm) == west]
 
 
+def slices_beside(cfg: LPXConfig, plane: int) -> list:
+    """The SRAM slices on the same side of the VXM as MXM ``plane``, in index order."""
+    vxm = cfg.position("VXM")
+    west = cfg.position("MXM", plane) < vxm
+    return [s for s in range(cfg.mem_slices) if (cfg.position("MEM", s) < vxm) == west]
+
+
+def nearest_vxm(cfg: LPXConfig, slices) -> list:
+    """``slices`` nearest the VXM first (hops from it; ties, one a side: the lower index)."""
+    vxm = cfg.position("VXM")
+    return sorted(slices, key=lambda s: (abs(cfg.position("MEM", s) - vxm), s))
+
+
 def install_ports(dtype: DType, lane: int, plane: int) -> tuple:
     """The install streams (ports) of ``plane`` that install lane ``lane`` holds."""
     w = dtype.itemsize

@@ -3,12 +3,13 @@ TensorIR schedule, and the install / multiply / drain groups they become."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 
 from ...errors import SramFull
 from ...machine.isa import DType
-from ...machine.timing import dma_cycles, install_cycles
+from ...machine.timing import dma_cycles, install_cycles, nearest_vxm, slices_beside
 from ...tir_schedules import Conv2dWorkload, DenseTiling, DenseWorkload, default_tiling, round_up, schedule, tile_steps
 from ...tir_schedules.schedules import Conv2dTiling, block_parts, k_split_rule
 from .context import LoweringContext
@@ -196,10 +197,7 @@ def partial_buffer(ctx: LoweringContext, name: str, rows: int, plane: int, avoid
     towards the VXM, against the direction the plane's installs and activations flow,
     and the last part's drain reads the buffer back into the VXM on its critical path."""
     cfg, b = ctx.cfg, ctx.builder
-    vxm = cfg.position("VXM")
-    west = cfg.position("MXM", plane) < vxm
-    side = [s for s in range(cfg.mem_slices) if (cfg.position("MEM", s) < vxm) == west and s not in avoid]
-    for sl in sorted(side, key=lambda s: abs(cfg.position("MEM", s) - vxm)):
+    for sl in nearest_vxm(cfg, [s for s in slices_beside(cfg, plane) if s not in avoid]):
         try:
             return b.tensor(name, (rows, cfg.lanes), ctx.acc, slices=[sl])
         except SramFull:
@@ -257,9 +255,7 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
     hoisted = [0] * ctx.cfg.mxm_planes
     order = wavefront(keys, parts, planes)
     last = {(keys[i], parts[i]): i for i in order}
-    nparts = {}
-    for key, part in last:
-        nparts[key] = nparts.get(key, 0) + 1
+    nparts = collections.Counter(key for key, _ in last)
     drained = {}
     live = {}  # (output block, K part) -> (plane, first accumulator row)
     partial = {}  # output block -> fp32 SRAM sums of its K parts drained so far, one tensor each

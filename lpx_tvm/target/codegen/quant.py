@@ -49,6 +49,11 @@ def scalar(operand) -> float:
     return float(a.reshape(-1)[0])
 
 
+def zero_point(operand) -> int:
+    """A zero point operand as one integer."""
+    return int(round(scalar(operand)))
+
+
 def mxm_view(op: RegionOp) -> RegionOp:
     """An int8 MXM composite seen as its integer conv2d / matmul of the stored values
     (what the weight placement and the MXM lowering read); other ops unchanged."""
@@ -91,7 +96,7 @@ def fusable_dequantizes(region, alus: int, planes: int) -> dict:
             continue
         dq = users[0]
         try:
-            zp = int(round(scalar(dq.main.args[2])))
+            zp = zero_point(dq.main.args[2])
             scalar(dq.main.args[1])
         except UnsupportedOnLPX:
             continue  # a per-channel scale: the dequantize runs as its own pass

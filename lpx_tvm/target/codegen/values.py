@@ -4,6 +4,7 @@ read side by side on different slices (a slice has one read port)."""
 from __future__ import annotations
 
 from ...errors import SramFull
+from ...machine.timing import nearest_vxm
 from ..builder import OffchipTensor
 from .context import LoweringContext
 from .passes import rowwise
@@ -20,9 +21,8 @@ def new_value(ctx: LoweringContext, name: str, shape: tuple, is_output: bool = F
     next to the VXM."""
     kw = dict(role="output" if is_output else None, row_align=row_align(shape), spread=ctx.spread_of(shape))
     stored, dt = stored_shape(shape), dtype or ctx.dtype
-    vxm = ctx.cfg.position("VXM")
-    near = sorted((s for s in range(ctx.cfg.mem_slices) if s not in set(slices_of(avoid))),
-                  key=lambda s: (abs(ctx.cfg.position("MEM", s) - vxm), s)) if is_output else []
+    clear = set(slices_of(avoid))
+    near = nearest_vxm(ctx.cfg, [s for s in range(ctx.cfg.mem_slices) if s not in clear]) if is_output else []
     if near:
         # Read only by the host: nearest the VXM, which writes it (the far end of a side is
         # 44 hops away on tsp), tile j on the j-th nearest slice clear of ``avoid``.

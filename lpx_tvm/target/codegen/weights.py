@@ -8,7 +8,7 @@ import numpy as np
 
 from ...errors import SchedulingError
 from ...machine.isa import DType
-from ...machine.timing import install_lanes, planes_beside
+from ...machine.timing import install_lanes, nearest_vxm, planes_beside, slices_beside
 from ...tir_schedules import round_up
 from ...tir_schedules.schedules import taps_per_tile
 from .context import LoweringContext
@@ -73,14 +73,12 @@ def install_pool(cfg, plane: int, lane: int, lanes: int) -> tuple:
     install stream) is enough, and the side's slices beyond those, the ones nearest the
     VXM, are left to the working space (the layer's input and output, K parts' sums),
     whose reads would otherwise hold a port an install part needs for all its rows."""
-    vxm = cfg.position("VXM")
-    west = cfg.position("MXM", plane) < vxm
     planes = planes_beside(cfg, plane)
-    slices = [s for s in range(cfg.mem_slices) if (cfg.position("MEM", s) < vxm) == west]
+    slices = slices_beside(cfg, plane)
     k, n = planes.index(plane) * lanes + lane, len(planes) * lanes
     widest = len(planes) * install_lanes(cfg, DType.INT8)
     if len(slices) > widest:
-        slices = sorted(sorted(slices, key=lambda s: -abs(cfg.position("MEM", s) - vxm))[:widest])
+        slices = sorted(nearest_vxm(cfg, slices)[-widest:])  # the farthest from the VXM
     return tuple(slices[k::n]) if len(slices) >= n else (slices[k % len(slices)],)
 
 

@@ -30,7 +30,7 @@ from ..context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..mxm_tiles import matmul, pixel_sums
 from ..passes import rowwise, write_rows
-from ..quant import QEpilogue, dequantized, mxm_view, relax_dtype, scalar, step_of
+from ..quant import QEpilogue, dequantized, mxm_view, relax_dtype, scalar, step_of, zero_point
 from ..registry import register_lowering
 from ..rules import spatial_mean_problem
 from ..storage import Stored
@@ -40,10 +40,6 @@ from .pool import lower_pool
 
 # Max pooling of quantized values is the float pooling on their own dtype.
 register_lowering("lpx.qmax_pool2d")(lower_pool)
-
-
-def _zero_point(operand) -> int:
-    return int(round(scalar(operand)))
 
 
 def _beside(ctx, name, array, first):
@@ -61,7 +57,7 @@ def lower_qmxm(ctx: LoweringContext, op: RegionOp, is_output: bool):
     out_dt = relax_dtype(op.dtype)
     view = mxm_view(op)
     ctx.layer_ops[op.out] = op  # a tuning task measures the whole composite
-    zx = _zero_point(step_of(op, "subtract").args[1])
+    zx = zero_point(step_of(op, "subtract").args[1])
     w = np.asarray(view.main.args[1].const).astype(np.int64)
     conv = op.composite == "lpx.qconv2d"
     channels = w.shape[0] if conv else w.shape[1]
@@ -73,14 +69,14 @@ def lower_qmxm(ctx: LoweringContext, op: RegionOp, is_output: bool):
         raise UnsupportedOnLPX("an int32 bias out of range")
     qs = step_of(op, "quantize")
     scale = np.broadcast_to(np.asarray(qs.args[1].const, np.float64).reshape(-1), (channels,))
-    zy = _zero_point(qs.args[2])
+    zy = zero_point(qs.args[2])
     bias_t = ctx.temp(ctx.builder.constant(f"{op.out}.bias", bias.reshape(1, channels), DType.INT32))
     # The drain reads both beside the accumulators: on different slices (one read port each).
     mult = ctx.temp(_beside(ctx, f"{op.out}.requant", (1.0 / scale).reshape(1, channels), bias_t))
     q = QEpilogue(float(zx), [("bias", bias_t), ("requant", mult, zy, out_dt)], out_dt)
     if op.out in ctx.dequantized:  # its only reader dequantizes it: the drains do, into that op's value
         dq, is_output = ctx.dequantized[op.out]
-        q.epilogue.append(("dequant", scalar(dq.main.args[1]), _zero_point(dq.main.args[2])))
+        q.epilogue.append(("dequant", scalar(dq.main.args[1]), zero_point(dq.main.args[2])))
         q.out_dtype = DType.FP32
     if conv:
         return lower_conv2d(ctx, view, is_output, q)
@@ -104,9 +100,9 @@ def lower_qadd(ctx: LoweringContext, op: RegionOp, is_output: bool):
     if add.op != "add" or dq_b.op != "dequantize" or qs.op != "quantize":
         raise UnsupportedOnLPX(f"{op.composite}: unexpected op chain")
     x, other = ctx.value(dq_a.args[0]), ctx.value(dq_b.args[0])
-    sa, za = scalar(dq_a.args[1]), _zero_point(dq_a.args[2])
-    sb, zb = scalar(dq_b.args[1]), _zero_point(dq_b.args[2])
-    sy, zy = scalar(qs.args[1]), _zero_point(qs.args[2])
+    sa, za = scalar(dq_a.args[1]), zero_point(dq_a.args[2])
+    sb, zb = scalar(dq_b.args[1]), zero_point(dq_b.args[2])
+    sy, zy = scalar(qs.args[1]), zero_point(qs.args[2])
     other = apart(ctx, other, x, op.out)
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x], dtype=out_dt)
 
@@ -130,7 +126,7 @@ def lower_qadd(ctx: LoweringContext, op: RegionOp, is_output: bool):
 def lower_quantize(ctx: LoweringContext, op: RegionOp, is_output: bool):
     out_dt = relax_dtype(op.dtype)
     x = ctx.value(op.main.args[0])
-    s, zp = scalar(op.main.args[1]), _zero_point(op.main.args[2])
+    s, zp = scalar(op.main.args[1]), zero_point(op.main.args[2])
     if op.out in ctx.im2col_values:  # an int8 stem's image, as im2col rows
         y = Stored(ctx.builder.tensor(op.out, tuple(ctx.im2col_values[op.out]["matrix"]), out_dt, row_align=1,
                                       spread=ctx.options.spread), op.shape)
@@ -147,7 +143,7 @@ def lower_dequantize(ctx: LoweringContext, op: RegionOp, is_output: bool):
         ctx.values[op.out] = ctx.values[src]  # its producer's drains dequantized it already
         return
     x = ctx.value(op.main.args[0])
-    s, zp = scalar(op.main.args[1]), _zero_point(op.main.args[2])
+    s, zp = scalar(op.main.args[1]), zero_point(op.main.args[2])
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x], dtype=DType.FP32)
     rowwise(ctx, f"{op.out}.dequantize", [x], y, lambda g, vs: dequantized(g, vs[0], s, zp))
     ctx.values[op.out] = y
@@ -163,8 +159,8 @@ def lower_qglobal_avg_pool(ctx: LoweringContext, op: RegionOp, is_output: bool):
     problem = spatial_mean_problem(len(x.shape), mean.attrs.get("axis", []))
     if problem:
         raise UnsupportedOnLPX(problem)
-    sx, zx = scalar(dq.args[1]), _zero_point(dq.args[2])
-    sy, zy = scalar(qs.args[1]), _zero_point(qs.args[2])
+    sx, zx = scalar(dq.args[1]), zero_point(dq.args[2])
+    sy, zy = scalar(qs.args[1]), zero_point(qs.args[2])
     hw = x.shape[2] * x.shape[3]
     ones = ctx.temp(ctx.builder.constant(f"{op.out}.ones", np.ones((ctx.cfg.lanes, 1), np.float32), DType.INT8))
     y = new_value(ctx, op.out, op.shape, is_output, dtype=out_dt)
