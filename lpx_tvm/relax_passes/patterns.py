@@ -43,6 +43,11 @@ composites                              keys
                                         (n, c, h*w)), ``root`` (``permute_dims`` [0, 2, 1])
 ``lpx.concat_rows``                     ``input`` (the tuple), ``root`` (``axis``)
 ``lpx.slice_rows``                      ``input``, ``root`` (the ``strided_slice``)
+``lpx.argmax``                          ``input``, ``root`` (the ``argmax``), ``cast``
+                                        (the ``astype`` to int32)
+``lpx.take``                            ``input`` (the constant table), ``indices``
+                                        (int32), ``root``
+``lpx.astype``                          ``input`` (int32), ``root``
 =====================================  =================================================
 """
 
@@ -111,9 +116,15 @@ _ACTIVATIONS = {"relu": "relax.nn.relu", "clip": "relax.clip"}
 # ---- rules: each returns None, or (the op to blame, a one-line reason) ---------------
 
 
-def _type_problem(ty, settings, activation=True) -> str | None:
+def _type_problem(ty, settings, activation=True, integers=False) -> str | None:
+    """Why a tensor of type ``ty`` cannot be an operand on LPX, or None. ``integers``: the
+    op also takes int32 tensors (token ids and positions: their index arithmetic, their
+    reshapes, their conversion to float) in a float build."""
     if not isinstance(ty, relax.TensorType):
         return f"operand of type {ty} is not a tensor"
+    if integers and ty.dtype == "int32" and settings.precision != Precision.INT8:
+        shape = static_shape(ty)
+        return None if shape is not None else f"dynamic shape {ty.shape}: LPX schedules need static shapes"
     if ty.dtype not in SUPPORTED_DTYPES:
         return f"dtype {ty.dtype} is not supported on LPX (float32, float16 or bfloat16)"
     if settings.precision == Precision.INT8:
@@ -126,8 +137,9 @@ def _type_problem(ty, settings, activation=True) -> str | None:
     return None
 
 
-def _tensors_problem(op, operands, settings):
-    """Dtype, static shape and SRAM fit of ``op``'s operands and result.
+def _tensors_problem(op, operands, settings, integers=False):
+    """Dtype, static shape and SRAM fit of ``op``'s operands and result (int32 ones too
+    when ``integers``).
 
     Constants are weights, which can stream in from off-chip memory: only
     activations must fit the SRAM.
@@ -140,7 +152,7 @@ def _tensors_problem(op, operands, settings):
         else:
             fields = [(expr.ty, not is_const(expr))]
         for ty, activation in fields:
-            problem = _type_problem(ty, settings, activation)
+            problem = _type_problem(ty, settings, activation, integers)
             if problem:
                 return op, problem
     return None
@@ -242,7 +254,7 @@ def _same_dtype_problem(op, lhs, rhs, what=("operand", "operand")):
 
 def _binary_rule(a, settings):
     op, lhs, rhs = a["root"], a["lhs"], a["rhs"]
-    found = _tensors_problem(op, [lhs, rhs], settings)
+    found = _tensors_problem(op, [lhs, rhs], settings, integers=op_name(op) in ("add", "subtract"))
     if found:
         return found
     found = _same_dtype_problem(op, lhs, rhs)
@@ -297,6 +309,52 @@ def _softmax_rule(a, settings):
     if int(op.attrs.axis) % max(rank, 1) != rank - 1:
         return op, f"softmax over axis {int(op.attrs.axis)} of a {rank}-D tensor: LPX reduces the last axis"
     return _last_axis_rows_problem(op, shape, settings, "softmax")
+
+
+def _take_rule(a, settings):
+    op, table, idx = a["root"], a["input"], a["indices"]
+    if not is_const(table) or len(expr_shape(table)) != 2:
+        return op, "take from a runtime tensor: LPX gathers rows of a constant 2-D table"
+    if op.attrs.axis is None or int(op.attrs.axis) != 0:
+        return op, "take along an axis other than 0: LPX gathers whole rows"
+    problem = _type_problem(op.ty, settings)
+    if problem:
+        return op, problem
+    if not isinstance(idx.ty, relax.TensorType) or idx.ty.dtype != "int32" or static_shape(idx.ty) is None:
+        return op, f"take by indices of type {idx.ty}: LPX gathers by static-shape int32 indices"
+    shape = static_shape(idx.ty)
+    if is_const(idx) or len(shape) > 2 or (len(shape) == 2 and shape[-1] != 1):
+        return op, f"take by indices of shape {shape}: LPX gathers by a row of indices or one per row"
+    rows = expr_shape(table)[0]
+    itemsize = 4 if settings.precision == Precision.FP32 else 2  # lines per stored row
+    lines = settings.config.lines_per_slice
+    if rows * itemsize > lines:
+        return op, f"take from a table of {rows} rows: a column tile of it must fit one slice ({lines} lines)"
+    return None
+
+
+def _astype_rule(a, settings):
+    op, data = a["root"], a["input"]
+    if is_const(data) or not isinstance(data.ty, relax.TensorType) or data.ty.dtype != "int32":
+        return op, "astype of a float value (LPX converts int32 indices to float; floats stay at the precision)"
+    return _tensors_problem(op, [data], settings, integers=True)
+
+
+def _argmax_rule(a, settings):
+    op, cast = a["root"], a["cast"]
+    problem = _type_problem(a["input"].ty, settings)
+    if problem:
+        return op, problem
+    shape = expr_shape(a["input"])
+    rank = len(shape)
+    if op.attrs.axis is None or int(op.attrs.axis) % max(rank, 1) != rank - 1:
+        return op, "argmax over all axes or not the last one: LPX reduces the last axis"
+    if cast.ty.dtype != "int32":
+        return cast, f"argmax as {cast.ty.dtype}: LPX gives int32 indices"
+    rows = math.prod(shape[:-1])
+    if rows > 1 and not bool(op.attrs.keepdims):
+        return op, "argmax of several rows without keepdims (the indices would be stored across lanes)"
+    return _last_axis_rows_problem(op, shape, settings, "argmax")
 
 
 def _last_axis_rows_problem(op, shape, settings, what):
@@ -376,7 +434,7 @@ def _global_avg_pool2d_rule(a, settings):
 
 
 def _reshape_rule(a, settings):
-    found = _tensors_problem(a["root"], [a["input"]], settings)
+    found = _tensors_problem(a["root"], [a["input"]], settings, integers=True)
     if found:
         return found
     if is_const(a["input"]):
@@ -666,6 +724,19 @@ def _unary_pattern(op):
     return root, {"input": data, "root": root}
 
 
+def _argmax_pattern():
+    data = wildcard()
+    root = is_op("relax.argmax")(data)
+    cast = is_op("relax.astype")(root)
+    return cast, {"input": data, "root": root, "cast": cast}
+
+
+def _take_pattern():
+    table, indices = wildcard(), wildcard()
+    root = is_op("relax.take")(table, indices)
+    return root, {"input": table, "indices": indices, "root": root}
+
+
 def _reshape_pattern():
     data, shape = wildcard(), wildcard()
     root = is_op("relax.reshape")(data, shape)
@@ -784,6 +855,9 @@ def pattern_table() -> list:
     table.append(("reshape", *_reshape_pattern(), [_reshape_rule]))
     table.append(("concat", *_unary_pattern("relax.concat"), [_concat_rule]))
     table.append(("softmax", *_unary_pattern("relax.nn.softmax"), [_softmax_rule]))
+    table.append(("argmax", *_argmax_pattern(), [_argmax_rule]))
+    table.append(("take", *_take_pattern(), [_take_rule]))
+    table.append(("astype", *_unary_pattern("relax.astype"), [_astype_rule]))
     table.append(("layer_norm", *_unary_pattern("relax.nn.layer_norm"), [_norm_rule]))
     table.append(("rms_norm", *_unary_pattern("relax.nn.rms_norm"), [_norm_rule]))
     table.append(("where", *_unary_pattern("relax.where"), [_where_rule]))

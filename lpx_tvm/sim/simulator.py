@@ -108,7 +108,7 @@ class Simulator:
     def _run(self, program, inputs, timing_only, trace):
         cfg = self.config
         plan = None if timing_only or trace else self._plan_of(program)
-        if plan is not None:
+        if plan is not None and not any(ins.op == "mem.gather" for ins in program.instrs):
             return self._replay(plan, _coerce_inputs(program, inputs, True))
         # mem.gather reads addresses from data: its programs compute while they are checked.
         lockstep = not timing_only and any(ins.op == "mem.gather" for ins in program.instrs)

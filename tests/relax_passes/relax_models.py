@@ -120,10 +120,10 @@ def depthwise_net(seed=1):
 
 
 def rejects_net():
-    """A conv with a runtime weight, an int32 Add and a Softmax over channels: none can run
+    """A conv with a runtime weight, an int64 Add and a Softmax over channels: none can run
     on LPX."""
     inits = [
-        _init("k", np.arange(6, dtype=np.int32).reshape(1, 6)),
+        _init("k", np.arange(6, dtype=np.int64).reshape(1, 6)),
     ]
     nodes = [
         helper.make_node("Conv", ["x", "Wr"], ["conv"], pads=[1, 1, 1, 1]),
@@ -134,8 +134,8 @@ def rejects_net():
     return make_model(
         nodes,
         [("x", TensorProto.FLOAT, [1, 4, 6, 6]), ("Wr", TensorProto.FLOAT, [4, 4, 3, 3]),
-         ("i", TensorProto.INT32, [2, 6])],
-        [("probs", TensorProto.FLOAT, [1, 4, 6, 6]), ("j", TensorProto.INT32, [2, 6])],
+         ("i", TensorProto.INT64, [2, 6])],
+        [("probs", TensorProto.FLOAT, [1, 4, 6, 6]), ("j", TensorProto.INT64, [2, 6])],
         inits,
         "rejects_net",
     )

@@ -118,7 +118,7 @@ def test_runtime_weight_conv_int_add_and_softmax_stay_on_cpu_with_reasons():
     (conv_reason,) = report.reasons["nn.conv2d"]
     assert conv_reason.startswith("weight is not a constant")
     assert report.reasons["add"] == [
-        "dtype int32 is not supported on LPX (float32, float16 or bfloat16)"
+        "dtype int64 is not supported on LPX (float32, float16 or bfloat16)"
     ]
     assert report.reasons["nn.softmax"] == [
         "softmax over axis 1 of a 4-D tensor: LPX reduces the last axis"

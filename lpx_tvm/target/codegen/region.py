@@ -122,7 +122,9 @@ def _compile(ctx: LoweringContext, region: Region) -> CompiledRegion:
             continue
         tr = ctx.input_transforms.get(p.name)
         shape = tuple(tr["matrix"]) if tr else stored_shape(p.shape)
-        dtype = relax_dtype(p.dtype) if ctx.int8 else ctx.dtype
+        # Integer inputs (token ids, positions) keep their dtype; float ones are stored
+        # at the precision (an int8 build's inputs are its quantized integers).
+        dtype = relax_dtype(p.dtype) if ctx.int8 or p.dtype == "int32" else ctx.dtype
         ctx.values[p.name] = Stored(b.input(p.name, shape, dtype, row_align=1 if tr else row_align(p.shape)),
                                     p.shape)
     # Liveness: a value's SRAM is reused once its last reader has been emitted.

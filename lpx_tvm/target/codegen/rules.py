@@ -142,6 +142,15 @@ def binary_operands_problem(op: str, lhs: tuple, rhs: tuple, lhs_const: bool, rh
     lhs, rhs, result = _ints(lhs), _ints(rhs), _ints(result)
     if lhs_const and rhs_const:
         return "both operands are constants (folded at compile time)"
+    if not (lhs_const or rhs_const) and lhs != rhs:
+        # One runtime number (a position) against a tensor: broadcast to every lane (SXM).
+        small, big = (lhs, rhs) if math.prod(lhs) == 1 else (rhs, lhs)
+        if small and math.prod(small) == 1 and big == result:  # a 0-d value is not in SRAM
+            return None
+    runtime = rhs if lhs_const else lhs
+    if (lhs_const or rhs_const) and runtime and math.prod(runtime) == 1 and \
+            (lhs if lhs_const else rhs) == result and result != runtime:
+        return None  # a runtime number and a constant tensor: the number broadcast to every lane
     tensor, other, other_const = (rhs, lhs, lhs_const) if lhs_const else (lhs, rhs, rhs_const)
     if not other_const:
         if tensor != other:

@@ -106,6 +106,11 @@ def _install_pools(ctx: LoweringContext, op: RegionOp, matrix, align: int):
 def place_weights(ctx: LoweringContext, op: RegionOp):
     """The MXM weight matrix of an op, placed (None for vector ops): an SRAM tensor while
     the budget lasts, else :class:`~.storage.StreamedWeights`."""
+    if op.main.op == "take":
+        # A table read by gather: each lane tile one run of lines on one slice (a gather
+        # addresses one slice), placed while the slices are still empty.
+        table = op.main.args[0].const
+        return ctx.builder.constant(f"{op.out}.table", table, ctx.dtype, spread=1)
     found = weight_matrix(ctx, op)
     if found is None:
         return None

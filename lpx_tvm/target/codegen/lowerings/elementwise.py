@@ -5,6 +5,8 @@ in :mod:`.activations`), PReLU and ``where``."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ....errors import SramFull
@@ -12,6 +14,7 @@ from ..context import LoweringContext
 from ..epilogue import apply_epilogue, epilogue_steps
 from ..graph import Operand, RegionOp, UnsupportedOnLPX
 from ..passes import finish, rowwise
+from ..quant import relax_dtype
 from ..registry import register_lowering
 from ..rules import binary_operands_problem, constant_broadcast, divide_operands_problem, prelu_slope_problem
 from ..storage import Stored, chunk_of, one, row_align, runs, slices_of, stored_shape
@@ -35,7 +38,52 @@ def lower_binary(ctx: LoweringContext, op: RegionOp, is_output: bool):
     problem = binary_operands_problem(op.main.op, a.shape, b.shape, a.is_const, b.is_const, op.shape)
     if problem:
         raise UnsupportedOnLPX(problem)
+    if any(not o.is_const and o.shape and math.prod(o.shape) == 1 and tuple(o.shape) != tuple(op.shape)
+           for o in (a, b)):
+        return _runtime_number_binary(ctx, op, is_output, a, b, BINARY_VXM[op.main.op])
     _lower_binary(ctx, op, is_output, a, b, BINARY_VXM[op.main.op])
+
+
+def _runtime_number_binary(ctx, op, is_output, a, b, vop):
+    """``n op t`` or ``t op n`` of a runtime number ``n`` (a position) and a tensor or a
+    constant ``t`` of the result's shape: ``n``'s vector read once per row, its lane 0
+    broadcast to every lane on the SXM. Int32 values stay int32 (index arithmetic)."""
+    if op.epilogue:
+        raise UnsupportedOnLPX(f"{op.main.op} of a runtime number with an epilogue")
+    number_first = not a.is_const and a.shape and math.prod(a.shape) == 1 and tuple(a.shape) != tuple(op.shape)
+    n, t = (a, b) if number_first else (b, a)
+    dt = relax_dtype(op.dtype) if op.dtype == "int32" else ctx.dtype
+    if t.is_const:
+        cv = np.broadcast_to(np.asarray(t.const), op.shape)
+        cv = cv.transpose(0, 2, 3, 1) if len(op.shape) == 4 else cv
+        other = Stored(ctx.temp(ctx.builder.tensor(f"{op.out}.operand", stored_shape(op.shape), dt,
+                                                   data=np.ascontiguousarray(cv), row_align=row_align(op.shape))),
+                       op.shape)
+    else:
+        other = ctx.value(t)
+    number = ctx.value(n).tensor.tile(0)
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=[other], dtype=dt)
+    tensors = [other.tensor, y.tensor]
+    for j in range(y.tensor.ntiles):
+        for r0, r1 in runs(y.tensor.layout.rows, lambda r: tuple(chunk_of(x, r) for x in tensors)):
+            g = ctx.builder.group(f"{op.out}.{op.main.op}")
+            nv = g.sxm("sxm.broadcast", g.read(number.repeat(r1 - r0)), lane=0)
+            if nv.dtype != other.tensor.layout.dtype:
+                nv = g.vxm("vxm.cvt", nv, to=other.tensor.layout.dtype)
+            tv = g.read(one(other.tensor.segments(j, r0, r1)))
+            finish(g, g.vxm(vop, nv, tv) if number_first else g.vxm(vop, tv, nv), one(y.tensor.segments(j, r0, r1)))
+    ctx.values[op.out] = y
+
+
+@register_lowering("astype")
+def lower_astype(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """Int32 (an index, a position) to the float dtype values are stored at."""
+    x = ctx.value(op.main.args[0])
+    if x.tensor.layout.dtype != relax_dtype("int32") or op.dtype not in ("float32", "float16", "bfloat16"):
+        raise UnsupportedOnLPX(f"astype of {x.tensor.layout.dtype.short} to {op.dtype}")
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
+    rowwise(ctx, f"{op.out}.astype", [x], y, lambda g, vs: vs[0])  # finish converts
+    ctx.values[op.out] = y
 
 
 def _lower_binary(ctx, op, is_output, a, b, vop):

@@ -1,0 +1,65 @@
+"""``argmax`` over the last axis, to int32 (greedy sampling of a decoder's next token):
+exact, first index on ties, with no comparison op on the VXM."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ....machine.isa import DType
+from ..context import LoweringContext
+from ..graph import RegionOp, UnsupportedOnLPX
+from ..passes import reduce_tiles
+from ..registry import register_lowering
+from ..storage import chunk_of, one, runs
+from ..values import new_value
+
+# (m - x) * 2^100 * 2^100 is at least 2^51 for any positive fp32 difference (the smallest
+# is 2^-149) and exactly 0 at a maximum: min(., 1) marks the lanes that are not maxima.
+_HUGE = 2.0 ** 100
+# Added to the index of a lane that is not a maximum: above every index (vocabularies
+# are far below 2^24, where fp32 holds every integer exactly).
+_NOT_MAX = 2.0 ** 24
+
+
+def iota_vector(ctx: LoweringContext, cols: int):
+    """A constant row of the lane indices 0 .. cols-1 in fp32 (one per width)."""
+    key = ("iota", cols)
+    if key not in ctx.fills:
+        ctx.fills[key] = ctx.builder.constant(f"iota{cols}", np.arange(cols, dtype=np.float32)[None, :], DType.FP32)
+    return ctx.fills[key]
+
+
+@register_lowering("argmax")
+def lower_argmax(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """Per run of rows: the row maximum m over every lane tile, then the row minimum of
+    ``j + min((m - x_j) * 2^200, 1) * 2^24`` (as the maximum of its negation), whose value is
+    the first index where x equals m; converted to int32."""
+    x = ctx.value(op.main.args[0])
+    if x.nhwc:
+        raise UnsupportedOnLPX("argmax of a 4-D value (its last axis is stored across vectors)")
+    if [s.op for s in op.epilogue] != ["astype"] or op.dtype != "int32":
+        raise UnsupportedOnLPX("argmax on LPX gives int32 indices (argmax then astype int32)")
+    lay = x.tensor.layout
+    rows, cols, lanes, f32 = lay.rows, lay.cols, ctx.cfg.lanes, DType.FP32
+    if cols >= _NOT_MAX:
+        raise UnsupportedOnLPX(f"argmax over {cols} values (at most {int(_NOT_MAX) - 1})")
+    mx = ctx.temp(new_value(ctx, f"{op.out}.max", (rows, lanes), avoid=[x], dtype=f32))
+    neg = ctx.temp(new_value(ctx, f"{op.out}.first", (rows, lanes), avoid=[x, mx], dtype=f32))
+    y = new_value(ctx, op.out, (rows, 1), is_output, avoid=[neg], dtype=DType.INT32)
+    iota = iota_vector(ctx, cols)
+    tensors = [x.tensor, mx.tensor, neg.tensor, y.tensor]
+    for r0, r1 in runs(rows, lambda r: tuple(chunk_of(t, r) for t in tensors)):
+        reduce_tiles(ctx, f"{op.out}.max", x, mx, r0, r1, "vxm.reduce_max", "vxm.max")
+        m = one(mx.tensor.segments(0, r0, r1))
+
+        def first(g, j, v):  # -(j + not_max * 2^24)
+            gap = g.vxm("vxm.sub", g.read(m), v)
+            gap = g.vxm("vxm.mul", g.vxm("vxm.mul", gap, imm=_HUGE), imm=_HUGE)
+            not_max = g.vxm("vxm.min", gap, imm=1.0)
+            index = g.vxm("vxm.add", g.vxm("vxm.mul", not_max, imm=_NOT_MAX), g.read(iota.tile(j).repeat(r1 - r0)))
+            return g.vxm("vxm.mul", index, imm=-1.0)
+        reduce_tiles(ctx, f"{op.out}.first", x, neg, r0, r1, "vxm.reduce_max", "vxm.max", each=first)
+        g = ctx.builder.group(f"{op.out}.index")
+        v = g.vxm("vxm.mul", g.read(one(neg.tensor.segments(0, r0, r1))), imm=-1.0)
+        g.write(g.vxm("vxm.cvt", v, to=DType.INT32), one(y.tensor.segments(0, r0, r1)))
+    ctx.values[op.out] = type(y)(y.tensor, op.shape)

@@ -1,0 +1,115 @@
+"""Greedy sampling on LPX: ``argmax`` over the vocabulary, to int32, against torch."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import lpx_tvm  # noqa: E402
+
+
+class NextToken(torch.nn.Module):
+    """A last projection to the vocabulary, then its argmax (a decoder's greedy pick)."""
+
+    def __init__(self, hidden, vocab):
+        super().__init__()
+        self.head = torch.nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, x):
+        logits = self.head(x)
+        return logits.argmax(-1, keepdim=True).to(torch.int32), logits
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("rows, vocab", [(1, 700), (3, 250)])
+def test_argmax_matches_torch(precision, rows, vocab):
+    torch.manual_seed(0)
+    model = NextToken(64, vocab).eval()
+    x = torch.randn(rows, 64)
+    compiled = lpx_tvm.from_torch(model, (x,), preset="tsp", precision=precision)
+    out = compiled.run([x.numpy()])
+    offload = compiled.report["offload"]
+    assert offload["lpx"].get("argmax") == 1 and "argmax" not in offload["cpu"], offload
+    ids, logits = out["output_0"], out["output_1"]
+    assert ids.dtype == np.int32 and ids.shape == (rows, 1)
+    # The pick of the logits LPX computed (first index of the maximum, as torch.argmax).
+    np.testing.assert_array_equal(ids[:, 0], np.argmax(logits, axis=-1))
+    if precision == "fp32":
+        np.testing.assert_array_equal(ids[:, 0], model(x)[0][:, 0].numpy())
+
+
+class Ties(torch.nn.Module):
+    def forward(self, x):
+        return (x * 1.0).argmax(-1, keepdim=True).to(torch.int32)
+
+
+def test_argmax_first_index_on_ties_and_tiny_gaps():
+    x = np.zeros((4, 650), np.float32)
+    x[0, [5, 400, 600]] = 3.0  # ties across tiles: the first wins
+    x[1, 330] = np.float32(1e-38)  # a denormal-sized gap above 0 still decides
+    x[2] = -1.0
+    x[2, 649] = np.nextafter(np.float32(-1.0), np.float32(0.0))  # the last lane of the last tile
+    x[3] = np.linspace(-5, 5, 650, dtype=np.float32)[::-1]  # the maximum in lane 0
+    compiled = lpx_tvm.from_torch(Ties(), (torch.from_numpy(x),), preset="tsp", precision="fp32")
+    ids = compiled.run([x])["output_0"][:, 0]
+    np.testing.assert_array_equal(ids, [5, 330, 649, 0])
+    np.testing.assert_array_equal(ids, torch.from_numpy(x).argmax(-1).numpy())
+
+
+class Embed(torch.nn.Module):
+    """A token embedding and a position table looked up at a runtime position."""
+
+    def __init__(self, vocab, hidden, context):
+        super().__init__()
+        self.embed = torch.nn.Parameter(torch.randn(vocab, hidden))
+        self.pos = torch.nn.Parameter(torch.randn(context, hidden))
+        self.register_buffer("steps", torch.arange(3, dtype=torch.int32))
+
+    def forward(self, ids, position):
+        x = torch.index_select(self.embed, 0, ids.flatten())
+        p = torch.index_select(self.pos, 0, position + self.steps)
+        return x + p
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_take_gathers_rows_on_lpx(precision):
+    torch.manual_seed(1)
+    model = Embed(256, 400, 64).eval()  # two column tiles of 320 lanes
+    ids = torch.tensor([[7, 255, 0]], dtype=torch.int32)
+    position = torch.tensor([41], dtype=torch.int32)
+    compiled = lpx_tvm.from_torch(model, (ids, position), preset="tsp", precision=precision)
+    offload = compiled.report["offload"]
+    assert offload["lpx"].get("take") == 2 and "take" not in offload["cpu"], offload
+    for ids_, pos_ in (([[7, 255, 0]], [41]), ([[3, 3, 128]], [0])):
+        ids_, pos_ = np.array(ids_, np.int32), np.array(pos_, np.int32)
+        got = compiled.run([ids_, pos_])["output_0"]
+        want = model(torch.from_numpy(ids_), torch.from_numpy(pos_)).detach().numpy()
+        tol = 1e-6 if precision == "fp32" else 2e-2
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 4)
+
+
+class Mask(torch.nn.Module):
+    """A decoder's additive attention mask from a runtime position (no comparisons)."""
+
+    def __init__(self, steps, context):
+        super().__init__()
+        t, j = torch.arange(steps)[:, None], torch.arange(context)[None, :]
+        self.register_buffer("offsets", (t - j).float())
+
+    def forward(self, scores, position):
+        mask = torch.clamp(position.float() + self.offsets, max=0.0) * 1e4
+        return torch.softmax(scores + mask, dim=-1)
+
+
+@pytest.mark.parametrize("position", [0, 5, 60])
+def test_mask_from_runtime_position(position):
+    torch.manual_seed(2)
+    model = Mask(3, 64).eval()
+    scores = torch.randn(3, 64)
+    compiled = lpx_tvm.from_torch(model, (scores, torch.tensor([0], dtype=torch.int32)), preset="tsp",
+                                  precision="fp32")
+    assert not compiled.report["offload"]["cpu"], compiled.report["offload"]
+    got = compiled.run([scores.numpy(), np.array([position], np.int32)])["output_0"]
+    want = model(scores, torch.tensor([position], dtype=torch.int32)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert (got[:, position + 3:] == 0).all() and (got[:, :position + 1] > 0).all()
