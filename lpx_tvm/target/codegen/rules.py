@@ -134,7 +134,7 @@ def constant_broadcast(tensor: tuple, const: tuple) -> "str | None":
 
 
 def binary_operands_problem(op: str, lhs: tuple, rhs: tuple, lhs_const: bool, rhs_const: bool,
-                            result: tuple) -> "str | None":
+                            result: tuple, runtime_broadcasts: bool = True) -> "str | None":
     """Why an elementwise ``op`` (``add``, ``subtract``, ``multiply``, ``minimum``,
     ``maximum``) of operands of shapes ``lhs`` and ``rhs`` (constant or not) into
     ``result`` cannot be lowered, or None. (Constant minus tensor runs as the tensor
@@ -142,13 +142,20 @@ def binary_operands_problem(op: str, lhs: tuple, rhs: tuple, lhs_const: bool, rh
     lhs, rhs, result = _ints(lhs), _ints(rhs), _ints(result)
     if lhs_const and rhs_const:
         return "both operands are constants (folded at compile time)"
-    if not (lhs_const or rhs_const) and lhs != rhs:
+    if runtime_broadcasts and not (lhs_const or rhs_const) and lhs != rhs:
         # One runtime number (a position) against a tensor: broadcast to every lane (SXM).
         small, big = (lhs, rhs) if math.prod(lhs) == 1 else (rhs, lhs)
         if small and math.prod(small) == 1 and big == result:  # a 0-d value is not in SRAM
             return None
+    if runtime_broadcasts and not (lhs_const or rhs_const) and lhs != rhs and len(result) != 4:
+        # A runtime block of rows repeated along leading dims (a RoPE table's rows for
+        # every head, a mask for every head): row r reads row r % rows of the block.
+        small, big = (lhs, rhs) if math.prod(lhs) < math.prod(rhs) else (rhs, lhs)
+        trail = small[next((i for i, d in enumerate(small) if d != 1), len(small)):]
+        if trail and big == result and tuple(big[len(big) - len(trail):]) == tuple(trail):
+            return None
     runtime = rhs if lhs_const else lhs
-    if (lhs_const or rhs_const) and runtime and math.prod(runtime) == 1 and \
+    if runtime_broadcasts and (lhs_const or rhs_const) and runtime and math.prod(runtime) == 1 and \
             (lhs if lhs_const else rhs) == result and result != runtime:
         return None  # a runtime number and a constant tensor: the number broadcast to every lane
     tensor, other, other_const = (rhs, lhs, lhs_const) if lhs_const else (lhs, rhs, rhs_const)
@@ -173,7 +180,8 @@ def divide_operands_problem(lhs: tuple, rhs: tuple, lhs_const: bool, rhs_const: 
         if math.prod(_ints(lhs)) != 1:
             return f"constant of shape {_ints(lhs)} divided by a tensor: only a scalar numerator is supported"
         return None if _ints(rhs) == _ints(result) else "the result is larger than the operands"
-    return binary_operands_problem("multiply", lhs, rhs, lhs_const, rhs_const, result)
+    # The runtime broadcasts of add / multiply are not in the divide's lowering.
+    return binary_operands_problem("multiply", lhs, rhs, lhs_const, rhs_const, result, runtime_broadcasts=False)
 
 
 def prelu_slope_problem(shape: tuple, slope: tuple, axis: int, slope_const: bool) -> "str | None":

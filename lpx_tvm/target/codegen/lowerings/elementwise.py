@@ -18,7 +18,7 @@ from ..quant import relax_dtype
 from ..registry import register_lowering
 from ..rules import binary_operands_problem, constant_broadcast, divide_operands_problem, prelu_slope_problem
 from ..storage import Stored, chunk_of, one, row_align, runs, slices_of, stored_shape
-from ..values import apart, clashes, copy_value, new_value
+from ..values import apart, clashes, copy_value, new_value, whole_groups
 from .activations import UNARY_CHAINS, leaky
 
 # Relax unary ops that are one VXM transcendental each.
@@ -38,20 +38,30 @@ def lower_binary(ctx: LoweringContext, op: RegionOp, is_output: bool):
     problem = binary_operands_problem(op.main.op, a.shape, b.shape, a.is_const, b.is_const, op.shape)
     if problem:
         raise UnsupportedOnLPX(problem)
-    if any(not o.is_const and o.shape and math.prod(o.shape) == 1 and tuple(o.shape) != tuple(op.shape)
-           for o in (a, b)):
+    if op.dtype == "int32" or any(_is_runtime_number(o, op.shape) for o in (a, b)):
         return _runtime_number_binary(ctx, op, is_output, a, b, BINARY_VXM[op.main.op])
+    if not a.is_const and not b.is_const and tuple(a.shape) != tuple(b.shape):
+        return _repeated_rows_binary(ctx, op, is_output, a, b, BINARY_VXM[op.main.op])
     _lower_binary(ctx, op, is_output, a, b, BINARY_VXM[op.main.op])
+
+
+def _is_runtime_number(o, shape) -> bool:
+    """A runtime value of one element against a larger result (broadcast to every lane)."""
+    return not o.is_const and bool(o.shape) and math.prod(o.shape) == 1 and tuple(o.shape) != tuple(shape)
 
 
 def _runtime_number_binary(ctx, op, is_output, a, b, vop):
     """``n op t`` or ``t op n`` of a runtime number ``n`` (a position) and a tensor or a
     constant ``t`` of the result's shape: ``n``'s vector read once per row, its lane 0
-    broadcast to every lane on the SXM. Int32 values stay int32 (index arithmetic)."""
+    broadcast to every lane on the SXM. Int32 values stay int32 (index arithmetic; a
+    constant is stored whole, never an immediate, so the sum is exact), and an int32
+    op of two values of one shape runs here too, without the broadcast."""
     if op.epilogue:
         raise UnsupportedOnLPX(f"{op.main.op} of a runtime number with an epilogue")
-    number_first = not a.is_const and a.shape and math.prod(a.shape) == 1 and tuple(a.shape) != tuple(op.shape)
-    n, t = (a, b) if number_first else (b, a)
+    number_first = _is_runtime_number(a, op.shape)
+    n, t = (a, b) if number_first or b.is_const else (b, a)
+    broadcast = _is_runtime_number(n, op.shape)
+    number_first = number_first or (not broadcast and n is a)
     dt = relax_dtype(op.dtype) if op.dtype == "int32" else ctx.dtype
     if t.is_const:
         cv = np.broadcast_to(np.asarray(t.const), op.shape)
@@ -61,17 +71,52 @@ def _runtime_number_binary(ctx, op, is_output, a, b, vop):
                        op.shape)
     else:
         other = ctx.value(t)
-    number = ctx.value(n).tensor.tile(0)
-    y = new_value(ctx, op.out, op.shape, is_output, avoid=[other], dtype=dt)
-    tensors = [other.tensor, y.tensor]
+    nval = ctx.value(n)
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=[other, nval], dtype=dt)
+    tensors = [other.tensor, y.tensor] + ([] if broadcast else [nval.tensor])
     for j in range(y.tensor.ntiles):
         for r0, r1 in runs(y.tensor.layout.rows, lambda r: tuple(chunk_of(x, r) for x in tensors)):
             g = ctx.builder.group(f"{op.out}.{op.main.op}")
-            nv = g.sxm("sxm.broadcast", g.read(number.repeat(r1 - r0)), lane=0)
+            if broadcast:
+                nv = g.sxm("sxm.broadcast", g.read(nval.tensor.tile(0).repeat(r1 - r0)), lane=0)
+            else:
+                nv = g.read(one(nval.tensor.segments(j, r0, r1)))
             if nv.dtype != other.tensor.layout.dtype:
                 nv = g.vxm("vxm.cvt", nv, to=other.tensor.layout.dtype)
             tv = g.read(one(other.tensor.segments(j, r0, r1)))
             finish(g, g.vxm(vop, nv, tv) if number_first else g.vxm(vop, tv, nv), one(y.tensor.segments(j, r0, r1)))
+    ctx.values[op.out] = y
+
+
+def _repeated_rows_binary(ctx, op, is_output, a, b, vop):
+    """``x op r`` (or ``r op x``) of a value ``x`` and a smaller runtime block ``r`` of its
+    trailing dims, repeated along the leading ones: row i of ``x`` meets row
+    ``i % rows(r)``, read with ``x``'s rows one block (or, for a one-row block, one
+    run, the row read again each cycle) at a time."""
+    if op.epilogue:
+        raise UnsupportedOnLPX(f"{op.main.op} of a repeated block with an epilogue")
+    small_first = math.prod(a.shape) < math.prod(b.shape)
+    r, x = (ctx.value(a), ctx.value(b)) if small_first else (ctx.value(b), ctx.value(a))
+    if r.tensor.layout.nchunks != 1:
+        raise UnsupportedOnLPX(f"a repeated block of shape {r.shape} that spans several slices")
+    block = r.tensor.layout.rows
+    if block > 1 and x.tensor.layout.rows_per_chunk % block:
+        x = whole_groups(ctx, x, block, f"{op.out}.rows")
+    if any(sl in {s for s, _ in r.tensor.layout.tiles} for sl, _ in x.tensor.layout.tiles):
+        r = ctx.temp(copy_value(ctx, r, f"{op.out}.apart", avoid=[x]))  # a slice has one read port
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x, r])
+    tensors = [x.tensor, y.tensor]
+    rows = y.tensor.layout.rows
+    for j in range(y.tensor.ntiles):
+        for r0, r1 in runs(rows, lambda i: tuple(chunk_of(t, i) for t in tensors) + ((i // block,) if block > 1 else ())):
+            for c0 in range(r0, r1, block if block > 1 else r1 - r0):
+                c1 = min(r1, c0 + block) if block > 1 else r1
+                g = ctx.builder.group(f"{op.out}.{op.main.op}")
+                xv = g.read(one(x.tensor.segments(j, c0, c1)))
+                k0 = c0 % block
+                rv = g.read(r.tensor.tile(j).repeat(c1 - c0)) if block == 1 else \
+                    g.read(one(r.tensor.segments(j, k0, k0 + c1 - c0)))
+                finish(g, g.vxm(vop, rv, xv) if small_first else g.vxm(vop, xv, rv), one(y.tensor.segments(j, c0, c1)))
     ctx.values[op.out] = y
 
 

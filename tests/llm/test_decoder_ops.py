@@ -1,4 +1,4 @@
-"""Greedy sampling on LPX: ``argmax`` over the vocabulary, to int32, against torch."""
+"""The ops of a decoder step on LPX, against torch: greedy argmax, gathers of table rows by runtime int32 indices, int32 index arithmetic, a mask and RoPE at a runtime position."""
 
 import numpy as np
 import pytest
@@ -113,3 +113,65 @@ def test_mask_from_runtime_position(position):
     want = model(scores, torch.tensor([position], dtype=torch.int32)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert (got[:, position + 3:] == 0).all() and (got[:, :position + 1] > 0).all()
+
+
+class Rope(torch.nn.Module):
+    """Rotary embedding at a runtime position: table rows gathered, then repeated for every
+    head (a runtime block broadcast along the leading dims)."""
+
+    def __init__(self, heads, steps, dim, context):
+        super().__init__()
+        inv = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+        angles = torch.outer(torch.arange(context).float(), inv)
+        angles = torch.cat([angles, angles], -1)
+        self.register_buffer("cos", angles.cos())
+        self.register_buffer("sin", angles.sin())
+        self.register_buffer("steps", torch.arange(steps, dtype=torch.int32))
+        self.half = dim // 2
+
+    def forward(self, x, position):  # x: [heads, steps, dim]
+        at = position + self.steps
+        cos, sin = torch.index_select(self.cos, 0, at), torch.index_select(self.sin, 0, at)
+        rotated = torch.cat([-x[..., self.half:], x[..., :self.half]], -1)
+        return x * cos + rotated * sin
+
+
+@pytest.mark.parametrize("steps, position", [(1, 37), (5, 0)])
+def test_rope_at_a_runtime_position(steps, position):
+    torch.manual_seed(3)
+    model = Rope(6, steps, 40, 64).eval()
+    x = torch.randn(6, steps, 40)
+    compiled = lpx_tvm.from_torch(model, (x, torch.tensor([0], dtype=torch.int32)), preset="tsp", precision="fp32")
+    assert not compiled.report["offload"]["cpu"], compiled.report["offload"]
+    for pos in (position, 64 - steps):
+        got = compiled.run([x.numpy(), np.array([pos], np.int32)])["output_0"]
+        want = model(x, torch.tensor([pos], dtype=torch.int32)).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+class Indices(torch.nn.Module):
+    """Int32 index arithmetic: cache rows of every head at a runtime position."""
+
+    def __init__(self, heads, steps, context):
+        super().__init__()
+        base = torch.arange(heads)[:, None] * context + torch.arange(steps)[None, :]
+        self.register_buffer("base", base.flatten().to(torch.int32))
+        self.register_buffer("one", torch.ones(heads * steps, dtype=torch.int32))
+
+    def forward(self, position, other):
+        rows = self.base + position
+        return rows, rows - other + self.one
+
+
+def test_int32_index_arithmetic_is_exact():
+    model = Indices(3, 4, 1 << 20).eval()  # rows past 2^24: an fp32 detour would round them
+    other = torch.arange(12, dtype=torch.int32) * 7
+    compiled = lpx_tvm.from_torch(model, (torch.tensor([0], dtype=torch.int32), other), preset="tsp",
+                                  precision="fp16")
+    assert not compiled.report["offload"]["cpu"], compiled.report["offload"]
+    position = np.array([1_000_003], np.int32)
+    out = compiled.run([position, other.numpy()])
+    want = model(torch.from_numpy(position), other)
+    for got, ref in zip((out["output_0"], out["output_1"]), want):
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, ref.numpy())
