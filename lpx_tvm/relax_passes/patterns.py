@@ -335,8 +335,10 @@ def _take_rule(a, settings):
 
 def _astype_rule(a, settings):
     op, data = a["root"], a["input"]
-    if is_const(data) or not isinstance(data.ty, relax.TensorType) or data.ty.dtype != "int32":
-        return op, "astype of a float value (LPX converts int32 indices to float; floats stay at the precision)"
+    if is_const(data) or not isinstance(data.ty, relax.TensorType) or data.ty.dtype != "int32" or \
+            op.ty.dtype not in SUPPORTED_DTYPES:
+        return op, (f"astype of {getattr(data.ty, 'dtype', data.ty)} to {op.ty.dtype}: LPX converts int32 "
+                    "indices to float (floats stay at the precision)")
     return _tensors_problem(op, [data], settings, integers=True)
 
 
