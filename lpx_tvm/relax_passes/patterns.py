@@ -326,9 +326,8 @@ def _take_rule(a, settings):
     if is_const(idx) or len(shape) > 2 or (len(shape) == 2 and shape[-1] != 1):
         return op, f"take by indices of shape {shape}: LPX gathers by a row of indices or one per row"
     rows = expr_shape(table)[0]
-    itemsize = 4 if settings.precision == Precision.FP32 else 2  # lines per stored row
     lines = settings.config.lines_per_slice
-    if rows * itemsize > lines:
+    if rows * settings.activation_bytes > lines:  # a stored row takes one line per byte
         return op, f"take from a table of {rows} rows: a column tile of it must fit one slice ({lines} lines)"
     return None
 

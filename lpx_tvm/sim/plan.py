@@ -160,6 +160,12 @@ def _batch_settles(notes: PlanNotes, by_weights: dict, action: dict, put_at: dic
     return early, batches
 
 
+def addresses_from_data(program: Program) -> bool:
+    """Whether ``program`` reads SRAM at addresses taken from data (``mem.gather``): its
+    functional runs compute while they are checked."""
+    return any(ins.op == "mem.gather" for ins in program.instrs)
+
+
 @dataclass
 class Plan:
     """A verified program's steps, with what identifies the program they were made from."""
@@ -170,6 +176,9 @@ class Plan:
     steps: list
     written: dict  # bank -> (lowest, highest) line its instructions write
     counters: Counters
+    # Steps whose addresses are data (``mem.gather``) are not in ``steps``: such a
+    # program is never replayed, only run checked.
+    replayable: bool = True
 
     @staticmethod
     def _parts(p: Program) -> tuple:
@@ -179,7 +188,8 @@ class Plan:
     @classmethod
     def record(cls, program: Program, run, ref) -> "Plan":
         return cls(ref, cls._parts(program), [np.array(t, copy=True) for t in program.tables],
-                   finalize(run.steps, run.notes), dict(run.written), run.counters.copy())
+                   finalize(run.steps, run.notes), dict(run.written), run.counters.copy(),
+                   not addresses_from_data(program))
 
     def matches(self, p: Program) -> bool:
         """Whether ``p`` is still the program verified (instructions are immutable: compared by identity)."""

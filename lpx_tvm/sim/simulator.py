@@ -37,7 +37,7 @@ from .counters import Counters
 from .executor import Executor
 from .memory import Banked, Race, _bounds
 from .mxm import Accumulators
-from .plan import Plan, PlanNotes
+from .plan import Plan, PlanNotes, addresses_from_data
 from .steps import Operand
 from .trace import TraceRecorder
 
@@ -108,10 +108,9 @@ class Simulator:
     def _run(self, program, inputs, timing_only, trace):
         cfg = self.config
         plan = None if timing_only or trace else self._plan_of(program)
-        if plan is not None and not any(ins.op == "mem.gather" for ins in program.instrs):
+        if plan is not None and plan.replayable:
             return self._replay(plan, _coerce_inputs(program, inputs, True))
-        # mem.gather reads addresses from data: its programs compute while they are checked.
-        lockstep = not timing_only and any(ins.op == "mem.gather" for ins in program.instrs)
+        lockstep = not timing_only and addresses_from_data(program)
         self._sram.start_run(lockstep)
         self._acc_stamps.start_run(False)
         if len(self._timings) > 1 << 20:

@@ -143,16 +143,14 @@ def binary_operands_problem(op: str, lhs: tuple, rhs: tuple, lhs_const: bool, rh
     if lhs_const and rhs_const:
         return "both operands are constants (folded at compile time)"
     if runtime_broadcasts and not (lhs_const or rhs_const) and lhs != rhs:
+        small, big = (lhs, rhs) if rhs == result else (rhs, lhs)
         # One runtime number (a position) against a tensor: broadcast to every lane (SXM).
-        small, big = (lhs, rhs) if math.prod(lhs) == 1 else (rhs, lhs)
         if small and math.prod(small) == 1 and big == result:  # a 0-d value is not in SRAM
             return None
-    if runtime_broadcasts and not (lhs_const or rhs_const) and lhs != rhs and len(result) != 4:
         # A runtime block of rows repeated along leading dims (a RoPE table's rows for
         # every head, a mask for every head): row r reads row r % rows of the block.
-        small, big = (lhs, rhs) if math.prod(lhs) < math.prod(rhs) else (rhs, lhs)
         trail = small[next((i for i, d in enumerate(small) if d != 1), len(small)):]
-        if trail and big == result and tuple(big[len(big) - len(trail):]) == tuple(trail):
+        if len(result) != 4 and trail and big == result and tuple(big[len(big) - len(trail):]) == tuple(trail):
             return None
     runtime = rhs if lhs_const else lhs
     if runtime_broadcasts and (lhs_const or rhs_const) and runtime and math.prod(runtime) == 1 and \

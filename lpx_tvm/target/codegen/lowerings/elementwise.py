@@ -58,10 +58,9 @@ def _runtime_number_binary(ctx, op, is_output, a, b, vop):
     op of two values of one shape runs here too, without the broadcast."""
     if op.epilogue:
         raise UnsupportedOnLPX(f"{op.main.op} of a runtime number with an epilogue")
-    number_first = _is_runtime_number(a, op.shape)
-    n, t = (a, b) if number_first or b.is_const else (b, a)
+    n, t = (a, b) if _is_runtime_number(a, op.shape) or b.is_const else (b, a)
     broadcast = _is_runtime_number(n, op.shape)
-    number_first = number_first or (not broadcast and n is a)
+    number_first = n is a
     dt = relax_dtype(op.dtype) if op.dtype == "int32" else ctx.dtype
     if t.is_const:
         cv = np.broadcast_to(np.asarray(t.const), op.shape)
@@ -102,21 +101,19 @@ def _repeated_rows_binary(ctx, op, is_output, a, b, vop):
     block = r.tensor.layout.rows
     if block > 1 and x.tensor.layout.rows_per_chunk % block:
         x = whole_groups(ctx, x, block, f"{op.out}.rows")
-    if any(sl in {s for s, _ in r.tensor.layout.tiles} for sl, _ in x.tensor.layout.tiles):
-        r = ctx.temp(copy_value(ctx, r, f"{op.out}.apart", avoid=[x]))  # a slice has one read port
+    r = apart(ctx, r, x, op.out)  # read beside x: a slice has one read port
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x, r])
     tensors = [x.tensor, y.tensor]
-    rows = y.tensor.layout.rows
+    # Runs of rows inside one chunk of x and y and, for a block of several rows, inside
+    # one repetition of it (a one-row block is read again for every row of a run).
+    key = lambda i: tuple(chunk_of(t, i) for t in tensors) + ((i // block,) if block > 1 else ())  # noqa: E731
     for j in range(y.tensor.ntiles):
-        for r0, r1 in runs(rows, lambda i: tuple(chunk_of(t, i) for t in tensors) + ((i // block,) if block > 1 else ())):
-            for c0 in range(r0, r1, block if block > 1 else r1 - r0):
-                c1 = min(r1, c0 + block) if block > 1 else r1
-                g = ctx.builder.group(f"{op.out}.{op.main.op}")
-                xv = g.read(one(x.tensor.segments(j, c0, c1)))
-                k0 = c0 % block
-                rv = g.read(r.tensor.tile(j).repeat(c1 - c0)) if block == 1 else \
-                    g.read(one(r.tensor.segments(j, k0, k0 + c1 - c0)))
-                finish(g, g.vxm(vop, rv, xv) if small_first else g.vxm(vop, xv, rv), one(y.tensor.segments(j, c0, c1)))
+        for r0, r1 in runs(y.tensor.layout.rows, key):
+            g = ctx.builder.group(f"{op.out}.{op.main.op}")
+            xv = g.read(one(x.tensor.segments(j, r0, r1)))
+            k0 = r0 % block
+            rv = g.read(r.tensor.tile(j).repeat(r1 - r0) if block == 1 else one(r.tensor.segments(j, k0, k0 + r1 - r0)))
+            finish(g, g.vxm(vop, rv, xv) if small_first else g.vxm(vop, xv, rv), one(y.tensor.segments(j, r0, r1)))
     ctx.values[op.out] = y
 
 
