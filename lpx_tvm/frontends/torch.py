@@ -211,6 +211,26 @@ def _upsample_nearest2d(node, importer):
         rounding_method="floor"))
 
 
+def _select(node, importer):
+    """``aten.select.int`` (``x[:, -1]``) with a negative index counted from the end.
+
+    TVM's converter passes the index to ``take`` as it is, and ``take`` reads out of
+    bounds at -1 on the CPU (a silent wrong answer), so the index is made positive here."""
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    dim, index = node.args[1], node.args[2]
+    shape = _static_shape(x)
+    if shape is not None:
+        dim = dim % len(shape)
+        if not -shape[dim] <= index < shape[dim]:
+            raise ModelError(f"select of index {index} along dim {dim} of a tensor of shape {shape}: out of range")
+        index %= shape[dim]
+    elif index < 0:
+        raise ModelError(f"select of index {index} along dim {dim} of a tensor of unknown shape")
+    return importer.block_builder.emit(relax.op.take(x, relax.const(index, "int64"), dim))
+
+
 def _static_shape(expr):
     from tvm import relax
 
@@ -225,7 +245,7 @@ def _static_shape(expr):
 
 # Converters for aten ops whose TVM conversion differs from torch's semantics.
 CONVERT_MAP = {"cumsum.default": _cumsum, "cat.default": _cat, "concat.default": _cat,
-               "upsample_nearest2d.vec": _upsample_nearest2d}
+               "upsample_nearest2d.vec": _upsample_nearest2d, "select.int": _select}
 
 
 def _example_tuple(torch, example_inputs, name):

@@ -223,6 +223,27 @@ def test_from_torch_multiple_outputs():
         tvm.testing.assert_allclose(out[name], w.numpy(), rtol=1e-4, atol=1e-4)
 
 
+class LastRows(torch.nn.Module):
+    """Rows picked by negative indices (``x[:, -1]``, as a decoder picks its last token's
+    hidden state): TVM's converter hands -1 to ``take``, which reads out of bounds."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(24, 16)
+
+    def forward(self, x):
+        return self.fc(x[:, -1]) + x[:, -3, :16] * 2.0
+
+
+def test_negative_select_index_counts_from_the_end():
+    torch.manual_seed(3)
+    model = LastRows().eval()
+    x = torch.randn(2, 5, 24)
+    compiled = lpx_tvm.from_torch(model, (x,), preset="mini", precision="fp32")
+    out = compiled.run([x.numpy()])
+    tvm.testing.assert_allclose(out[compiled.outputs[0]], _eager(model, x).numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_from_torch_errors(mlp):
     model, x = mlp
     with pytest.raises(ModelError, match="torch.export could not export Branchy"):
