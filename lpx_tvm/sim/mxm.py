@@ -120,10 +120,15 @@ class Accumulators:
         if width is not None:
             parts = [p[:, :width] for p in parts]
         if len(parts) == 1:
-            out = parts[0].astype(np.float32)
+            # Row-major whatever the part's strides (a stream read with stride 0 is a
+            # broadcast view): BLAS orders a row's sum by the operands' layout, and the
+            # reference's operands are row-major.
+            out = parts[0].astype(np.float32, order="C")
             out = out.reshape(-1, out.shape[-1])
         elif all(p.ndim == 2 for p in parts):
-            out = np.concatenate(parts, axis=axis, dtype=np.float32)
+            # (np.concatenate lays its result out like its parts: a part that repeats one
+            # line would make it column-major.)
+            out = np.ascontiguousarray(np.concatenate(parts, axis=axis, dtype=np.float32))
         else:  # activations with rows in groups, (groups, inner, K_i): copied in place
             n = parts[0].shape[0] * parts[0].shape[1] if parts[0].ndim == 3 else len(parts[0])
             out = np.empty((n, sum(p.shape[-1] for p in parts)), np.float32)
@@ -141,7 +146,7 @@ class Accumulators:
         """rows addr.. (+)= x[:, :K] @ rows[:, :width], computed at once."""
         n, k = len(x), len(rows)
         w = self._int_matrix(rows, width, wkey) if kind == nx.ACC_INT else rows[:, :width].astype(np.float32)
-        y = x[:, :k].astype(w.dtype) @ w
+        y = x[:, :k].astype(w.dtype, order="C") @ w
         sl = slice(addr, addr + n)
         if kind == nx.ACC_INT:
             y = y.astype(np.int32)

@@ -157,8 +157,9 @@ class _FloatBlock:
     ws: list = field(default_factory=list)  # weights per split, (K_i, width)
 
     def value(self) -> np.ndarray:
-        x = np.concatenate([a.astype(np.float32) for a in self.xs], axis=1)
-        w = np.concatenate([b.astype(np.float32) for b in self.ws], axis=0)
+        # Row-major operands: BLAS orders a row's sum by their layout.
+        x = np.ascontiguousarray(np.concatenate([a.astype(np.float32) for a in self.xs], axis=1))
+        w = np.ascontiguousarray(np.concatenate([b.astype(np.float32) for b in self.ws], axis=0))
         # How BLAS orders a row's fp32 sum depends on how it splits the matmul across
         # threads: the simulator's thread count for a matmul of this size.
         with blas.threads_for(x.shape[0] * w.shape[0] * self.width):
@@ -332,7 +333,7 @@ def mxm_multiply(m: Machine, ins: Instr, t):
         blocks[first, n] = _FloatBlock(width, [x], [w.matrix])
         return
     rows = m.acc_float[plane, first:first + n]
-    rows[:, :width] += x.astype(np.float32) @ w.matrix.astype(np.float32)
+    rows[:, :width] += x.astype(np.float32, order="C") @ w.matrix.astype(np.float32, order="C")
 
 
 def mxm_drain(m: Machine, ins: Instr, t):

@@ -31,6 +31,7 @@ from lpx_tvm.kernels import gemm, layernorm, softmax, transpose
 from lpx_tvm.machine.config import load_config
 from lpx_tvm.machine.isa import DType
 from lpx_tvm.sim import Simulator, reference
+from lpx_tvm.sim.mxm import Accumulators
 
 from lpx_hand import E, Hand, assert_same_as_reference, compare_runs_with_reference
 
@@ -186,3 +187,43 @@ def test_hand_programs_are_compared(monkeypatch):
     monkeypatch.setattr(reference, "vxm_binary", lambda m, ins, t: m.emit(ins, t, m.take(ins, t, ins.src0)))
     with pytest.raises(AssertionError, match="differs from the reference"):
         h.run({"X": x})
+
+
+# ---- fp32 sums in the reference's order ---------------------------------------------------
+
+def test_fp32_block_of_a_repeated_line_sums_as_the_reference():
+    # A stream read with stride 0 repeats one line, so the activations are a broadcast
+    # view (row stride 0). BLAS orders a row's fp32 sum by the operands' layout: the
+    # block must be summed from row-major operands, as the reference sums it.
+    x = np.broadcast_to(np.array([-0.2686, -0.2617, 0.02354, -0.4834], np.float16), (6, 4))
+    rows = np.zeros((4, 16), np.float16)
+    rows[:, 0] = [-3.244, 7.08, 0.5776, 0.1583]
+    accs = Accumulators(1, 8, 16)
+    accs.start_run()
+    accs.split(0, x, rows, 1)
+    accs.settle(0, 0, 0, 6, None, None)
+    want = np.ascontiguousarray(x, np.float32) @ rows[:, :1].astype(np.float32)
+    got = accs.acc_f[0, :6, :1]
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (got[:, 0], want[:, 0])
+
+
+def test_fp32_block_with_a_repeated_weight_row_sums_as_the_reference():
+    # Three splits (K = 1, 2, 1); the second installed one line twice (a read with stride
+    # 0), so the concatenated weights must not take that part's layout. (fp16 bit
+    # patterns of a program whose sum came out one ulp off.)
+    def fp16(*bits):
+        return np.array(bits, np.uint16).view(np.float16)[None]
+
+    xs = [fp16(51465), fp16(42698, 49342), fp16(50102)]
+    ws = [fp16(9222, 48186, 11552, 11959), np.broadcast_to(fp16(13895, 18433, 11784, 44305), (2, 4)),
+          fp16(48303, 50064, 11441, 49487)]
+    accs = Accumulators(1, 8, 16)
+    accs.start_run()
+    for x, w in zip(xs, ws):
+        accs.split(0, x, w, 4)
+    accs.settle(0, 0, 0, 1, None, None)
+    # The reference's operands: row-major fp32 (a column-major copy sums in another order).
+    x = np.ascontiguousarray(np.concatenate(xs, axis=1), np.float32)
+    want = x @ np.ascontiguousarray(np.concatenate(ws), np.float32)
+    got = accs.acc_f[0, :1, :4]
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (got, want)
