@@ -160,6 +160,11 @@ _OP_LIST = [
     _spec(0x03, "mem.gather", Unit.MEM, "slice", (("base", "addr"), ("stride", "stride"), ("dtype", "dtype"),
                                                     ("idx", "src0"), ("dst", "dst")),
           doc="For each int32 index i in lane 0 of stream idx, read the vector at base + i*stride onto dst."),
+    _spec(0x04, "mem.scatter", Unit.MEM, "slice", (("base", "addr"), ("stride", "stride"), ("dtype", "dtype"),
+                                                     ("values", "src0"), ("idx", "src1")),
+          doc="For each int32 index i in lane 0 of the k-th vector of stream idx, write the k-th vector of "
+              "stream values to the lines at base + i*stride (the write port; a later vector wins a line "
+              "two indices share)."),
     _spec(0x0F, "mem.nop", Unit.MEM, "slice", (), doc="Hold the slice's queue for `count` cycles."),
     # DMA engines: SRAM <-> off-chip (host) memory at the preset's off-chip bandwidth.
     _spec(0x11, "dma.load", Unit.DMA, "engine", (("slice", "slice"), ("addr", "addr"), ("stride", "stride"),

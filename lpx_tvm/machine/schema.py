@@ -74,7 +74,7 @@ class Mem(_Section):
     slices: int = _key("SRAM slices, one per `MEM` entry of the floorplan", "slices", ge=1, le=65535)
     slice_bytes: int = _key("capacity of one slice", "bytes", ge=1)
     read_ports: int = _key("read ports per slice (`mem.read`, `mem.gather`)", "ports", ge=1, le=1)
-    write_ports: int = _key("write ports per slice (`mem.write`)", "ports", ge=1, le=1)
+    write_ports: int = _key("write ports per slice (`mem.write`, `mem.scatter`)", "ports", ge=1, le=1)
 
 
 class Streams(_Section):
@@ -138,7 +138,7 @@ class Latency(_Section):
     """Pipeline latencies, from issue to result."""
 
     mem_read: int = _latency("`mem.read`")
-    mem_write: int = _latency("`mem.write`")
+    mem_write: int = _latency("`mem.write` and `mem.scatter`")
     mem_gather: int = _latency("`mem.gather`")
     mxm_install: int = _latency("`mxm.install`")
     mxm_mul: int = _latency("`mxm.mul` and `mxm.mac`")

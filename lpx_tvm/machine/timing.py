@@ -150,7 +150,7 @@ def timing(cfg: LPXConfig, ins: Instr, *, mxm_weights: DType = None) -> Timing:
         return Timing((("mem.rd", idx),), n, pos, t + lat["mem_read"], n, t + lat["mem_read"] + n)
     if op == "mem.gather":
         return Timing((("mem.rd", idx),), n, pos, t + lat["mem_gather"], n, t + lat["mem_gather"] + n)
-    if op == "mem.write":
+    if op in ("mem.write", "mem.scatter"):
         return Timing((("mem.wr", idx),), n, pos, None, 0, t + n - 1 + lat["mem_write"])
     if op in ("dma.load", "dma.store"):
         d = dma_cycles(cfg, n, ins.dtype)

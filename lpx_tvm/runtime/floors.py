@@ -11,7 +11,7 @@ resource were busy every cycle, read from the machine config:
   takes two stream-cycles);
 - ``sram_read``: ``count * itemsize`` lines over ``mem.read`` / ``mem.gather``, divided by
   ``mem_slices * mem_read_ports`` (a slice port moves one line of ``lanes`` bytes a cycle);
-  ``sram_write`` likewise over ``mem.write`` and the write ports;
+  ``sram_write`` likewise over ``mem.write`` / ``mem.scatter`` and the write ports;
 - ``stream``: the stream-cycles of every emitted value (its vectors times its dtype's
   itemsize) over all the stream registers, ``streams_east + streams_west``;
 - ``vxm``: VXM ALU busy cycles over ``vxm_alus``; ``sxm``: SXM busy cycles over the
@@ -77,7 +77,7 @@ def floors_of(cfg: LPXConfig, instrs) -> Floors:
             multiply_cycles += n * mxm_rate(cfg, ins.dtype, weights if weights not in (None, DType.NONE) else ins.dtype)
         elif op in ("mem.read", "mem.gather"):
             read_lines += n * size
-        elif op == "mem.write":
+        elif op in ("mem.write", "mem.scatter"):
             write_lines += n * size
         elif op in ("dma.load", "dma.store"):
             dma_bytes += n * cfg.lanes * size

@@ -224,6 +224,23 @@ class Banked:
         self._stamp(self.read_at, self.read_by, bank, index, cycles, me)
         return index
 
+    def scatter(self, bank, addrs: np.ndarray, width: int, first_cycle, me):
+        """Check and record one vector write at each line address in ``addrs`` (data-dependent
+        addresses), vector k at ``first_cycle + k``; returns the lines, (len(addrs), width)."""
+        lo, hi = int(addrs.min()), int(addrs.max()) + width - 1
+        if lo < 0 or hi >= self.lines:
+            raise Race("address-out-of-range",
+                       f"{self.name} {bank}: scattered lines {lo}..{hi} outside 0..{self.lines - 1}")
+        index = addrs.astype(np.int64)[:, None] + np.arange(width, dtype=np.int64)[None, :]
+        cycles = self._cycles(first_cycle, len(addrs), width, index, True)
+        # Two vectors to one line: the later one's cycle is later, so the check passes and it wins.
+        self._check_write(bank, index, cycles)
+        self._stamp(self.written_at, self.written_by, bank, index, cycles, me)
+        self.generation[bank] += 1
+        if self.functional:
+            self._mark(bank, lo, hi)
+        return index
+
     def access_rows(self, bank, rows: slice, first: int, step: int, me, *, read: bool):
         """Check and record one access per row, row k at cycle ``first + step * k`` (accumulator rows)."""
         count = rows.stop - rows.start

@@ -161,9 +161,9 @@ def _batch_settles(notes: PlanNotes, by_weights: dict, action: dict, put_at: dic
 
 
 def addresses_from_data(program: Program) -> bool:
-    """Whether ``program`` reads SRAM at addresses taken from data (``mem.gather``): its
-    functional runs compute while they are checked."""
-    return any(ins.op == "mem.gather" for ins in program.instrs)
+    """Whether ``program`` reads or writes SRAM at addresses taken from data
+    (``mem.gather``, ``mem.scatter``): its functional runs compute while they are checked."""
+    return any(ins.op in ("mem.gather", "mem.scatter") for ins in program.instrs)
 
 
 @dataclass

@@ -274,6 +274,18 @@ def mem_gather(m: Machine, ins: Instr, t):
     m.emit(ins, t, m.load_vectors(ins.unit, m.lines(ins, ins.addr + idx * ins.stride), ins.dtype))
 
 
+def mem_scatter(m: Machine, ins: Instr, t):
+    """For each int32 index ``i`` in lane 0 of the k-th vector of stream ``idx``: the k-th
+    vector of stream ``values`` -> the lines at ``base + i * stride`` (a later vector wins)."""
+    idx = m.take(ins, t, ins.src1)[:, 0].astype(np.int64)
+    lines = m.lines(ins, ins.addr + idx * ins.stride)
+    if lines.min() < 0 or lines.max() >= m.cfg.lines_per_slice:
+        raise IndexError(f"mem.scatter to lines {lines.min()}..{lines.max()} of slice {ins.unit}")
+    vectors = m.take(ins, t, ins.src0)
+    for k in range(ins.count):  # in order: a later vector wins a line two indices share
+        m.store_vectors(ins.unit, lines[k:k + 1], vectors[k:k + 1])
+
+
 # ---- DMA ------------------------------------------------------------------------
 
 def _host_vectors(m: Machine, ins: Instr) -> slice:
@@ -471,6 +483,7 @@ SEMANTICS = {
     "mem.read": mem_read,
     "mem.write": mem_write,
     "mem.gather": mem_gather,
+    "mem.scatter": mem_scatter,
     "dma.load": dma_load,
     "dma.store": dma_store,
     "mxm.install": mxm_install,

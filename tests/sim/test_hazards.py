@@ -313,6 +313,20 @@ def test_gather_out_of_range():
     expect(h, "address-out-of-range", 1, "mem1", 3, {"I": idx}, both=False)  # data-dependent
 
 
+def test_scatter_out_of_range():
+    h = Hand()
+    h.input("I", 2, "int32", 0)
+    h.input("V", 2, "fp32", 2)
+    h.add("mem.read", 0, unit=0, count=2, addr=0, stride=4, dtype="int32", dst=E(0))
+    h.add("mem.read", 0, unit=2, count=2, addr=0, stride=4, dtype="fp32", dst=W(0))
+    h.add("mem.scatter", 3, unit=1, count=2, addr=0, stride=4, dtype="fp32", src0=W(0), src1=E(0))
+    idx = np.zeros((2, 16), np.int32)
+    idx[1, 0] = 1024  # line 4096
+    err = expect(h, "address-out-of-range", 2, "mem1", 3, {"I": idx, "V": np.ones((2, 16), np.float32)},
+                 both=False)  # data-dependent
+    assert "scattered lines 0..4099" in str(err)
+
+
 def test_accumulator_rows_out_of_range():
     h = Hand()
     h.add("mem.read", 0, unit=1, count=16, addr=0, stride=1, dtype="int8", dst=W(0))

@@ -217,6 +217,39 @@ def test_gather(dtype, base, step):
     assert np.array_equal(out.view(np.uint8), table[idx[:, 0]].view(np.uint8))
 
 
+@covers("mem.scatter")
+@pytest.mark.parametrize("dtype, base, step", [("fp32", 0, 4), ("int8", 5, 2), ("bf16", 2, 2)])
+def test_scatter(dtype, base, step):
+    """table[idx[k]] = values[k] in order (idx from lane 0; a repeated index: the later
+    vector wins); every other row of the table is kept."""
+    w = DType.parse(dtype).itemsize
+    n_table, n = 20, 7
+    table = vec(RNG.integers(-100, 100, n_table * LANES), dtype, n_table)
+    values = vec(RNG.integers(-100, 100, n * LANES), dtype, n)
+    idx = RNG.integers(-99, 99, (n, LANES)).astype(np.int32)  # other lanes are ignored
+    idx[:, 0] = RNG.choice(n_table, n, replace=False)
+    idx[5, 0] = idx[2, 0]  # a repeated index
+    h = Hand()
+    h.input("T", n_table, dtype, 1, addr=base, stride=step)
+    h.input("I", n, "int32", 0)
+    h.input("V", n, dtype, 2)
+    h.output("Y", n_table, dtype, 1, addr=base, stride=step)  # the table's own lines
+    # idx: slice 0 (pos 2) read at 0, at pos 3 at 3; values: slice 2 (pos 4) read at 0,
+    # west, at pos 3 at 3; the scatter on slice 1 (pos 3) issues at 3.
+    h.add("mem.read", 0, unit=0, count=n, addr=0, stride=4, dtype="int32", dst=E(0))
+    h.add("mem.read", 0, unit=2, count=n, addr=0, stride=w, dtype=dtype, dst=W(0))
+    h.add("mem.scatter", 3, unit=1, count=n, addr=base, stride=step, dtype=dtype, src0=W(0), src1=E(0))
+    r = h.run({"T": table, "I": idx, "V": values})
+    want = table.copy()
+    for k in range(n):
+        want[idx[k, 0]] = values[k]
+    assert np.array_equal(r.outputs["Y"].view(np.uint8), want.view(np.uint8))
+    assert not np.array_equal(want[idx[2, 0]].view(np.uint8), values[2].view(np.uint8))  # vector 5 won
+    # The last vector lands at 3 + (n - 1) + mem_write.
+    assert r.cycles == 3 + (n - 1) + h.cfg.latency["mem_write"]
+    assert r.counters.sram_bytes_written == n * LANES * w
+
+
 # =============================================================================
 # DMA
 # =============================================================================

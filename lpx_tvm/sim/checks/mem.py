@@ -1,4 +1,4 @@
-"""MEM: reads, writes and gathers of SRAM lines, checked against the lines' race stamps."""
+"""MEM: reads, writes, gathers and scatters of SRAM lines, checked against the lines' race stamps."""
 
 from __future__ import annotations
 
@@ -67,4 +67,17 @@ def mem_gather(run, i, ins, t, _):
     run.emit(i, ins, t, ins.dtype)
 
 
-HANDLERS = {"mem.read": mem_read, "mem.write": mem_write, "mem.gather": mem_gather}
+def mem_scatter(run, i, ins, t, _):
+    # The addresses are data, as for a gather: only a run that computes can check them.
+    src = run.read_stream(ins, ins.src0, ins.dtype, t.position)
+    idx = run.read_stream(ins, ins.src1, DType.INT32, t.position)
+    if run.ex is not None:
+        rows = run.ex.operand(idx.producer, idx.offset, ins.count)
+        addrs = ins.addr + rows[:, 0].astype(np.int64) * ins.stride
+        index = run.sram.scatter(ins.unit, addrs, ins.dtype.itemsize, ins.cycle + run.cfg.latency["mem_write"], i)
+        run.note_write(ins.unit, index)
+        run.record(MemWriteLines(ins.unit, index, src, ins.count), (src.producer, idx.producer))
+    count_sram(run, ins, read=False)
+
+
+HANDLERS = {"mem.read": mem_read, "mem.write": mem_write, "mem.gather": mem_gather, "mem.scatter": mem_scatter}
