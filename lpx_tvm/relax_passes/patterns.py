@@ -47,6 +47,8 @@ composites                              keys
                                         (the ``astype`` to int32)
 ``lpx.take``                            ``input`` (the constant table), ``indices``
                                         (int32), ``root``
+``lpx.index_put``                       ``input`` (the 2-D value), ``rows`` (int32 (N, 1)),
+                                        ``cols`` (constant ``arange(D)``), ``values``, ``root``
 ``lpx.astype``                          ``input`` (int32), ``root``
 =====================================  =================================================
 """
@@ -58,7 +60,7 @@ import math
 import tvm
 from tvm import relax
 from tvm.relax.backend.pattern_registry import register_patterns
-from tvm.relax.dpl.pattern import is_op, wildcard
+from tvm.relax.dpl.pattern import is_op, is_tuple, wildcard
 
 from ..precision import Precision
 from ..target.codegen.rules import (
@@ -329,6 +331,39 @@ def _take_rule(a, settings):
     lines = settings.config.lines_per_slice
     if rows * settings.activation_bytes > lines:  # a stored row takes one line per byte
         return op, f"take from a table of {rows} rows: a column tile of it must fit one slice ({lines} lines)"
+    return None
+
+
+def _index_put_rule(a, settings):
+    """``index_put(data, (rows, cols), values)`` writing whole rows of a runtime 2-D value
+    (a decoder's KV cache): ``rows`` int32 of shape (N, 1), ``cols`` the constant
+    ``arange(D)`` of shape (1, D), ``values`` (N, D)."""
+    op, data, rows, cols, values = a["root"], a["input"], a["rows"], a["cols"], a["values"]
+    if is_const(data):
+        return op, "index_put into a constant (folded at compile time)"
+    found = _tensors_problem(op, [data, values], settings)
+    if found:
+        return found
+    if op.attrs.accumulate:
+        return op, "index_put with accumulate=True: LPX scatters rows, it does not add them"
+    shape = expr_shape(data)
+    if len(shape) != 2:
+        return op, f"index_put into a {len(shape)}-D value: LPX scatters rows of a 2-D value"
+    d = shape[1]
+    if not isinstance(rows.ty, relax.TensorType) or rows.ty.dtype != "int32" or \
+            static_shape(rows.ty) is None or len(static_shape(rows.ty)) != 2 or static_shape(rows.ty)[1] != 1:
+        return op, f"index_put by row indices of type {rows.ty}: LPX scatters by int32 indices of shape (N, 1)"
+    n = static_shape(rows.ty)[0]
+    whole_rows = is_const(cols) and cols.value.numpy().reshape(-1).tolist() == list(range(d)) and \
+        tuple(cols.value.numpy().shape) in ((1, d), (d,))
+    if not whole_rows:
+        return op, "index_put of part of a row: LPX scatters whole rows (columns arange(D))"
+    if tuple(expr_shape(values)) != (n, d):
+        return op, f"index_put of values of shape {expr_shape(values)} into rows of {shape} by {n} indices"
+    lines = settings.config.lines_per_slice
+    if shape[0] * settings.activation_bytes > lines:  # a stored row takes one line per byte
+        return op, (f"index_put into a value of {shape[0]} rows: a column tile of it must fit one slice "
+                    f"({lines} lines)")
     return None
 
 
@@ -738,6 +773,12 @@ def _take_pattern():
     return root, {"input": table, "indices": indices, "root": root}
 
 
+def _index_put_pattern():
+    data, rows, cols, values = wildcard(), wildcard(), wildcard(), wildcard()
+    root = is_op("relax.index_put")(data, is_tuple([rows, cols]), values)
+    return root, {"input": data, "rows": rows, "cols": cols, "values": values, "root": root}
+
+
 def _reshape_pattern():
     data, shape = wildcard(), wildcard()
     root = is_op("relax.reshape")(data, shape)
@@ -858,6 +899,7 @@ def pattern_table() -> list:
     table.append(("softmax", *_unary_pattern("relax.nn.softmax"), [_softmax_rule]))
     table.append(("argmax", *_argmax_pattern(), [_argmax_rule]))
     table.append(("take", *_take_pattern(), [_take_rule]))
+    table.append(("index_put", *_index_put_pattern(), [_index_put_rule]))
     table.append(("astype", *_unary_pattern("relax.astype"), [_astype_rule]))
     table.append(("layer_norm", *_unary_pattern("relax.nn.layer_norm"), [_norm_rule]))
     table.append(("rms_norm", *_unary_pattern("relax.nn.rms_norm"), [_norm_rule]))

@@ -276,6 +276,18 @@ class Group:
                           out_dtype=table.dtype)
         return node.out
 
+    def scatter(self, values: Value, index: Value, table: Region):
+        """Each vector of ``values`` to the row of ``table`` that lane 0 of the same vector
+        of ``index`` (int32) names. The lines are data: the whole table counts as written."""
+        self._check_count(values, index.count, "scatter")
+        if values.dtype != table.dtype:
+            raise SchedulingError(f"scatter: values are {values.dtype.short}, the table is {table.dtype.short}")
+        lo, hi = table.lines
+        lw, n = self.cfg.latency["mem_write"], index.count
+        self._node("mem.scatter", n, (table.slice,), dict(addr=table.addr, stride=table.stride, dtype=table.dtype),
+                   inputs=[("src0", values), ("src1", index)],
+                   effects=[(("sram", table.slice), lo, hi, "w", lw, n - 1 + lw)])
+
     def dma_load(self, host: int, region: Region, engine: int = 0):
         lo, hi = region.lines
         probe = Instr("dma.load", 0, count=region.count, dtype=region.dtype)
@@ -578,6 +590,11 @@ class ProgramBuilder:
         if (layout.rows, layout.cols) != (t.layout.rows, t.layout.cols):
             raise SchedulingError(f"binding {name}: shape {layout.shape} is not stored like {t.layout.shape}")
         self._bindings.append(Binding(name, role, layout, offchip=t.offset))
+
+    def bind_sram(self, name: str, t: SramTensor, role: str = "output"):
+        """Bind an existing SRAM tensor under another name (an input updated in place,
+        returned as an output: the same lines)."""
+        self._bindings.append(Binding(name, role, t.layout))
 
     def table(self, entries) -> int:
         t = np.asarray(entries, np.int32)

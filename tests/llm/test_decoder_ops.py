@@ -175,3 +175,47 @@ def test_int32_index_arithmetic_is_exact():
     for got, ref in zip((out["output_0"], out["output_1"]), want):
         assert got.dtype == np.int32
         np.testing.assert_array_equal(got, ref.numpy())
+
+
+class CacheWrite(torch.nn.Module):
+    """A KV cache's rows written at a runtime position (rows ordered head, position), then
+    attention scores of a query against the updated cache, which is returned too."""
+
+    def __init__(self, heads, context, dim, steps):
+        super().__init__()
+        self.register_buffer("offsets", (torch.arange(heads, dtype=torch.int32)[:, None] * context +
+                                         torch.arange(steps, dtype=torch.int32)[None, :]).reshape(-1, 1))
+        self.register_buffer("cols", torch.arange(dim, dtype=torch.int32)[None, :])
+
+    def forward(self, cache, new_rows, q, position):
+        rows = position.reshape(1, 1) + self.offsets  # (heads * steps, 1)
+        cache = torch.ops.aten.index_put(cache, [rows, self.cols], new_rows)
+        return cache @ q.T, cache
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("steps, position", [(1, 0), (1, 37), (3, 61)])
+def test_cache_rows_written_at_a_runtime_position(precision, steps, position):
+    heads, context, dim = 2, 64, 40
+    torch.manual_seed(steps + position)
+    model = CacheWrite(heads, context, dim, steps).eval()
+    cache = torch.randn(heads * context, dim)
+    new_rows, q = torch.randn(heads * steps, dim), torch.randn(3, dim)
+    args = (cache, new_rows, q, torch.tensor([position], dtype=torch.int32))
+    compiled = lpx_tvm.from_torch(model, args, preset="tsp", precision=precision)
+    offload = compiled.report["offload"]
+    assert offload["lpx"].get("index_put") == 1 and not offload["cpu"], offload
+    out = compiled.run([a.numpy() for a in args])
+    want_scores, want_cache = (t.numpy() for t in model(*args))
+    got_scores, got_cache = out["output_0"], out["output_1"]
+    written = (np.arange(heads)[:, None] * context + position + np.arange(steps)).reshape(-1)
+    tol = dict(rtol=1e-6, atol=1e-6) if precision == "fp32" else dict(rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(got_cache[written], new_rows.numpy(), **tol)
+    np.testing.assert_allclose(got_cache, want_cache, **tol)  # every other row kept
+    loose = dict(rtol=1e-5, atol=2e-5) if precision == "fp32" else dict(rtol=2e-2, atol=5e-2)
+    np.testing.assert_allclose(got_scores, want_scores, **loose)  # sums of 40 products
+    # In place: the region returns the cache in its input's lines, no copy of it.
+    program = next(r.program for r in compiled.executable.regions.values()
+                   if any(i.op == "mem.scatter" for i in r.program.instrs))
+    inputs = {b.layout.tiles for b in program.bindings if b.role == "input"}
+    assert any(b.role == "output" and b.layout.tiles in inputs for b in program.bindings)

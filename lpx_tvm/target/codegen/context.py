@@ -89,6 +89,12 @@ class LoweringContext:
     scratch: list = field(default_factory=list)
     macs: int = 0
     op_counts: dict = field(default_factory=dict)
+    # Value name -> index of the last op that reads it (region outputs: past the last op),
+    # and the index of the op being lowered: an op may update a value in place only at
+    # its last use (index_put into a KV cache).
+    last_use: dict = field(default_factory=dict)
+    op_index: int = 0
+    updated_in_place: set = field(default_factory=set)  # values stored in an input's lines
 
     @classmethod
     def fresh(cls, cfg: LPXConfig, precision: str, name: str, policy: TilingPolicy, options: CodegenOptions,

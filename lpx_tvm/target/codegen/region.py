@@ -135,12 +135,14 @@ def _compile(ctx: LoweringContext, region: Region) -> CompiledRegion:
             if arg.name in names:
                 last_use[arg.name] = i
     keep = set(region.outputs)
+    ctx.last_use = {**last_use, **{name: len(region.ops) for name in keep}}
     if ctx.int8 and not ctx.offchip:
         ctx.dequantized = fusable_dequantizes(region, ctx.cfg.vxm_alus, ctx.cfg.mxm_planes)
     # Constants go first: the initial image must sit in lines that working space never
     # touches, which the allocator can only promise for space it has not handed out yet.
     ctx.weights = {op.out: place_weights(ctx, op) for op in region.ops}
     for i, op in enumerate(region.ops):
+        ctx.op_index = i
         for s in [op.main] + op.epilogue:
             ctx.op_counts[s.op] = ctx.op_counts.get(s.op, 0) + 1
         ctx.scratch = []
@@ -165,6 +167,7 @@ def _bind_outputs(ctx: LoweringContext, region: Region) -> list:
     b = ctx.builder
     outputs = []
     out_names = {bnd.name for bnd in b.bindings(role="output")}
+    in_names = {bnd.name for bnd in b.bindings(role="input")}
     taken = set()
     for name in region.outputs:
         st = ctx.values[name]
@@ -176,6 +179,13 @@ def _bind_outputs(ctx: LoweringContext, region: Region) -> list:
                 st = Spilled(replace(st.tensor, name=f"{name}_out"), st.shape)
             taken.add(st.tensor.name)
             outputs.append((st.tensor.name, st.shape))
+            continue
+        if name in ctx.updated_in_place and st.tensor.name in in_names and st.tensor.name not in taken and \
+                tuple(st.tensor.layout.shape) == stored_shape(st.shape):
+            # An input updated where it lies (a KV cache): the output is the same lines.
+            b.bind_sram(name, st.tensor)
+            taken.add(st.tensor.name)
+            outputs.append((name, st.shape))
             continue
         # A reshape alias shares its source's tensor: an output tensor stored in another
         # shape (or already returned for another output) is returned through a copy.

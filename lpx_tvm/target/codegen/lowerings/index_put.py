@@ -1,0 +1,56 @@
+"""``index_put`` of whole rows of a 2-D value by runtime int32 row indices (a decoder's
+KV cache written at the position): ``mem.scatter`` into the value's lines, in place when
+this is the value's last use."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ....machine.isa import DType
+from ..context import LoweringContext
+from ..graph import RegionOp, UnsupportedOnLPX
+from ..registry import register_lowering
+from ..storage import Stored, one
+from ..values import copy_value
+
+
+@register_lowering("index_put")
+def lower_index_put(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """``index_put(data, (rows, arange(D)), values)``: one scatter per lane tile of
+    ``data``, each row of ``values`` to the row its index names (the indices are stored
+    one per vector, in lane 0, which is what ``mem.scatter`` reads). ``data`` is updated
+    where it lies when no later op reads it; otherwise the scatter goes into a copy."""
+    if len(op.main.args) != 4 or op.main.attrs.get("accumulate"):
+        raise UnsupportedOnLPX("index_put on LPX writes whole rows (two index tensors, no accumulate)")
+    data, rows, cols, values = op.main.args
+    r, d = op.shape
+    if data.is_const or not cols.is_const or np.asarray(cols.const).reshape(-1).tolist() != list(range(d)):
+        raise UnsupportedOnLPX("index_put on LPX scatters whole rows (columns arange(D)) into a runtime value")
+    x, v = ctx.value(data), ctx.value(values)
+    if rows.is_const:
+        idx = ctx.temp(ctx.builder.constant(f"{op.out}.rows", np.asarray(rows.const, np.int32).reshape(-1, 1),
+                                            DType.INT32))
+    else:
+        idx = ctx.value(rows).tensor
+    if idx.layout.dtype != DType.INT32 or idx.layout.cols != 1:
+        raise UnsupportedOnLPX(f"index_put by row indices of shape {rows.shape} (LPX scatters by int32 (N, 1))")
+    if x.tensor.layout.nchunks != 1:
+        raise UnsupportedOnLPX(f"index_put into a value of {r} rows: a column tile spans several slices")
+    if v.tensor.layout.dtype != x.tensor.layout.dtype:
+        raise UnsupportedOnLPX(f"index_put of {v.tensor.layout.dtype.short} rows into a "
+                               f"{x.tensor.layout.dtype.short} value")
+    # In place: no later op reads data, and no other live value (a reshape alias) shares it.
+    in_place = ctx.last_use.get(data.name, -1) <= ctx.op_index and \
+        all(s.tensor is not x.tensor for name, s in ctx.values.items() if name != data.name)
+    y = x if in_place else copy_value(ctx, x, op.out, is_output)
+    n, lanes = rows.shape[0], ctx.cfg.lanes
+    for b0 in range(0, n, lanes):
+        b1 = min(n, b0 + lanes)
+        for j in range(y.tensor.ntiles):
+            g = ctx.builder.group(f"{op.out}.scatter")
+            index = g.read(one(idx.segments(0, b0, b1)))
+            rows_in = g.read(one(v.tensor.segments(j, b0, b1)))
+            g.scatter(rows_in, index, y.tensor.tile(j))
+    ctx.values[op.out] = Stored(y.tensor, tuple(op.shape))
+    if in_place:
+        ctx.updated_in_place.add(op.out)

@@ -1,0 +1,99 @@
+"""The decoder steps of lpx_tvm.frontends.decoders against the transformers model they
+are rebuilt from: the greedy tokens of their loop equal model.generate's, and each
+step's logits the model's forward."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from lpx_tvm.relax_passes.errors import ModelError  # noqa: E402
+from lpx_tvm.frontends import decoders  # noqa: E402
+
+SMALL = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             max_position_embeddings=128)
+
+
+def _model(kind, seed=0, **extra):
+    torch.manual_seed(seed)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(**SMALL, num_key_value_heads=2, **extra)
+        model = transformers.LlamaForCausalLM(cfg)
+    elif kind == "qwen2":
+        cfg = transformers.Qwen2Config(**SMALL, num_key_value_heads=2, **extra)
+        model = transformers.Qwen2ForCausalLM(cfg)
+    else:
+        cfg = transformers.MistralConfig(**SMALL, num_key_value_heads=1, sliding_window=None, **extra)
+        model = transformers.MistralForCausalLM(cfg)
+    model.eval()
+    # Larger weights than the initializer's: the logits then differ clearly between tokens,
+    # so a wrong step picks other tokens rather than the same ones by luck.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(8.0)
+    return model
+
+
+def _hf_greedy(model, ids, n):
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=n, do_sample=False, min_new_tokens=n, pad_token_id=0)
+    return out[:, ids.shape[1]:]
+
+
+@pytest.mark.parametrize("kind, batch", [("llama", 1), ("llama", 2), ("qwen2", 1), ("mistral", 1)])
+def test_greedy_tokens_equal_generate(kind, batch):
+    model = _model(kind)
+    torch.manual_seed(1)
+    ids = torch.randint(0, SMALL["vocab_size"], (batch, 5))
+    prefill, decode, spec = decoders.decoder_steps(model, max_context=16, prompt_len=5, batch=batch)
+    got = decoders.generate(prefill, decode, spec, ids, 8)
+    want = _hf_greedy(model, ids, 8)
+    assert len(set(want.reshape(-1).tolist())) > 2  # the tokens vary: the check can fail
+    assert torch.equal(got, want), (got, want)
+
+
+@pytest.mark.parametrize("rope_scaling", [{"rope_type": "linear", "factor": 2.0},
+                                          {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 32}])
+def test_step_logits_equal_forward(rope_scaling):
+    model = _model("llama", seed=2, rope_scaling=rope_scaling)
+    torch.manual_seed(3)
+    ids = torch.randint(0, SMALL["vocab_size"], (1, 7))
+    prefill, decode, spec = decoders.decoder_steps(model, max_context=12, prompt_len=6)
+    with torch.no_grad():
+        want = model(ids).logits[0]  # [7, V]: the logits after every prefix
+        _, _, *caches = decoders.example_inputs(spec, 6)
+        _, logits, *caches = prefill(ids[:, :6].int(), torch.zeros(1, dtype=torch.int32), *caches)
+        np.testing.assert_allclose(logits[0].numpy(), want[5].numpy(), rtol=1e-4, atol=1e-4)
+        _, logits, *caches = decode(ids[:, 6:7].int(), torch.tensor([6], dtype=torch.int32), *caches)
+        np.testing.assert_allclose(logits[0].numpy(), want[6].numpy(), rtol=1e-4, atol=1e-4)
+    # The cache rows past the position are untouched (zeros).
+    assert torch.count_nonzero(caches[0].reshape(spec.kv_heads, 12, -1)[:, 7:]) == 0
+
+
+def test_steps_export():
+    model = _model("qwen2", seed=4)
+    prefill, decode, spec = decoders.decoder_steps(model, max_context=16, prompt_len=4)
+    for step, t in ((prefill, 4), (decode, 1)):
+        args = decoders.example_inputs(spec, t)
+        exported = torch.export.export(step, args)
+        ops = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+        assert any("index_put" in o for o in ops), ops
+        dtypes = {n.meta["val"].dtype for n in exported.graph.nodes if n.op == "placeholder"}
+        assert torch.int64 not in dtypes and torch.int32 in dtypes, dtypes  # int32 indices throughout
+
+
+def test_refusals():
+    with pytest.raises(ModelError, match="sliding_window 8 < max_context 16"):
+        torch.manual_seed(0)
+        cfg = transformers.MistralConfig(**SMALL, num_key_value_heads=1, sliding_window=8)
+        decoders.decoder_steps(transformers.MistralForCausalLM(cfg), 16, 4)
+    with pytest.raises(ModelError, match="family 'gpt2'"):
+        cfg = transformers.GPT2Config(n_embd=64, n_layer=1, n_head=2, vocab_size=128)
+        decoders.decoder_steps(transformers.GPT2LMHeadModel(cfg), 16, 4)
+    with pytest.raises(ModelError, match="max_position_embeddings"):
+        decoders.decoder_steps(_model("llama"), 256, 4)
+    with pytest.raises(ModelError, match="no room"):
+        decoders.decoder_steps(_model("llama"), 8, 8)
