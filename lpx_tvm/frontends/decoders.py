@@ -3,15 +3,18 @@
 A static-shape machine cannot run ``transformers``' generation loop, so the model's
 config and weights are rebuilt as plain torch modules of one signature::
 
-    step(input_ids int32 [B, T], position int32 [1], k_cache_0, v_cache_0, ...)
-        -> (next_ids int32 [B, 1], logits [B, V], k_cache_0', v_cache_0', ...)
+    step(input_ids int32 [B*T], position int32 [1], k_cache_0_0, v_cache_0_0, ...)
+        -> (next_ids int32 [B, 1], logits [B, V], k_cache_0_0', v_cache_0_0', ...)
 
 ``T`` is the prompt length for the prefill step (at position 0) and 1 for the decode
-step. Each layer's caches are inputs of their own, ``[B*KVH*C, D]`` with rows ordered
-(batch, kv head, position), so that a step writes only its new rows (``index_put``: a
-``mem.scatter`` on LPX) and reads each layer's cache where it lies. The ops are written
-in the forms the LPX back end lowers: int32 indices, the mask as arithmetic on the
-position, RoPE rows gathered from constant tables, greedy argmax on chip.
+step. Each (layer, kv head) has a key and a value cache of its own, ``[B*C, D]`` with
+rows ordered (batch, position), so that a step writes only its new rows (``index_put``:
+a ``mem.scatter`` on LPX) and reads each cache where it lies. The ops are written in
+2-D forms the LPX back end lowers (rows of tokens, lanes of features): heads are lane
+slices of the projections, a kv head's query heads are stacked as rows and share one
+pass over its keys, batch rows are kept apart by the mask, indices are int32, the mask
+is arithmetic on the position, RoPE rows are gathered from constant tables, and the
+greedy argmax runs on chip.
 
 The steps are checked against the model itself: their greedy loop (:func:`generate`)
 must give ``model.generate(do_sample=False)``'s tokens (tests/frontends/test_decoders.py).
@@ -25,6 +28,8 @@ from ..relax_passes.errors import ModelError
 
 # Families with the Llama layer: RMSNorm, RoPE, grouped-query attention, a SwiGLU MLP.
 LLAMA_FAMILIES = ("llama", "mistral", "qwen2")
+# GPT-2: LayerNorm, learned positions, multi-head attention, a GELU MLP, biases.
+FAMILIES = LLAMA_FAMILIES + ("gpt2",)
 # The mask value added to a score a query may not attend to, per position of distance:
 # exp(-1e4) is 0 in every float format.
 MASK_SCALE = 1e4
@@ -43,20 +48,24 @@ class DecoderSpec:
     vocab: int
     max_context: int
     batch: int = 1
+    parameters: int = 0  # weights of the model (a tied embedding counted once)
 
     @property
     def cache_rows(self) -> int:
-        """Rows of one layer's key (or value) cache: (batch, kv head, position)."""
-        return self.batch * self.kv_heads * self.max_context
+        """Rows of one (layer, kv head) key (or value) cache: (batch, position)."""
+        return self.batch * self.max_context
 
     @property
     def cache_names(self) -> list:
-        return [f"{kind}_cache_{i}" for i in range(self.layers) for kind in ("k", "v")]
+        """The caches in step-argument order: for each layer, each kv head, key then value."""
+        return [f"{kind}_cache_{i}_{g}" for i in range(self.layers) for g in range(self.kv_heads)
+                for kind in ("k", "v")]
 
     @property
-    def cache_bytes_per_value(self) -> int:
-        """Bytes of all layers' caches per byte of one stored value."""
-        return 2 * self.layers * self.cache_rows * self.head_dim
+    def cache_values(self) -> int:
+        """Values held by all the caches."""
+        return 2 * self.layers * self.kv_heads * self.cache_rows * self.head_dim
+
 
 
 def spec_of(model, max_context: int, batch: int = 1) -> DecoderSpec:
@@ -64,8 +73,22 @@ def spec_of(model, max_context: int, batch: int = 1) -> DecoderSpec:
     what the steps do not support."""
     cfg = model.config
     family = getattr(cfg, "model_type", None)
-    if family not in LLAMA_FAMILIES:
-        raise ModelError(f"decoder family {family!r}: the LPX decoder steps support {', '.join(LLAMA_FAMILIES)}")
+    if family not in FAMILIES:
+        raise ModelError(f"decoder family {family!r}: the LPX decoder steps support {', '.join(FAMILIES)}")
+    if max_context < 1 or batch < 1:
+        raise ModelError(f"max_context {max_context} and batch {batch} must be at least 1")
+    params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    if family == "gpt2":
+        act = getattr(cfg, "activation_function", "gelu_new")
+        if act not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ModelError(f"activation_function {act!r}: the GPT-2 steps' MLP is GELU (tanh form)")
+        if max_context > cfg.n_positions:
+            raise ModelError(f"max_context {max_context} > the model's n_positions {cfg.n_positions}")
+        if getattr(cfg, "scale_attn_by_inverse_layer_idx", False) or not getattr(cfg, "scale_attn_weights", True):
+            raise ModelError("GPT-2 attention scaled other than by 1/sqrt(head_dim) is not supported")
+        heads = cfg.n_head
+        return DecoderSpec(family, cfg.n_layer, heads, heads, cfg.n_embd // heads, cfg.n_embd, cfg.vocab_size,
+                           max_context, batch, params)
     heads, hidden = cfg.num_attention_heads, cfg.hidden_size
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or hidden // heads
@@ -82,13 +105,14 @@ def spec_of(model, max_context: int, batch: int = 1) -> DecoderSpec:
         raise ModelError(f"hidden_act {act!r}: the steps' MLP is SwiGLU (silu)")
     if getattr(cfg, "mlp_bias", False):
         raise ModelError("mlp_bias=True: the steps' MLP has no biases")
+    if getattr(cfg, "attention_bias", False) and family == "llama" and \
+            model.model.layers[0].self_attn.o_proj.bias is not None:
+        raise ModelError("attention_bias=True on the output projection is not supported")
     limit = getattr(cfg, "max_position_embeddings", None)
     if limit is not None and max_context > limit:
         raise ModelError(f"max_context {max_context} > the model's max_position_embeddings {limit}")
-    if max_context < 1 or batch < 1:
-        raise ModelError(f"max_context {max_context} and batch {batch} must be at least 1")
     return DecoderSpec(family, cfg.num_hidden_layers, heads, kv_heads, head_dim, hidden, cfg.vocab_size,
-                       max_context, batch)
+                       max_context, batch, params)
 
 
 def _torch():
@@ -103,77 +127,98 @@ def decoder_step(model, spec: DecoderSpec, steps: int):
     torch = _torch()
     if not 1 <= steps <= spec.max_context:
         raise ModelError(f"a step of {steps} tokens in a context of {spec.max_context}")
+    weights = _gpt2_weights(model) if spec.family == "gpt2" else _llama_weights(model, spec)
 
     class DecoderStep(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            inner = model.model
             self.spec, self.steps = spec, steps
             # Buffers, so that torch.export keeps the weights as the module's constants.
-            self.register_buffer("embed", inner.embed_tokens.weight.detach())
             self.layers = []
-            for i, layer in enumerate(inner.layers):
+            for i, layer in enumerate(weights["layers"]):
                 names = {}
-                for key, t in _layer_weights(layer).items():
+                for key, t in layer.items():
                     if isinstance(t, float) or t is None:
                         names[key] = t
                     else:
                         self.register_buffer(f"layer{i}_{key}", t)
                         names[key] = f"layer{i}_{key}"
                 self.layers.append(names)
-            self.register_buffer("norm_w", inner.norm.weight.detach())
-            self.eps = inner.norm.variance_epsilon
-            self.register_buffer("lm_head", model.lm_head.weight.detach())
-            # The model's own rotary embedding (its rope_scaling included), at every position.
-            positions = torch.arange(spec.max_context)[None]
-            probe = torch.zeros(1, 1, spec.head_dim, dtype=self.embed.dtype)
-            cos, sin = inner.rotary_emb(probe, positions)
-            self.register_buffer("cos", cos[0].detach())  # [C, D]
-            self.register_buffer("sin", sin[0].detach())
+            for key in ("embed", "lm_head", "norm_w", "norm_b", "positions", "cos", "sin"):
+                if weights.get(key) is not None:
+                    self.register_buffer(key, weights[key])
+            self.eps = weights["eps"]
+            dtype = weights["embed"].dtype
             i32 = torch.int32
-            b, h, t = (torch.arange(n, dtype=i32) for n in (spec.batch, spec.kv_heads, steps))
-            rows = (b[:, None, None] * spec.kv_heads + h[None, :, None]) * spec.max_context + t[None, None, :]
-            # (batch, kv head, token) -> its cache row at position 0
-            self.register_buffer("row_offsets", rows.reshape(-1, 1))
+            B, T, C, KVH = spec.batch, steps, spec.max_context, spec.kv_heads
+            rep = spec.heads // KVH
+            b, t = torch.arange(B, dtype=i32), torch.arange(T, dtype=i32)
+            # Row (b, t) of a step's tokens -> its position, less the step's first position.
+            self.register_buffer("token_offsets", t.repeat(B))  # [B*T]
+            # ... -> its cache row at position 0 (a layer's kv-head cache holds (b, position) rows).
+            self.register_buffer("row_offsets", (b[:, None] * C + t[None, :]).reshape(-1, 1))  # [B*T, 1]
             self.register_buffer("cols", torch.arange(spec.head_dim, dtype=i32)[None, :])
-            self.register_buffer("token_offsets", t)
-            self.register_buffer("t_col", t.to(self.embed.dtype)[:, None])  # [T, 1]
-            self.register_buffer("j_row", torch.arange(spec.max_context, dtype=self.embed.dtype)[None, :])  # [1, C]
+            # The mask before the position is added: query row (r, b, t) of a group may see
+            # cache row (b', j) iff b' == b and j <= position + t, i.e. position + base >= 0
+            # with base = t - j; another batch's rows get a base no position reaches.
+            j = torch.arange(C)
+            base = (t[:, None] - j[None, :]).to(torch.float32)  # [T, C]
+            blocks = torch.full((B, T, B, C), -float(2 * C + 2))
+            for k in range(B):
+                blocks[k, :, k, :] = base
+            self.register_buffer("mask_base", blocks.reshape(1, B * T, B * C).repeat(rep, 1, 1)
+                                 .reshape(rep * B * T, B * C).to(dtype))
+            # The last token of every batch row, as a slice of a (B, T, H) view.
+            self.scale = spec.head_dim ** -0.5
 
         def forward(self, input_ids, position, *caches):
             s, T = self.spec, self.steps
-            B, H, NH, KVH, D, C = s.batch, s.hidden, s.heads, s.kv_heads, s.head_dim, s.max_context
+            B, NH, KVH, D = s.batch, s.heads, s.kv_heads, s.head_dim
             rep = NH // KVH
-            x = self.embed.index_select(0, input_ids.reshape(-1))  # [B*T, H]
-            pos_rows = position + self.token_offsets  # [T] int32
-            cos, sin = self.cos.index_select(0, pos_rows), self.sin.index_select(0, pos_rows)  # [T, D]
-            # 0 where key position j may be seen by token t (j <= position + t), <= -1e4 elsewhere.
-            delta = position.to(x.dtype).reshape(1, 1) + self.t_col - self.j_row  # [T, C]
-            mask = torch.clamp(delta, max=0.0) * MASK_SCALE
-            mask = mask.repeat(rep, 1)  # [rep*T, C]: the rows of a kv head's group
-            rows = position.reshape(1, 1) + self.row_offsets  # [B*KVH*T, 1]
+            x = self.embed.index_select(0, input_ids)  # [B*T, H]
+            pos_rows = position + self.token_offsets  # [B*T] int32
+            if s.family == "gpt2":
+                x = x + self.positions.index_select(0, pos_rows)
+                cos = sin = None
+            else:
+                cos, sin = self.cos.index_select(0, pos_rows), self.sin.index_select(0, pos_rows)  # [B*T, D]
+            # 0 where a query row may see a cache row, -1e4 elsewhere (exp(-1e4) is 0 in every
+            # float format, and -1e4 fits fp16).
+            mask = torch.clamp(position.to(x.dtype) + self.mask_base, -1.0, 0.0) * MASK_SCALE
+            rows = position.reshape(1, 1) + self.row_offsets  # [B*T, 1]: the new tokens' cache rows
             new_caches = []
             for i, names in enumerate(self.layers):
                 w = {key: getattr(self, n) if isinstance(n, str) else n for key, n in names.items()}
-                k_cache, v_cache = caches[2 * i], caches[2 * i + 1]
-                h = _rms_norm(x, w["input_norm"], w["eps"])
-                q = _linear(h, w["q"], w["q_bias"]).reshape(B, T, NH, D).permute(0, 2, 1, 3)
-                k = _linear(h, w["k"], w["k_bias"]).reshape(B, T, KVH, D).permute(0, 2, 1, 3)
-                v = _linear(h, w["v"], w["v_bias"]).reshape(B, T, KVH, D).permute(0, 2, 1, 3)
-                q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-                k_cache = torch.ops.aten.index_put(k_cache, [rows, self.cols], k.reshape(B * KVH * T, D))
-                v_cache = torch.ops.aten.index_put(v_cache, [rows, self.cols], v.reshape(B * KVH * T, D))
-                new_caches += [k_cache, v_cache]
-                keys, values = k_cache.reshape(B, KVH, C, D), v_cache.reshape(B, KVH, C, D)
-                qg = q.reshape(B, KVH, rep * T, D)  # a kv head's query heads share its keys
-                scores = torch.matmul(qg, keys.transpose(2, 3)) * (D ** -0.5) + mask
-                p = torch.softmax(scores, dim=-1)
-                a = torch.matmul(p, values).reshape(B, NH, T, D).permute(0, 2, 1, 3).reshape(B * T, NH * D)
-                x = x + _linear(a, w["o"], None)
-                h = _rms_norm(x, w["post_norm"], w["eps"])
-                x = x + _linear(torch.nn.functional.silu(_linear(h, w["gate"], None)) * _linear(h, w["up"], None),
-                                w["down"], None)
-            last = _rms_norm(x, self.norm_w, self.eps).reshape(B, T, H)[:, T - 1]  # [B, H]
+                h = _norm(s.family, x, w["input_norm"], w.get("input_norm_b"), w["eps"])
+                q_all = _linear(h, w["q"], w["q_bias"])  # [B*T, NH*D]
+                k_all = _linear(h, w["k"], w["k_bias"])  # [B*T, KVH*D]
+                v_all = _linear(h, w["v"], w["v_bias"])
+                heads = [None] * NH
+                for g in range(KVH):
+                    k = _rope(k_all[:, g * D:(g + 1) * D], cos, sin)
+                    v = v_all[:, g * D:(g + 1) * D]
+                    k_cache = torch.ops.aten.index_put(caches[2 * (i * KVH + g)], [rows, self.cols], k)
+                    v_cache = torch.ops.aten.index_put(caches[2 * (i * KVH + g) + 1], [rows, self.cols], v)
+                    new_caches += [k_cache, v_cache]
+                    # The group's query heads share one pass over its keys: rows (r, b, t).
+                    qs = [_rope(q_all[:, n * D:(n + 1) * D], cos, sin) for n in range(g * rep, (g + 1) * rep)]
+                    qg = torch.cat(qs, dim=0) if rep > 1 else qs[0]  # [rep*B*T, D]
+                    scores = (k_cache @ qg.T).T * self.scale + mask  # [rep*B*T, B*C]
+                    a = torch.softmax(scores, dim=-1) @ v_cache  # [rep*B*T, D]
+                    for r in range(rep):
+                        heads[g * rep + r] = a[r * B * T:(r + 1) * B * T] if rep > 1 else a
+                attn = torch.cat(heads, dim=1) if NH > 1 else heads[0]  # [B*T, NH*D]
+                x = x + _linear(attn, w["o"], w.get("o_bias"))
+                h = _norm(s.family, x, w["post_norm"], w.get("post_norm_b"), w["eps"])
+                if s.family == "gpt2":
+                    m = torch.nn.functional.gelu(_linear(h, w["fc"], w["fc_bias"]), approximate="tanh")
+                    x = x + _linear(m, w["down"], w["down_bias"])
+                else:
+                    gate = torch.nn.functional.silu(_linear(h, w["gate"], None))
+                    x = x + _linear(gate * _linear(h, w["up"], None), w["down"], None)
+            if T > 1:
+                x = x.reshape(B, T, s.hidden)[:, T - 1:T].reshape(B, s.hidden)  # the last token's rows
+            last = _norm(s.family, x, self.norm_w, getattr(self, "norm_b", None), self.eps)  # [B, H]
             logits = last @ self.lm_head.T
             next_ids = logits.argmax(-1, keepdim=True).to(torch.int32)
             return (next_ids, logits, *new_caches)
@@ -181,18 +226,51 @@ def decoder_step(model, spec: DecoderSpec, steps: int):
     return DecoderStep().eval()
 
 
-def _layer_weights(layer) -> dict:
-    att, mlp = layer.self_attn, layer.mlp
+def _llama_weights(model, spec: DecoderSpec) -> dict:
+    torch = _torch()
+    inner = model.model
 
     def bias(lin):
         return None if lin.bias is None else lin.bias.detach()
 
-    return dict(q=att.q_proj.weight.detach(), q_bias=bias(att.q_proj), k=att.k_proj.weight.detach(),
-                k_bias=bias(att.k_proj), v=att.v_proj.weight.detach(), v_bias=bias(att.v_proj),
-                o=att.o_proj.weight.detach(), gate=mlp.gate_proj.weight.detach(), up=mlp.up_proj.weight.detach(),
-                down=mlp.down_proj.weight.detach(), input_norm=layer.input_layernorm.weight.detach(),
-                post_norm=layer.post_attention_layernorm.weight.detach(),
-                eps=layer.input_layernorm.variance_epsilon)
+    layers = []
+    for layer in inner.layers:
+        att, mlp = layer.self_attn, layer.mlp
+        layers.append(dict(q=att.q_proj.weight.detach(), q_bias=bias(att.q_proj), k=att.k_proj.weight.detach(),
+                           k_bias=bias(att.k_proj), v=att.v_proj.weight.detach(), v_bias=bias(att.v_proj),
+                           o=att.o_proj.weight.detach(), gate=mlp.gate_proj.weight.detach(),
+                           up=mlp.up_proj.weight.detach(), down=mlp.down_proj.weight.detach(),
+                           input_norm=layer.input_layernorm.weight.detach(),
+                           post_norm=layer.post_attention_layernorm.weight.detach(),
+                           eps=layer.input_layernorm.variance_epsilon))
+    embed = inner.embed_tokens.weight.detach()
+    # The model's own rotary embedding (its rope_scaling included), at every position.
+    positions = torch.arange(spec.max_context)[None]
+    probe = torch.zeros(1, 1, spec.head_dim, dtype=embed.dtype)
+    cos, sin = inner.rotary_emb(probe, positions)
+    return dict(layers=layers, embed=embed, lm_head=model.lm_head.weight.detach(), norm_w=inner.norm.weight.detach(),
+                eps=inner.norm.variance_epsilon, cos=cos[0].detach(), sin=sin[0].detach())
+
+
+def _gpt2_weights(model) -> dict:
+    """GPT-2's Conv1D weights are (in, out): transposed here to the (out, in) of a linear."""
+    tr = model.transformer
+    hidden = model.config.n_embd
+    layers = []
+    for block in tr.h:
+        qkv_w, qkv_b = block.attn.c_attn.weight.detach().T, block.attn.c_attn.bias.detach()
+        layers.append(dict(q=qkv_w[:hidden], q_bias=qkv_b[:hidden], k=qkv_w[hidden:2 * hidden],
+                           k_bias=qkv_b[hidden:2 * hidden], v=qkv_w[2 * hidden:], v_bias=qkv_b[2 * hidden:],
+                           o=block.attn.c_proj.weight.detach().T, o_bias=block.attn.c_proj.bias.detach(),
+                           fc=block.mlp.c_fc.weight.detach().T, fc_bias=block.mlp.c_fc.bias.detach(),
+                           down=block.mlp.c_proj.weight.detach().T, down_bias=block.mlp.c_proj.bias.detach(),
+                           input_norm=block.ln_1.weight.detach(), input_norm_b=block.ln_1.bias.detach(),
+                           post_norm=block.ln_2.weight.detach(), post_norm_b=block.ln_2.bias.detach(),
+                           eps=block.ln_1.eps))
+    return dict(layers=[{k: (v.contiguous() if hasattr(v, "contiguous") else v) for k, v in lay.items()}
+                        for lay in layers],
+                embed=tr.wte.weight.detach(), positions=tr.wpe.weight.detach(), lm_head=model.lm_head.weight.detach(),
+                norm_w=tr.ln_f.weight.detach(), norm_b=tr.ln_f.bias.detach(), eps=tr.ln_f.eps)
 
 
 def _linear(x, w, b):
@@ -200,16 +278,20 @@ def _linear(x, w, b):
     return y if b is None else y + b
 
 
-def _rms_norm(x, w, eps):
+def _norm(family, x, w, b, eps):
     torch = _torch()
+    if family == "gpt2":
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps)
     return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
 
 
 def _rope(x, cos, sin):
-    """x [..., T, D] rotated by the rows of the position's tables (cos, sin [T, D])."""
+    """x [N, D] rotated by the rows of the positions' tables (cos, sin [N, D]); GPT-2 has none."""
+    if cos is None:
+        return x
     torch = _torch()
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    rotated = torch.cat([-x[:, half:], x[:, :half]], dim=-1)
     return x * cos + rotated * sin
 
 
@@ -225,7 +307,7 @@ def example_inputs(spec: DecoderSpec, steps: int, dtype=None) -> tuple:
     """Inputs of a step: token ids (zeros), position 0, empty caches."""
     torch = _torch()
     caches = [torch.zeros(spec.cache_rows, spec.head_dim, dtype=dtype or torch.float32) for _ in spec.cache_names]
-    return (torch.zeros(spec.batch, steps, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), *caches)
+    return (torch.zeros(spec.batch * steps, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), *caches)
 
 
 def generate(prefill, decode, spec: DecoderSpec, input_ids, max_new_tokens: int, dtype=None):
@@ -240,10 +322,10 @@ def generate(prefill, decode, spec: DecoderSpec, input_ids, max_new_tokens: int,
     _, _, *caches = example_inputs(spec, prompt, dtype)
     out = []
     with torch.no_grad():
-        next_ids, _, *caches = prefill(ids, torch.zeros(1, dtype=torch.int32), *caches)
+        next_ids, _, *caches = prefill(ids.reshape(-1), torch.zeros(1, dtype=torch.int32), *caches)
         out.append(next_ids)
         for k in range(1, max_new_tokens):
             position = torch.tensor([prompt + k - 1], dtype=torch.int32)
-            next_ids, _, *caches = decode(next_ids, position, *caches)
+            next_ids, _, *caches = decode(next_ids.reshape(-1), position, *caches)
             out.append(next_ids)
     return torch.cat(out, dim=1).to(torch.int64)
