@@ -39,6 +39,22 @@ def _tiles(arr, layout, lanes) -> np.ndarray:
     return out.reshape(layout.rows, ntiles, lanes).transpose(1, 0, 2)
 
 
+def _vectors(sram: Banked, sl, addr, n, layout) -> np.ndarray:
+    """The (n, lanes) vectors of a tensor chunk, as a view of the SRAM."""
+    L, w = sram.lanes, layout.dtype.itemsize
+    return np.ndarray((n, L), layout.dtype.np, sram.flat, (sl * sram.lines + addr) * L, (layout.row_stride * L, w))
+
+
+def read_binding(sram: Banked, layout, lanes) -> np.ndarray:
+    """A new array of the tensor stored in SRAM with ``layout``."""
+    if layout.row_stride < layout.dtype.itemsize:  # overlapping vectors: the generic path
+        return read_tensor(layout, sram.peek, lanes)
+    mat = np.empty((layout.rows, layout.cols), layout.dtype.np)
+    for sl, addr, r0, n, c0, c1 in _chunks(layout, lanes):
+        mat[r0:r0 + n, c0:c1] = _vectors(sram, sl, addr, n, layout)[:, :c1 - c0]
+    return mat.reshape(layout.shape)
+
+
 class Executor:
     """Data of one functional run: SRAM bytes, accumulators, off-chip memory, and the
     values each instruction put on a stream (by instruction index), kept until the
@@ -59,18 +75,22 @@ class Executor:
         self.fills = {}  # (plane, buffer) -> [(first row, rows)] installed since its last multiply
 
     # ---- before and after the instructions ---------------------------------
-    def load_image(self, key=None):
+    def load_image(self, key=None, keep=None):
         """The program's initial SRAM image (checked to fit by the simulator); ``key`` names
-        it, to restore only what changed when it is still loaded (see Banked.load_image)."""
+        it, to restore only what changed when it is still loaded, and ``keep`` lines to leave
+        as they are (see Banked.load_image)."""
         lanes = self.lanes
         self.sram.load_image(key, [(img.slice, img.addr,
                                     np.frombuffer(img.data, np.uint8).reshape(len(img.data) // lanes, lanes))
-                                   for img in self.program.sram_init])
+                                   for img in self.program.sram_init], keep)
 
     def load_inputs(self, arrays: dict):
-        """Store the inputs (already checked and converted to their layouts' dtypes)."""
+        """Store the inputs (already checked and converted to their layouts' dtypes); an input
+        not in ``arrays`` is kept from the previous run (not fed)."""
         for b in self.program.inputs:
-            arr = arrays[b.name]
+            arr = arrays.get(b.name)
+            if arr is None:
+                continue
             if getattr(b, "offchip", None) is not None:
                 self._offchip(b)[...] = _tiles(arr, b.layout, self.lanes)
                 continue
@@ -80,31 +100,24 @@ class Executor:
                     for sl_, lines, raw in tensor_tiles(lay, arr, self.lanes):
                         self.sram.poke(sl_, lines, raw)
                     break
-                dst = self._vectors(sl, addr, n, lay)
+                dst = _vectors(self.sram, sl, addr, n, lay)
                 dst[:, :c1 - c0] = arr.reshape(lay.rows, lay.cols)[r0:r0 + n, c0:c1]
                 dst[:, c1 - c0:] = 0
                 self.sram.mark({sl: (addr, addr + (n - 1) * lay.row_stride + lay.dtype.itemsize - 1)})
 
-    def read_outputs(self) -> dict:
+    def read_outputs(self, names=None) -> dict:
+        """The outputs (only those ``names`` names, when given) as tensors."""
         out = {}
         for b in self.program.outputs:
-            lay = b.layout
+            if names is not None and b.name not in names:
+                continue
             if getattr(b, "offchip", None) is not None:
+                lay = b.layout
                 mat = np.concatenate(list(self._offchip(b)), axis=1)[:, :lay.cols]
-            elif lay.row_stride < lay.dtype.itemsize:
-                mat = read_tensor(lay, self.sram.peek, self.lanes)
+                out[b.name] = mat.reshape(lay.shape)
             else:
-                mat = np.empty((lay.rows, lay.cols), lay.dtype.np)
-                for sl, addr, r0, n, c0, c1 in _chunks(lay, self.lanes):
-                    mat[r0:r0 + n, c0:c1] = self._vectors(sl, addr, n, lay)[:, :c1 - c0]
-            out[b.name] = mat.reshape(lay.shape)
+                out[b.name] = read_binding(self.sram, b.layout, self.lanes)
         return out
-
-    def _vectors(self, sl, addr, n, layout) -> np.ndarray:
-        """The (n, lanes) vectors of a tensor chunk, as a view of the SRAM."""
-        L, w = self.lanes, layout.dtype.itemsize
-        return np.ndarray((n, L), layout.dtype.np, self.flat, (sl * self.sram.lines + addr) * L,
-                          (layout.row_stride * L, w))
 
     def _offchip(self, b) -> np.ndarray:
         """An off-chip binding's (column tiles, rows, lanes) vectors, a view of the off-chip memory."""

@@ -80,7 +80,8 @@ class Banked:
     large, and fresh ones page-fault on every touch. Each run stamps cycles offset by a
     ``base`` above every stamp of earlier runs, so old stamps never look recent and no
     table needs resetting. The data keeps the last program's initial image loaded: the
-    next run of that program restores only the lines its run changed (:meth:`load_image`).
+    next run of that program restores only the lines its run changed (:meth:`load_image`),
+    and a run may keep lines as the previous run left them (a KV cache across programs).
     """
 
     def __init__(self, name: str, banks: int, lines: int, lanes: int):
@@ -109,29 +110,47 @@ class Banked:
         self.functional = functional
         self.base = self.high + 1
 
-    def load_image(self, key, images):
+    def load_image(self, key, images, keep=None):
         """Make the data the initial image ``images`` ([(bank, first line, (n, lanes) bytes)])
         and zero elsewhere. When the image ``key`` names is the one loaded, only the lines
-        changed since are restored; ``key`` None always loads afresh (and keeps nothing)."""
+        changed since are restored; ``key`` None always loads afresh (and keeps nothing).
+
+        ``keep``, {bank: [(lowest, highest line), ...]} sorted and disjoint, are lines left
+        as they are (state a previous run left for this one, e.g. a KV cache); no image may
+        overlap them (the simulator checks)."""
         data = self.data
+        keep = keep or {}
         if key is not None and key is self.image:
-            for bank, (lo, hi) in self.touched.items():
-                data[bank, lo:hi + 1] = 0
+            cleared = self.touched
+            for bank, (lo, hi) in cleared.items():
+                for a, b in _gaps(lo, hi, keep.get(bank)):
+                    data[bank, a:b + 1] = 0
             for bank, addr, raw in images:
-                t = self.touched.get(bank)
+                t = cleared.get(bank)
                 if t is not None:
                     lo, hi = max(t[0], addr), min(t[1], addr + len(raw) - 1)
                     if lo <= hi:
                         data[bank, lo:hi + 1] = raw[lo - addr:hi - addr + 1]
         else:
-            for bank, (lo, hi) in self.dirty.items():
-                data[bank, lo:hi + 1] = 0
+            cleared = self.dirty
+            for bank, (lo, hi) in cleared.items():
+                for a, b in _gaps(lo, hi, keep.get(bank)):
+                    data[bank, a:b + 1] = 0
             self.dirty = {}
             for bank, addr, raw in images:
                 data[bank, addr:addr + len(raw)] = raw
                 self._mark(bank, addr, addr + len(raw) - 1)
         self.image = key
         self.touched = {}
+        # Kept lines that were due for clearing may differ from the image: a later run that
+        # does not keep them restores them.
+        for bank, spans in keep.items():
+            r = cleared.get(bank)
+            if r is not None:
+                for lo, hi in spans:
+                    lo, hi = max(lo, r[0]), min(hi, r[1])
+                    if lo <= hi:
+                        self._mark(bank, lo, hi)
 
     # -- checks ------------------------------------------------------------
     def check_range(self, bank: int, addr: int, stride: int, count: int, width: int, what: str = "line"):
@@ -327,6 +346,22 @@ class Banked:
             flat_idx, flat_cyc = index.ravel(), cycles.ravel()
             np.maximum.at(row, flat_idx, flat_cyc)
             by.row(bank)[flat_idx] = me
+
+
+def _gaps(lo: int, hi: int, spans):
+    """The parts of lines ``lo .. hi`` outside ``spans`` (sorted, disjoint (lo, hi) ranges)."""
+    for a, b in spans or ():
+        if b < lo:
+            continue
+        if a > hi:
+            break
+        if a > lo:
+            yield lo, a - 1
+        lo = b + 1
+        if lo > hi:
+            return
+    if lo <= hi:
+        yield lo, hi
 
 
 def _line_at(index, j):

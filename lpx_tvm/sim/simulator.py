@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections import defaultdict
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from ..errors import ProgramError, ScheduleHazard
 from ..machine import timing as tm
@@ -34,7 +37,7 @@ from .checks.operands import validate
 from .checks.ports import Ports
 from .checks.streams import StreamFault, StreamNetwork
 from .counters import Counters
-from .executor import Executor
+from .executor import Executor, read_binding
 from .memory import Banked, Race, _bounds
 from .mxm import Accumulators
 from .plan import Plan, PlanNotes, addresses_from_data
@@ -78,11 +81,22 @@ class Simulator:
         # object: id(instr) -> instr once it passed the operand checks; (id(instr), weights' dtype)
         # -> (instr, its Timing).
         self._timings = {}
+        self._kept = {}  # (id(program), kept names) -> (its Plan, kept lines): checked once per program
 
     def run(self, program: Program, inputs: "dict | None" = None, *, timing_only: bool = False,
-            trace: bool = False) -> SimResult:
+            trace: bool = False, keep=(), outputs=None) -> SimResult:
         """Execute ``program``. In ``timing_only`` mode no arithmetic is done and ``inputs``
         may be omitted; every timing check still runs and the counters are identical.
+
+        ``keep``: names of SRAM inputs of ``program`` whose lines hold what the previous run
+        on this Simulator (of this or any other program) left there, e.g. a KV cache that
+        a prefill and a decode program both bind at the same lines: they are not fed (it
+        is an error to give them in ``inputs``) and neither zeroed nor restored before the
+        run. The program's initial image must not overlap them. A timing-only run only
+        checks the names.
+
+        ``outputs``: names of the outputs to read back into :attr:`SimResult.outputs`
+        (None: all); :meth:`read` reads any binding later.
 
         The first run of a program checks its whole schedule. A functional run of a
         program that this Simulator has already run through without a hazard (and that
@@ -100,34 +114,43 @@ class Simulator:
         gc.disable()
         try:
             with blas.one_thread():
-                return self._run(program, inputs or {}, timing_only, trace)
+                return self._run(program, inputs or {}, timing_only, trace, keep, outputs)
         finally:
             if collect:
                 gc.enable()
 
-    def _run(self, program, inputs, timing_only, trace):
+    def _run(self, program, inputs, timing_only, trace, keep, outputs):
         cfg = self.config
+        kept_names = _names(keep)
+        kept = self._kept_lines(program, kept_names)
+        if outputs is not None:
+            outputs = _names(outputs)
+            unknown = outputs - {b.name for b in program.outputs}
+            if unknown:
+                raise ProgramError(f"unknown output(s) {sorted(unknown)}; the program's outputs are "
+                                   f"{sorted(b.name for b in program.outputs)}")
         plan = None if timing_only or trace else self._plan_of(program)
         if plan is not None and plan.replayable:
-            return self._replay(plan, _coerce_inputs(program, inputs, True))
+            return self._replay(plan, _coerce_inputs(program, inputs, True, kept_names), kept, outputs)
         lockstep = not timing_only and addresses_from_data(program)
         self._sram.start_run(lockstep)
         self._acc_stamps.start_run(False)
         if len(self._timings) > 1 << 20:
             self._timings.clear()
         run = _Run(cfg, program, trace, self._sram, self._acc_stamps, self._timings)
-        arrays = _coerce_inputs(program, inputs, not timing_only)
+        arrays = _coerce_inputs(program, inputs, not timing_only, kept_names)
         if lockstep:
             ex = Executor(cfg, program, self._sram, self._accs_for_run())
-            ex.load_image()
+            ex.load_image(None, kept)
             ex.load_inputs(arrays)
             run.ex = ex
+            run.wanted = outputs
             return run.execute()
         result = run.execute()
         plan = self._plan_of(program) or self._remember(program, run)  # the same steps if checked before
         if timing_only:
             return result
-        return self._replay(plan, arrays, result.trace)
+        return self._replay(plan, arrays, kept, outputs, result.trace)
 
     def _accs_for_run(self) -> Accumulators:
         cfg = self.config
@@ -155,38 +178,79 @@ class Simulator:
         self._plans[key] = plan
         return plan
 
-    def load(self, program: Program):
+    def load(self, program: Program, keep=()):
         """Verify ``program`` (unless done) and load its initial SRAM image, as a chip
         loads a program before running it: its functional runs then start from the loaded
-        image, restoring only the lines the previous run changed."""
+        image, restoring only the lines the previous run changed.
+
+        ``keep``: names of SRAM inputs whose lines are left as they are (see :meth:`run`)."""
+        kept = self._kept_lines(program, _names(keep))
         plan = self._plan_of(program)
         if plan is None:
             self.verify(program)
             plan = self._plan_of(program)
         self._sram.start_run(True)
-        # Fault in the memory the runs write (fresh pages are slow to touch the first time).
-        data = self._sram.data
-        for bank, (lo, hi) in plan.written.items():
-            data[bank, lo:hi + 1] = 0
-        for bank, lo, hi in _input_lines(program, self.config.lanes):
-            data[bank, lo:hi + 1] = 0
+        # Fault in the memory the runs write (fresh pages are slow to touch the first time):
+        # the image load zeroes (or restores) the lines marked changed, except the kept ones.
+        self._sram.mark(plan.written)
+        for _, bank, lo, hi in _binding_lines(program.inputs, self.config.lanes):
+            self._sram.mark({bank: (lo, hi)})
         self._accs_for_run().touch()
-        Executor(self.config, program, self._sram, None).load_image(plan)
+        Executor(self.config, program, self._sram, None).load_image(plan, kept)
 
-    def _replay(self, plan: "Plan", arrays: dict, trace=None) -> SimResult:
+    def read(self, program: Program, name: str) -> np.ndarray:
+        """What SRAM binding ``name`` (an input or output) of ``program`` holds now, after the
+        runs so far (e.g. a kept KV cache), read as an output is: a new array."""
+        cfg = self.config
+        b = program.binding(name)
+        if getattr(b, "offchip", None) is not None:
+            raise ProgramError(f"binding {name!r} is in off-chip memory, which belongs to a single run: "
+                               f"only SRAM bindings can be read after it")
+        if program.config_hash != cfg.hash:
+            raise ProgramError(f"program {program.name or ''!s} was built for machine config "
+                               f"{program.config_hash}, but this machine ({cfg.name}) is {cfg.hash}")
+        check_layout(b.layout, cfg.lanes, cfg.mem_slices, cfg.lines_per_slice, f"binding {name!r}")
+        if self._sram.data is None:
+            raise ProgramError(f"cannot read {name!r}: nothing has run on this Simulator yet")
+        return read_binding(self._sram, b.layout, cfg.lanes)
+
+    def _kept_lines(self, program: Program, names: frozenset) -> dict:
+        """{slice: sorted, disjoint [(lowest, highest line)]} of the inputs ``names`` keeps,
+        checked (see :func:`_kept_lines`); computed once per verified program."""
+        if not names:
+            return {}
+        plan = self._plan_of(program)
+        key = (id(program), names)
+        known = self._kept.get(key)
+        if known is not None and plan is not None and known[0] is plan:
+            return known[1]
+        kept = _kept_lines(program, names, self.config.lanes)
+        if plan is not None:
+            if len(self._kept) > 1024:
+                self._kept.clear()
+            self._kept[key] = (plan, kept)
+        return kept
+
+    def _replay(self, plan: "Plan", arrays: dict, kept: dict, outputs=None, trace=None) -> SimResult:
         cfg, program = self.config, plan.program()
         self._sram.start_run(True)
         ex = Executor(cfg, program, self._sram, self._accs_for_run())
-        ex.load_image(plan)
+        ex.load_image(plan, kept)
         ex.load_inputs(arrays)
         self._sram.mark(plan.written)
         ex.replay(plan.steps)
-        return SimResult(ex.read_outputs(), plan.counters.copy(), cfg, trace)
+        return SimResult(ex.read_outputs(outputs), plan.counters.copy(), cfg, trace)
 
 
-def _input_lines(program: Program, lanes: int):
-    """(slice, lowest line, highest line) of each chunk of the program's SRAM inputs."""
-    for b in program.inputs:
+def _names(names) -> frozenset:
+    """A collection of binding names (one name alone also)."""
+    return frozenset((names,) if isinstance(names, str) else names)
+
+
+def _binding_lines(bindings, lanes: int):
+    """(binding, slice, lowest line, highest line) of each chunk of the SRAM ``bindings``
+    (the lines between the vectors of a strided layout included)."""
+    for b in bindings:
         lay = b.layout
         if getattr(b, "offchip", None) is not None:
             continue
@@ -194,20 +258,66 @@ def _input_lines(program: Program, lanes: int):
             for q in range(lay.nchunks):
                 (sl, addr), _, n = lay.chunk(j, q)
                 last = addr + (n - 1) * lay.row_stride
-                yield sl, min(addr, last), max(addr, last) + lay.dtype.itemsize - 1
+                yield b, sl, min(addr, last), max(addr, last) + lay.dtype.itemsize - 1
 
 
-def _coerce_inputs(program: Program, inputs: dict, functional: bool) -> dict:
-    """Check the input names (and, for a functional run, that each is there); returns the
-    inputs converted to their layouts' dtypes."""
+def _kept_lines(program: Program, names: frozenset, lanes: int) -> dict:
+    """The lines of the inputs ``names`` of ``program``, {slice: sorted, disjoint [(lowest,
+    highest line)]}, after checking that they are SRAM inputs that its initial image leaves
+    alone (an image over them would overwrite the state they keep)."""
+    inputs = {b.name: b for b in program.inputs}
+    unknown = names - inputs.keys()
+    if unknown:
+        raise ProgramError(f"cannot keep {sorted(unknown)}: not inputs of the program; its inputs are "
+                           f"{sorted(inputs)}")
+    off = sorted(n for n in names if getattr(inputs[n], "offchip", None) is not None)
+    if off:
+        raise ProgramError(f"cannot keep {off}: off-chip inputs, whose memory each run starts afresh; only "
+                           f"SRAM inputs can be kept")
+    spans = defaultdict(list)
+    chunks = list(_binding_lines([inputs[n] for n in sorted(names)], lanes))
+    if program.sram_init:
+        # Every image against each kept chunk, one numpy pass over the images per chunk.
+        img = np.array([(m.slice, m.addr, m.addr + len(m.data) // lanes - 1) for m in program.sram_init],
+                       np.int64).reshape(-1, 3)
+        for b, sl, lo, hi in chunks:
+            hit = np.flatnonzero((img[:, 0] == sl) & (img[:, 1] <= hi) & (img[:, 2] >= lo))
+            if len(hit):
+                _, a, z = (int(x) for x in img[hit[0]])
+                raise ProgramError(f"the initial SRAM image at slice {sl} lines {a}..{z} overlaps kept input "
+                                   f"{b.name!r} (slice {sl} lines {lo}..{hi}) at lines {max(a, lo)}..{min(z, hi)}: "
+                                   f"a program whose image overwrites the state cannot keep it")
+    for _, sl, lo, hi in chunks:
+        spans[sl].append((lo, hi))
+    kept = {}
+    for sl, ranges in spans.items():
+        merged = []
+        for lo, hi in sorted(ranges):
+            if merged and lo <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+            else:
+                merged.append((lo, hi))
+        kept[sl] = merged
+    return kept
+
+
+def _coerce_inputs(program: Program, inputs: dict, functional: bool, kept: frozenset = frozenset()) -> dict:
+    """Check the input names (and, for a functional run, that each is there unless kept);
+    returns the inputs converted to their layouts' dtypes."""
     names = {b.name for b in program.inputs}
     unknown = set(inputs) - names
     if unknown:
         raise ProgramError(f"unknown input(s) {sorted(unknown)}; the program's inputs are {sorted(names)}")
+    fed = sorted(kept & set(inputs))
+    if fed:
+        raise ProgramError(f"input(s) {fed} are both given and kept (a kept input holds what the previous run "
+                           f"left in its lines): give them or keep them")
     if not functional:
         return {}
     arrays = {}
     for b in program.inputs:
+        if b.name in kept:
+            continue
         if b.name not in inputs:
             raise ProgramError(f"missing input {b.name!r} (shape {tuple(b.layout.shape)}, "
                                f"{b.layout.dtype.short})")
@@ -229,6 +339,7 @@ class _Run:
     acc_stamps: Banked = None
     timings: dict = None
     counters: Counters = field(default_factory=Counters)
+    wanted: "frozenset | None" = None  # the outputs a functional run reads (None: all)
 
     def __post_init__(self):
         cfg, prog = self.cfg, self.program
@@ -301,7 +412,7 @@ class _Run:
                     ex.free(gone)  # values that left the chip: nothing reads them again
         c.cycles = max_done
         c.instructions = len(instrs)
-        outputs = {} if ex is None else ex.read_outputs()
+        outputs = {} if ex is None else ex.read_outputs(self.wanted)
         return SimResult(outputs, c, cfg, self.trace)
 
     def _step(self, i: int, ins: Instr, done_before: int) -> int:
