@@ -29,3 +29,8 @@ class CompiledRegion:
     # Layer tag (an instruction tag up to its first ".") -> the stable layer name the
     # report shows (ONNX node name, torch module path); see docs/report.md.
     layer_names: dict = field(default_factory=dict)
+    # The constants the compiler placed, by content ((key, SramTensor), ...): what a
+    # second program sharing this one's SRAM reuses in place (target.builder.SharedSram).
+    # Not kept in artifacts.
+    constants: tuple = ()
+    sram_lines: int = 0  # the most SRAM lines in use at once (constants, bindings, working space)

@@ -388,6 +388,28 @@ class Group:
         return node.out
 
 
+def chunk_lines(layout: TensorLayout):
+    """(slice, first line, lines) of each chunk of each column tile of ``layout``."""
+    for j in range(len(layout.tiles) // layout.nchunks):
+        for q in range(layout.nchunks):
+            (sl, addr), _, n = layout.chunk(j, q)
+            yield sl, addr, n * layout.row_stride
+
+
+@dataclass(frozen=True, eq=False)
+class SharedSram:
+    """SRAM that a program holds in common with another program of a session (an LLM's
+    prefill and decode steps, docs/llm.md): ``inputs``, ((name, TensorLayout), ...), state
+    pinned to the lines the other program bound it to (a KV cache, kept across runs);
+    ``images``, the other program's initial SRAM image (resident weights), and
+    ``constants``, ((key, SramTensor), ...), the constants in it by content
+    (:attr:`ProgramBuilder.shareable_constants`)."""
+
+    inputs: tuple = ()
+    images: tuple = ()
+    constants: tuple = ()
+
+
 class ProgramBuilder:
     def __init__(self, config="tsp", name: str = ""):
         self.config: LPXConfig = load_config(config)
@@ -403,6 +425,50 @@ class ProgramBuilder:
         self._host_end = 0  # off-chip bytes in use: initial data and working buffers
         self._const_cache = {}  # (shape, dtype, row_align, bytes) -> SramTensor
         self._installed = {}
+        self._pinned = {}  # input name -> the layout another program of the session gave it
+
+    def share(self, shared: "SharedSram"):
+        """Hold what another program of the session holds, before anything is allocated:
+        its state inputs at their lines (:meth:`pinned`), and its initial image (resident
+        weights) at its lines, whose constants this program then finds by content instead
+        of placing copies."""
+        alloc, lanes = self._sram, self.config.lanes
+        for name, layout in shared.inputs:
+            for sl, addr, lines in chunk_lines(layout):
+                alloc.reserve(sl, addr, lines)
+            self._pinned[name] = layout
+        # An image reaching down from a slice's top joins this program's constants there;
+        # any other image (data placed in working space) is reserved where it lies.
+        for img in sorted(shared.images, key=lambda m: (m.slice, -m.addr)):
+            lines = len(img.data) // lanes
+            alloc.reserve(img.slice, img.addr, lines, constant=img.addr + lines == alloc.floor[img.slice])
+        self._images.extend(shared.images)
+        for key, t in shared.constants:
+            self._const_cache[key] = t
+            self._constants.add(t.name)
+            self._symbols[t.name] = t.layout.to_json()
+
+    def pinned(self, name: str) -> "TensorLayout | None":
+        """The layout input ``name`` must have (see :meth:`share`), or None."""
+        return self._pinned.get(name)
+
+    def input_at(self, name: str, layout: TensorLayout) -> SramTensor:
+        """Bind input ``name`` at the lines :meth:`share` reserved for it."""
+        if self._pinned.get(name) != layout:
+            raise SchedulingError(f"input {name!r} was not pinned to these lines")
+        self._bindings.append(Binding(name, "input", layout))
+        self._symbols[name] = layout.to_json()
+        return SramTensor(name, layout)
+
+    @property
+    def peak_lines(self) -> int:
+        """The most SRAM lines in use at once so far."""
+        return self._sram.peak
+
+    @property
+    def shareable_constants(self) -> tuple:
+        """((key, SramTensor), ...) of the constants placed so far, for :class:`SharedSram`."""
+        return tuple(self._const_cache.items())
 
     # -- storage -------------------------------------------------------------
     def alloc_lines(self, lines: int, slice: "int | None" = None, avoid=()) -> tuple:
@@ -428,11 +494,8 @@ class ProgramBuilder:
         Constants (initial-image data) stay: see :class:`SramAllocator`."""
         if tensor.name in self._constants:
             return
-        lay = tensor.layout
-        for j in range(tensor.ntiles):
-            for q in range(lay.nchunks):
-                (sl, addr), _, n = lay.chunk(j, q)
-                self._sram.free(sl, addr, n * lay.row_stride)
+        for sl, addr, lines in chunk_lines(tensor.layout):
+            self._sram.free(sl, addr, lines)
 
     def tensor(self, name: str, shape, dtype, *, role: "str | None" = None, data=None, slices=None,
                avoid=(), tile_avoid=None, row_align: int = 1, spread: int = 1, install_align: int = 0,

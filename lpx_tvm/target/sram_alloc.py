@@ -76,6 +76,28 @@ class SramAllocator:
         self.peak = max(self.peak, sum(self.used))
         return s, start
 
+    def reserve(self, slice: int, addr: int, lines: int, constant: bool = False):
+        """Take exactly lines ``addr .. addr + lines - 1`` of ``slice`` (lines another
+        program of the session holds: pinned state, shared weights). ``constant``: they
+        join the constants at the slice's top, which must reach down to them."""
+        holes = self._free[slice]
+        i = next((k for k, (a, n) in enumerate(holes) if a <= addr and addr + lines <= a + n), None)
+        if i is None:
+            raise SramFull(f"lines {addr}..{addr + lines - 1} of slice {slice} are not free to reserve")
+        a, n = holes.pop(i)
+        for piece in ((addr + lines, a + n - addr - lines), (a, addr - a)):
+            if piece[1] > 0:
+                holes.insert(i, piece)
+        self.used[slice] += lines
+        self.peak = max(self.peak, sum(self.used))
+        if constant:
+            if addr + lines != self.floor[slice]:
+                raise SramFull(f"constant lines {addr}..{addr + lines - 1} of slice {slice} are not at the top of "
+                               f"its constants (line {self.floor[slice]})")
+            self.floor[slice] = addr
+        else:
+            self.high[slice] = max(self.high[slice], addr + lines)
+
     def free(self, slice: int, addr: int, lines: int):
         holes = self._free[slice]
         i = bisect.bisect_left(holes, (addr, 0))

@@ -45,6 +45,10 @@ class CodegenOptions:
     force_offchip : bool
         Keep the activations off chip even when they fit (tests of the band lowerings);
         applies to compiles that allow off-chip values.
+    shared : SharedSram or None
+        SRAM held in common with another program of a session (state inputs pinned to
+        its lines, its resident weights reused in place: docs/llm.md). Such a region
+        compiles on chip or not at all.
     """
 
     weight_budget: float = 0.9
@@ -54,6 +58,7 @@ class CodegenOptions:
     weight_spread: int = 8
     band_shares: tuple = (0.5, 0.25, SMALLEST_BAND_SHARE)
     force_offchip: bool = False
+    shared: object = None
 
 
 _OPTIONS: contextvars.ContextVar = contextvars.ContextVar("lpx_codegen_options", default=None)

@@ -24,6 +24,7 @@ from dataclasses import replace
 
 from ...errors import SchedulingError, SramFull
 from ...machine.config import LPXConfig
+from ...machine.isa import DType
 from ...precision import Precision
 from ...runtime.region import CompiledRegion
 from .context import LoweringContext, check_precision
@@ -108,6 +109,12 @@ def compile_region(cfg: LPXConfig, precision: str, name: str, func, policy: "Til
 def _compile(ctx: LoweringContext, region: Region) -> CompiledRegion:
     """One compile attempt of ``region`` with the (fresh) context ``ctx``."""
     b = ctx.builder
+    shared = ctx.options.shared
+    if shared is not None:
+        if ctx.offchip:
+            raise SramFull(f"region {region.name}: its activations do not fit on chip beside the SRAM it shares "
+                           "with another program")
+        b.share(shared)
     if not ctx.offchip:
         ctx.input_transforms = float_image_stems(ctx.cfg, region)
     # Values stored as im2col rows: those inputs, and an int8 stem's quantized input.
@@ -125,6 +132,13 @@ def _compile(ctx: LoweringContext, region: Region) -> CompiledRegion:
         # Integer inputs (token ids, positions) keep their dtype; float ones are stored
         # at the precision (an int8 build's inputs are its quantized integers).
         dtype = relax_dtype(p.dtype) if ctx.int8 or p.dtype == "int32" else ctx.dtype
+        pinned = b.pinned(p.name)
+        if pinned is not None:
+            if tuple(pinned.shape) != tuple(shape) or pinned.dtype != DType.parse(dtype):
+                raise SchedulingError(f"input {p.name!r} is {shape} {dtype} here but {pinned.shape} "
+                                      f"{pinned.dtype.short} in the program it shares SRAM with")
+            ctx.values[p.name] = Stored(b.input_at(p.name, pinned), p.shape)
+            continue
         ctx.values[p.name] = Stored(b.input(p.name, shape, dtype, row_align=1 if tr else row_align(p.shape)),
                                     p.shape)
     # Liveness: a value's SRAM is reused once its last reader has been emitted.
@@ -159,7 +173,8 @@ def _compile(ctx: LoweringContext, region: Region) -> CompiledRegion:
     resident = sum(w.ntiles * w.layout.rows * ctx.cfg.lanes * w.layout.dtype.itemsize
                    for w in weights if not isinstance(w, StreamedWeights))
     return CompiledRegion(region.name, prog, [(p.name, p.shape) for p in region.params], outputs, ctx.macs,
-                          ctx.op_counts, resident + streamed, streamed, ctx.input_transforms)
+                          ctx.op_counts, resident + streamed, streamed, ctx.input_transforms,
+                          constants=b.shareable_constants, sram_lines=b.peak_lines)
 
 
 def _bind_outputs(ctx: LoweringContext, region: Region) -> list:
