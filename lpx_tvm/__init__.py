@@ -26,6 +26,7 @@ _LAZY = {
     "build": "api", "compile_model": "api", "load": "runtime.compiled_model",
     "from_torch": "frontends.torch", "import_torch": "frontends.torch",
     "dynamo_backend": "frontends.dynamo", "DynamoBackend": "frontends.dynamo",
+    "compile_llm": "llm.session", "LLMSession": "llm.session",
 }
 
 
@@ -43,5 +44,5 @@ def __dir__():
 
 __all__ = [
     "LPXError", "LPXConfig", "load_config", "build", "compile_model", "load",
-    "from_torch", "import_torch", "dynamo_backend", "DynamoBackend", "__version__",
+    "from_torch", "import_torch", "dynamo_backend", "DynamoBackend", "compile_llm", "LLMSession", "__version__",
 ]

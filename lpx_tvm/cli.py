@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import warnings
 
 from . import __version__
@@ -703,6 +704,80 @@ def _print_program_report(rep) -> None:
     console.print(layers)
 
 
+def _generate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True,
+                   help="a transformers config.json of a Llama, Qwen2, Mistral or GPT-2 decoder (random weights, "
+                        "seeded by --seed: nothing is downloaded)")
+    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (seeded random ids; default 8)")
+    p.add_argument("--prompt-ids", help="the prompt's token ids, comma-separated (instead of --prompt-len)")
+    p.add_argument("--new-tokens", type=int, default=16, help="tokens to generate (default 16)")
+    p.add_argument("--max-context", type=int, default=None,
+                   help="positions the KV cache holds (default: prompt + new tokens)")
+    p.add_argument("--batch", type=int, default=1, help="sequences decoded together (the prompt repeated)")
+    p.add_argument("--preset", default="tsp")
+    p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16"])
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompt")
+    p.add_argument("--report", help="JSON file to write the report to")
+
+
+def _generate(args) -> int:
+    import json
+
+    import numpy as np
+
+    from .llm.session import compile_llm, load_decoder
+
+    if args.prompt_ids and args.prompt_len is not None:
+        raise LPXError("give --prompt-ids or --prompt-len, not both")
+    model = load_decoder(args.config, args.seed)
+    if args.prompt_ids:
+        try:
+            prompt = np.array([int(x) for x in args.prompt_ids.split(",")], np.int64)
+        except ValueError:
+            raise LPXError(f"--prompt-ids {args.prompt_ids!r}: expected comma-separated integers") from None
+    else:
+        prompt = np.random.default_rng(args.seed).integers(0, model.config.vocab_size, args.prompt_len or 8)
+    if args.new_tokens < 1:
+        raise LPXError(f"--new-tokens {args.new_tokens}: at least 1")
+    context = args.max_context or len(prompt) + args.new_tokens
+    t = time.perf_counter()
+    session = compile_llm(model, preset=args.preset, precision=args.precision, max_context=context,
+                          batch=args.batch, prompt_len=len(prompt))
+    compile_s = time.perf_counter() - t
+    tokens = session.generate(np.tile(prompt, (args.batch, 1)), args.new_tokens)
+    rep = session.report
+    print(f"{rep['family']} ({rep['parameters']:,} parameters, {rep['layers']} layers) on {rep['preset']} "
+          f"({rep['precision']}), batch {rep['batch']}, context {rep['max_context']}: compiled in {compile_s:.1f} s")
+    print(f"prompt: {','.join(str(int(x)) for x in prompt)}")
+    for b, row in enumerate(tokens):
+        print(f"tokens{f' [{b}]' if args.batch > 1 else ''}: {','.join(str(int(x)) for x in row)}")
+    _print_llm_report(rep)
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(rep, f, indent=1)
+    return 0
+
+
+def _print_llm_report(rep: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="LLM decode on one chip (docs/llm.md)", show_header=False)
+    table.add_row("time to first token", f"{rep['ttft_cycles']:,} cycles ({rep['ttft_s'] * 1e6:,.1f} us)")
+    table.add_row("decode, per token", f"{rep['decode_cycles_per_token']:,} cycles "
+                                       f"({rep['decode_s_per_token'] * 1e6:,.2f} us)")
+    table.add_row("decode floor", f"{rep['decode_floor_cycles']:,.0f} cycles ({rep['decode_floor_kind']}): "
+                                  f"{rep['decode_over_floor']:.2f}x")
+    table.add_row("tokens/s per user", f"{rep['tokens_per_s_per_user']:,.0f}")
+    table.add_row("tokens/s per chip", f"{rep['tokens_per_s_per_chip']:,.0f}")
+    sram = rep["sram"]
+    table.add_row("SRAM: weights / KV cache / working",
+                  f"{sram['weights_bytes'] / 2**20:,.2f} / {sram['kv_cache_bytes'] / 2**20:,.2f} / "
+                  f"{sram['working_bytes'] / 2**20:,.2f} MiB of {sram['capacity_bytes'] / 2**20:,.0f}")
+    table.add_row("MXM / install utilization", f"{rep['mxm_utilization']:.1%} / {rep['install_utilization']:.1%}")
+    Console().print(table)
+
+
 # name -> (help, add_arguments(parser), handler(args) -> exit code)
 COMMANDS = {
     "demo": ("compile a bundled ONNX model for LPX, run it, check it against onnxruntime", _demo_args, _demo),
@@ -711,6 +786,8 @@ COMMANDS = {
     "profile": ("run a model once and write its whole-model trace, per-layer floors and roofline figure",
                 _profile_args, _profile),
     "tune": ("search the MXM schedules of a model on the simulator into a tuning log", _tune_args, _tune),
+    "generate": ("compile a decoder LLM (a transformers config) for one chip and generate tokens greedily",
+                 _generate_args, _generate),
     "kernel": ("build a hand-written kernel into a program binary", _kernel_args, _kernel),
     "disasm": ("print the assembly listing of a program binary", _disasm_args, _disasm),
     "asm": ("assemble a text listing into a program binary", _asm_args, _asm),

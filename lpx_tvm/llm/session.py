@@ -1,0 +1,336 @@
+"""A decoder LLM on one simulated LPX chip: two programs, one SRAM (docs/llm.md).
+
+:func:`compile_llm` rebuilds a ``transformers`` decoder as its two static steps
+(:mod:`lpx_tvm.frontends.decoders`), compiles the decode step once, and then each
+prefill step (one per prompt length) against the decode program's SRAM: the KV caches
+pinned to the same lines, the resident weights found in place. An :class:`LLMSession`
+runs both on one :class:`~lpx_tvm.sim.Simulator` that keeps the caches between runs:
+the host sends token ids and the position, and reads back the next token ids (and, when
+asked, the logits); the caches never leave the chip.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import LPXError
+from ..frontends import decoders
+from ..frontends.torch import import_torch, require_torch
+from ..machine.config import LPXConfig, load_config
+from ..precision import Precision
+from ..relax_passes.errors import ModelError
+from ..runtime.floors import floors_of
+from ..sim import Simulator
+from ..target.builder import SharedSram, chunk_lines
+from ..target.codegen.options import codegen_options
+
+# Float precisions the steps compile at today (the 8-bit paths are to come: docs/llm.md).
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+class DoesNotFit(LPXError):
+    """A decoder whose weights and KV cache do not fit one chip's SRAM."""
+
+
+@dataclass
+class StepProgram:
+    """One compiled step (prefill of ``tokens`` tokens, or decode: 1) and the names of its
+    bindings: the token ids and position it reads, the caches it keeps in SRAM, and the
+    next ids and logits it returns."""
+
+    tokens: int
+    region: object  # CompiledRegion
+    ids: str
+    position: str
+    caches: list  # cache input names, in the steps' order (decoders.DecoderSpec.cache_names)
+    next_ids: str
+    logits: str
+    compile_s: float = 0.0
+    cycles: int = 0  # of one run, from the schedule check (static: every run takes these)
+
+    @property
+    def program(self):
+        return self.region.program
+
+
+def load_decoder(model_or_config, seed: int = 0):
+    """A ``transformers`` causal LM in eval mode: the model itself, or one built with
+    random weights (seeded; nothing is downloaded) from a config object, a dict, or the
+    path of a ``config.json``."""
+    torch = require_torch()
+    try:
+        import transformers
+    except ImportError:
+        raise ModelError("transformers is not installed; install the extra with: pip install 'lpx-tvm[torch]'") \
+            from None
+    if isinstance(model_or_config, torch.nn.Module):
+        return model_or_config.eval()
+    cfg = model_or_config
+    if isinstance(cfg, (str, os.PathLike)):
+        try:
+            with open(cfg) as f:
+                cfg = json.load(f)
+        except OSError as e:
+            raise ModelError(f"cannot read the model config {str(cfg)!r}: {e.strerror}") from None
+        except json.JSONDecodeError as e:
+            raise ModelError(f"model config {str(model_or_config)!r} is not JSON: {e}") from None
+    if isinstance(cfg, dict):
+        kind = cfg.get("model_type")
+        if kind not in decoders.FAMILIES:
+            raise ModelError(f"model_type {kind!r}: the LPX decoder steps support {', '.join(decoders.FAMILIES)}")
+        cfg = transformers.AutoConfig.for_model(**cfg)
+    if not isinstance(cfg, transformers.PretrainedConfig):
+        raise ModelError(f"compile_llm expects a transformers model, a config or a config.json path, got "
+                         f"{type(model_or_config).__name__}")
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: int = 128, batch: int = 1,
+                prompt_len: "int | None" = None, seed: int = 0) -> "LLMSession":
+    """Compile a decoder LLM for one LPX chip.
+
+    Parameters
+    ----------
+    model_or_config : transformers model, PretrainedConfig, dict or path
+        Llama, Qwen2, Mistral or GPT-2; a config gets random weights (``seed``).
+    preset : str or LPXConfig
+    precision : str
+        ``fp32``, ``fp16`` or ``bf16``.
+    max_context : int
+        Positions the KV cache holds (prompt and generated tokens).
+    batch : int
+        Sequences decoded together (users sharing one chip).
+    prompt_len : int, optional
+        Compile the prefill step of this prompt length now (else at the first
+        :meth:`LLMSession.generate` of each length).
+
+    Returns
+    -------
+    LLMSession
+    """
+    Precision.parse(precision)
+    if str(precision) not in PRECISIONS:
+        raise LPXError(f"precision {precision}: decoder LLMs compile at {', '.join(PRECISIONS)} so far "
+                       "(the 8-bit paths are to come, docs/llm.md)")
+    cfg = preset if isinstance(preset, LPXConfig) else load_config(preset)
+    model = load_decoder(model_or_config, seed)
+    spec = decoders.spec_of(model, max_context, batch)
+    session = LLMSession(model, spec, cfg, str(precision))
+    if prompt_len is not None:
+        session.prefill_step(prompt_len)
+    return session
+
+
+def fit_problem(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> "str | None":
+    """Why the decoder's weights and KV cache cannot be resident in one chip's SRAM, or None."""
+    value_bytes = Precision.parse(precision).value_bytes
+    weights = spec.parameters * value_bytes
+    kv = spec.cache_values * value_bytes
+    need = weights + kv
+    # Working space and the tiling's padding take a share of the rest: resident weights
+    # may take 90% of the SRAM (docs/compiler.md, the weight budget).
+    budget = int(0.9 * cfg.sram_bytes)
+    if need <= budget:
+        return None
+    chips = math.ceil(need / budget)
+    return (f"the model needs {need / 2**20:,.1f} MiB of SRAM ({weights / 2**20:,.1f} MiB of {precision} weights, "
+            f"{kv / 2**20:,.1f} MiB of KV cache for {spec.batch} x {spec.max_context} positions) but one "
+            f"{cfg.name} chip holds {cfg.sram_bytes / 2**20:,.1f} MiB ({budget / 2**20:,.1f} MiB for weights and "
+            f"state); {chips} chips would hold it resident (multi-chip mapping: docs/llm.md)")
+
+
+class LLMSession:
+    """A decoder compiled for one chip, with its KV cache resident in the chip's SRAM.
+
+    ``generate(input_ids, max_new_tokens)`` returns the greedy continuation, as
+    ``transformers``' ``generate(do_sample=False)`` returns it without the prompt; ``report``
+    holds the figures of the last generation (docs/llm.md, "The report").
+    """
+
+    def __init__(self, model, spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str):
+        problem = fit_problem(spec, cfg, precision)
+        if problem:
+            raise DoesNotFit(problem)
+        self.model, self.spec, self.config, self.precision = model, spec, cfg, precision
+        self._prefill = {}  # prompt length -> StepProgram
+        self.decode = self._compile(1, None)
+        self.chip = Simulator(cfg)
+        self.decode.cycles = self.chip.verify(self.decode.program).cycles
+        self.chip.load(self.decode.program)
+        self._loaded = self.decode
+        self._last = {}
+
+    # ---- compiling -------------------------------------------------------------------
+    def _compile(self, tokens: int, shared: "SharedSram | None") -> StepProgram:
+        from ..pipeline import lower
+
+        spec = self.spec
+        step = decoders.decoder_step(self.model, spec, tokens)
+        t = time.perf_counter()
+        imported = import_torch(step, decoders.example_inputs(spec, tokens))
+        with codegen_options(shared=shared):
+            _, regions, offload = lower(imported.mod, self.config, self.precision)
+        cpu = dict(offload.cpu) if offload is not None else {}
+        if len(regions) != 1 or cpu:
+            raise LPXError(f"the {'decode' if tokens == 1 else 'prefill'} step compiled to {len(regions)} LPX "
+                           f"regions with {cpu or 'no ops'} on the CPU; a step must be one LPX program")
+        (region,) = regions.values()
+        names = [n for n, _ in region.inputs]
+        if len(names) != 2 + len(spec.cache_names):
+            raise LPXError(f"step inputs {names} are not ids, position and {len(spec.cache_names)} caches")
+        ids, position, caches = names[0], names[1], names[2:]
+        layouts = {b.name: b.layout for b in region.program.bindings}
+        kept = {layouts[n] for n in caches}
+        rest = [(n, shape) for n, shape in region.outputs if layouts[n] not in kept]
+        int_out = [n for n, _ in rest if layouts[n].dtype.short == "int32"]
+        float_out = [n for n, _ in rest if layouts[n].dtype.short != "int32"]
+        if len(int_out) != 1 or len(float_out) != 1 or len(region.outputs) != 2 + len(caches):
+            raise LPXError(f"step outputs {region.outputs}: expected next ids, logits and the caches in place")
+        return StepProgram(tokens, region, ids, position, caches, int_out[0], float_out[0],
+                           time.perf_counter() - t)
+
+    def prefill_step(self, prompt_len: int) -> StepProgram:
+        """The prefill program of ``prompt_len`` tokens, compiled against the decode
+        program's SRAM (once per length)."""
+        if not 1 <= prompt_len < self.spec.max_context:
+            raise ModelError(f"a prompt of {prompt_len} tokens in a context of {self.spec.max_context}: "
+                             f"prompts take 1 to {self.spec.max_context - 1} tokens")
+        step = self._prefill.get(prompt_len)
+        if step is None:
+            d = self.decode.program
+            layouts = {b.name: b.layout for b in d.bindings if b.role == "input"}
+            shared = SharedSram(inputs=tuple((n, layouts[n]) for n in self.decode.caches),
+                                images=tuple(d.sram_init), constants=self.decode.region.constants)
+            step = self._compile(prompt_len, shared)
+            step.cycles = self.chip.verify(step.program).cycles
+            self._prefill[prompt_len] = step
+        return step
+
+    # ---- running ---------------------------------------------------------------------
+    def _run(self, step: StepProgram, ids: np.ndarray, position: int, fresh: bool, logits: bool):
+        if self._loaded is not step:
+            self.chip.load(step.program, keep=step.caches)
+            self._loaded = step
+        feed = {step.ids: ids.astype(np.int32).reshape(-1), step.position: np.array([position], np.int32)}
+        keep = step.caches
+        if fresh:  # a new request: its prefill starts from empty caches
+            zeros = np.zeros((self.spec.cache_rows, self.spec.head_dim), np.float32)
+            feed.update({n: zeros for n in step.caches})
+            keep = ()
+        wanted = [step.next_ids] + ([step.logits] if logits else [])
+        return self.chip.run(step.program, feed, keep=keep, outputs=wanted)
+
+    def generate(self, input_ids, max_new_tokens: int, return_logits: bool = False):
+        """Greedy tokens after ``input_ids`` ([batch, P] ints, or [P] for a batch of one).
+
+        Returns int64 ids [batch, max_new_tokens]; with ``return_logits`` also the logits
+        of every step, [max_new_tokens, batch, vocab] (float32)."""
+        spec = self.spec
+        ids = np.asarray(input_ids)
+        if ids.ndim == 1:
+            ids = ids[None]
+        if ids.ndim != 2 or ids.shape[0] != spec.batch:
+            raise ModelError(f"input_ids of shape {ids.shape}: this session decodes a batch of {spec.batch} "
+                             f"([{spec.batch}, prompt length])")
+        if ids.dtype.kind not in "iu" or ids.size and (ids.min() < 0 or ids.max() >= spec.vocab):
+            raise ModelError(f"input_ids must be token ids in 0..{spec.vocab - 1}")
+        prompt = ids.shape[1]
+        if max_new_tokens < 1 or prompt + max_new_tokens - 1 > spec.max_context:
+            raise ModelError(f"{prompt} prompt tokens and {max_new_tokens} new ones do not fit the context of "
+                             f"{spec.max_context} positions")
+        prefill = self.prefill_step(prompt)
+        out, all_logits, decode_cycles = [], [], []
+        t = time.perf_counter()
+        r = self._run(prefill, ids, 0, True, return_logits)
+        ttft = r.cycles
+        sim_prefill_s = time.perf_counter() - t
+        for k in range(max_new_tokens):
+            next_ids = r.outputs[self._loaded.next_ids].reshape(spec.batch, 1)
+            out.append(next_ids)
+            if return_logits:
+                all_logits.append(r.outputs[self._loaded.logits].astype(np.float32).reshape(spec.batch, -1))
+            if k + 1 < max_new_tokens:
+                r = self._run(self.decode, next_ids, prompt + k, False, return_logits)
+                decode_cycles.append(r.cycles)
+        self._last = dict(prompt_len=prompt, new_tokens=max_new_tokens, ttft_cycles=ttft,
+                          decode_cycles=decode_cycles, sim_wall_s=time.perf_counter() - t,
+                          sim_prefill_wall_s=sim_prefill_s)
+        tokens = np.concatenate(out, axis=1).astype(np.int64)
+        return (tokens, np.stack(all_logits)) if return_logits else tokens
+
+    def cache(self, name: str) -> np.ndarray:
+        """The current contents of cache ``name`` (one of ``spec.cache_names``), read from
+        the chip's SRAM (a debugging view: generation never reads it back)."""
+        if name not in self.spec.cache_names:
+            raise ModelError(f"no cache {name!r}; the caches are {self.spec.cache_names[:4]} ...")
+        step = self._loaded
+        return self.chip.read(step.program, step.caches[self.spec.cache_names.index(name)])
+
+    # ---- figures ---------------------------------------------------------------------
+    @property
+    def report(self) -> dict:
+        """Figures of the decode program and of the last generation (docs/llm.md)."""
+        return llm_report(self)
+
+
+def _binding_bytes(cfg: LPXConfig, layout) -> int:
+    return sum(lines for _, _, lines in chunk_lines(layout)) * cfg.lanes
+
+
+def llm_report(session: LLMSession) -> dict:
+    cfg, spec, dec = session.config, session.spec, session.decode
+    prog = dec.program
+    decode_cycles = dec.cycles  # static: the same at every position
+    layouts = {b.name: b.layout for b in prog.bindings}
+    # The caches as stored (a row of D values takes whole vectors of lanes), and the
+    # values they hold: the floor counts the values, what no layout can beat.
+    kv_bytes = sum(_binding_bytes(cfg, layouts[n]) for n in dec.caches)
+    kv_values_bytes = spec.cache_values * Precision.parse(session.precision).value_bytes
+    image_bytes = sum(len(m.data) for m in prog.sram_init)
+    prefill_extra = 0
+    for p in session._prefill.values():
+        common = {(m.slice, m.addr) for m in prog.sram_init}
+        prefill_extra += sum(len(m.data) for m in p.program.sram_init if (m.slice, m.addr) not in common)
+    weight_bytes = dec.region.weight_bytes
+    install_bw = cfg.mxm_planes * cfg.mxm_install_streams * cfg.lanes  # bytes a cycle, all planes
+    read_bw = cfg.mem_slices * cfg.mem_read_ports * cfg.lanes
+    floor_install = weight_bytes / install_bw
+    floor_kv = kv_values_bytes / read_bw
+    floor_kind, floor = max((("install", floor_install), ("kv_read", floor_kv)), key=lambda kv: kv[1])
+    own = floors_of(cfg, prog.instrs)
+    peak = cfg.peak_macs_per_cycle_for(session.precision)
+    macs = dec.region.macs
+    per_user = cfg.clock_hz / decode_cycles
+    last = session._last
+    report = dict(
+        preset=cfg.name, precision=session.precision, family=spec.family, parameters=spec.parameters,
+        layers=spec.layers, batch=spec.batch, max_context=spec.max_context,
+        prompt_len=last.get("prompt_len"), new_tokens=last.get("new_tokens"),
+        ttft_cycles=last.get("ttft_cycles"),
+        ttft_s=cfg.seconds(last["ttft_cycles"]) if last.get("ttft_cycles") else None,
+        decode_cycles_per_token=decode_cycles,
+        decode_s_per_token=cfg.seconds(decode_cycles),
+        tokens_per_s_per_user=per_user,
+        tokens_per_s_per_chip=per_user * spec.batch,
+        decode_floor_cycles=floor, decode_floor_kind=floor_kind,
+        decode_over_floor=decode_cycles / floor if floor else None,
+        floors=dict(weights_over_install=floor_install, kv_over_sram_read=floor_kv,
+                    program=own.to_json(), program_binding=own.largest()[0]),
+        sram=dict(capacity_bytes=cfg.sram_bytes, weights_bytes=image_bytes, kv_cache_bytes=kv_bytes,
+                  kv_cache_values_bytes=kv_values_bytes,
+                  prefill_constants_bytes=prefill_extra,
+                  working_bytes=max(0, dec.region.sram_lines * cfg.lanes - image_bytes - kv_bytes)),
+        mxm_weight_bytes=weight_bytes,
+        mxm_utilization=macs / (peak * decode_cycles),
+        install_utilization=own.install / decode_cycles,
+        on_chip=dict(embedding="lpx (mem.gather)", sampling="lpx (argmax)", kv_cache="lpx SRAM, kept across runs"),
+        sim_wall_s=last.get("sim_wall_s"),
+    )
+    return report
