@@ -121,9 +121,11 @@ def _torch():
     return require_torch()
 
 
-def decoder_step(model, spec: DecoderSpec, steps: int):
+def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = True):
     """The step of ``steps`` tokens (the prompt length for prefill, 1 for decode) of
-    ``model``, a torch module with the weights of ``model`` as constants."""
+    ``model``, a torch module with the weights of ``model`` as constants. Without
+    ``embed_in_step`` its first input is the tokens' embedding rows ``[B*T, H]`` (looked
+    up by the caller: a table too large to gather from on chip) instead of their ids."""
     torch = _torch()
     if not 1 <= steps <= spec.max_context:
         raise ModelError(f"a step of {steps} tokens in a context of {spec.max_context}")
@@ -145,6 +147,8 @@ def decoder_step(model, spec: DecoderSpec, steps: int):
                         names[key] = f"layer{i}_{key}"
                 self.layers.append(names)
             for key in ("embed", "lm_head", "norm_w", "norm_b", "positions", "cos", "sin"):
+                if key == "embed" and not embed_in_step:
+                    continue
                 if weights.get(key) is not None:
                     self.register_buffer(key, weights[key])
             self.eps = weights["eps"]
@@ -175,7 +179,8 @@ def decoder_step(model, spec: DecoderSpec, steps: int):
             s, T = self.spec, self.steps
             B, NH, KVH, D = s.batch, s.heads, s.kv_heads, s.head_dim
             rep = NH // KVH
-            x = self.embed.index_select(0, input_ids)  # [B*T, H]
+            # [B*T, H]: the ids' rows, or the rows themselves
+            x = self.embed.index_select(0, input_ids) if embed_in_step else input_ids
             pos_rows = position + self.token_offsets  # [B*T] int32
             if s.family == "gpt2":
                 x = x + self.positions.index_select(0, pos_rows)
@@ -303,11 +308,14 @@ def decoder_steps(model, max_context: int, prompt_len: int, batch: int = 1):
     return decoder_step(model, spec, prompt_len), decoder_step(model, spec, 1), spec
 
 
-def example_inputs(spec: DecoderSpec, steps: int, dtype=None) -> tuple:
-    """Inputs of a step: token ids (zeros), position 0, empty caches."""
+def example_inputs(spec: DecoderSpec, steps: int, dtype=None, embed_in_step: bool = True) -> tuple:
+    """Inputs of a step: token ids (zeros; or their embedding rows), position 0, empty caches."""
     torch = _torch()
-    caches = [torch.zeros(spec.cache_rows, spec.head_dim, dtype=dtype or torch.float32) for _ in spec.cache_names]
-    return (torch.zeros(spec.batch * steps, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), *caches)
+    dtype = dtype or torch.float32
+    caches = [torch.zeros(spec.cache_rows, spec.head_dim, dtype=dtype) for _ in spec.cache_names]
+    tokens = torch.zeros(spec.batch * steps, dtype=torch.int32) if embed_in_step else \
+        torch.zeros(spec.batch * steps, spec.hidden, dtype=dtype)
+    return (tokens, torch.zeros(1, dtype=torch.int32), *caches)
 
 
 def generate(prefill, decode, spec: DecoderSpec, input_ids, max_new_tokens: int, dtype=None):

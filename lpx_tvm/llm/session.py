@@ -159,6 +159,12 @@ class LLMSession:
         if problem:
             raise DoesNotFit(problem)
         self.model, self.spec, self.config, self.precision = model, spec, cfg, precision
+        # The embedding is gathered on chip when a lane tile of its table fits one slice
+        # (as mem.gather needs, docs/ops.md); else the host looks the rows up and sends
+        # them in place of the ids (B*T rows of H values per step).
+        self.embed_on_chip = spec.vocab * Precision.parse(precision).value_bytes <= cfg.lines_per_slice
+        self._embed_rows = None if self.embed_on_chip else \
+            model.get_input_embeddings().weight.detach().float().numpy()
         self._prefill = {}  # prompt length -> StepProgram
         self.decode = self._compile(1, None)
         self.chip = Simulator(cfg)
@@ -172,9 +178,9 @@ class LLMSession:
         from ..pipeline import lower
 
         spec = self.spec
-        step = decoders.decoder_step(self.model, spec, tokens)
+        step = decoders.decoder_step(self.model, spec, tokens, self.embed_on_chip)
         t = time.perf_counter()
-        imported = import_torch(step, decoders.example_inputs(spec, tokens))
+        imported = import_torch(step, decoders.example_inputs(spec, tokens, embed_in_step=self.embed_on_chip))
         with codegen_options(shared=shared):
             _, regions, offload = lower(imported.mod, self.config, self.precision)
         cpu = dict(offload.cpu) if offload is not None else {}
@@ -182,10 +188,13 @@ class LLMSession:
             raise LPXError(f"the {'decode' if tokens == 1 else 'prefill'} step compiled to {len(regions)} LPX "
                            f"regions with {cpu or 'no ops'} on the CPU; a step must be one LPX program")
         (region,) = regions.values()
-        names = [n for n, _ in region.inputs]
-        if len(names) != 2 + len(spec.cache_names):
-            raise LPXError(f"step inputs {names} are not ids, position and {len(spec.cache_names)} caches")
-        ids, position, caches = names[0], names[1], names[2:]
+        # The region's inputs are the step's (torch.export names them after forward's
+        # arguments: input_ids, position, caches_0, ...), in whatever order it uses them.
+        names = {n for n, _ in region.inputs}
+        ids, position = "input_ids", "position"
+        caches = [f"caches_{i}" for i in range(len(spec.cache_names))]
+        if names != {ids, position, *caches}:
+            raise LPXError(f"step inputs {sorted(names)} are not input_ids, position and {len(caches)} caches")
         layouts = {b.name: b.layout for b in region.program.bindings}
         kept = {layouts[n] for n in caches}
         rest = [(n, shape) for n, shape in region.outputs if layouts[n] not in kept]
@@ -218,7 +227,9 @@ class LLMSession:
         if self._loaded is not step:
             self.chip.load(step.program, keep=step.caches)
             self._loaded = step
-        feed = {step.ids: ids.astype(np.int32).reshape(-1), step.position: np.array([position], np.int32)}
+        ids = ids.astype(np.int32).reshape(-1)
+        tokens = ids if self._embed_rows is None else self._embed_rows[ids]
+        feed = {step.ids: tokens, step.position: np.array([position], np.int32)}
         keep = step.caches
         if fresh:  # a new request: its prefill starts from empty caches
             zeros = np.zeros((self.spec.cache_rows, self.spec.head_dim), np.float32)
@@ -330,7 +341,10 @@ def llm_report(session: LLMSession) -> dict:
         mxm_weight_bytes=weight_bytes,
         mxm_utilization=macs / (peak * decode_cycles),
         install_utilization=own.install / decode_cycles,
-        on_chip=dict(embedding="lpx (mem.gather)", sampling="lpx (argmax)", kv_cache="lpx SRAM, kept across runs"),
+        on_chip=dict(embedding="lpx (mem.gather)" if session.embed_on_chip else
+                     f"host (a table of {spec.vocab} rows: a lane tile does not fit one slice of "
+                     f"{cfg.lines_per_slice} lines; the rows are sent in place of the ids)",
+                     sampling="lpx (argmax)", kv_cache="lpx SRAM, kept across runs"),
         sim_wall_s=last.get("sim_wall_s"),
     )
     return report

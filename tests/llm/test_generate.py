@@ -183,3 +183,19 @@ def test_cli_generate_bad_config(tmp_path, capsys):
     path.write_text(json.dumps({"model_type": "bert", "hidden_size": 64}))
     assert main(["generate", "--config", str(path), "--new-tokens", "2"]) == 2
     assert "model_type 'bert'" in capsys.readouterr().err
+
+
+def test_embedding_table_too_large_for_a_slice_is_looked_up_by_the_host():
+    """A 2,100-row fp32 table: a lane tile takes 8,400 lines, over tsp's 8,192 a slice."""
+    torch.manual_seed(8)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA, "vocab_size": 2100})).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)
+    ids = np.random.default_rng(9).integers(0, 2100, (1, 6))
+    session = lpx_tvm.compile_llm(model, preset="tsp", precision="fp32", max_context=24)
+    np.testing.assert_array_equal(session.generate(ids, 10), _hf_greedy(model, ids, 10))
+    assert session.report["on_chip"]["embedding"].startswith("host")
+    assert lpx_tvm.compile_llm(_model("llama"), preset="tsp", precision="fp32", max_context=24) \
+        .report["on_chip"]["embedding"].startswith("lpx")
