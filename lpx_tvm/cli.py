@@ -329,8 +329,9 @@ PROFILE_FILES = {"trace": "trace.json", "table": "layers.json", "roofline": "roo
 
 
 def _profile_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="an .onnx model, a model bundled with onnx (light_resnet50, ...) or an artifact "
-                                 "folder (lpx-tvm compile)")
+    p.add_argument("model", help="an .onnx model, a model bundled with onnx (light_resnet50, ...), an artifact "
+                                 "folder (lpx-tvm compile), or a decoder LLM's transformers config.json (its "
+                                 "decode step: docs/llm.md)")
     p.add_argument("-o", "--output", required=True,
                    help=f"folder to write {', '.join(PROFILE_FILES.values())} into (made if missing)")
     p.add_argument("--inputs", help="npz file whose keys are the model's input names")
@@ -340,6 +341,8 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default=None, help="ONNX models: tsp, mini, lp30 or a JSON file (default: tsp)")
     p.add_argument("--precision", default=None, choices=Precision.names(), help="ONNX models (default: fp16)")
     p.add_argument("--tuning-log", help="ONNX models: tuning log folder (lpx-tvm tune) whose schedules to use")
+    p.add_argument("--max-context", type=int, default=256, help="decoder configs: positions of the KV cache")
+    p.add_argument("--batch", type=int, default=1, help="decoder configs: sequences decoded together")
 
 
 def _profile(args) -> int:
@@ -363,8 +366,15 @@ def _profile(args) -> int:
     out = args.output
     if os.path.exists(out) and not os.path.isdir(out):
         raise LPXError(f"{out}: exists and is not a folder")
-    model = _load_model(args)
-    profile, _ = profile_model(model, _run_inputs(args, model.inputs))
+    if path.endswith(".json"):  # a decoder's config: its decode step
+        from .llm.session import compile_llm
+
+        session = compile_llm(path, preset=args.preset or "tsp", precision=args.precision or Precision.FP16,
+                              max_context=args.max_context, batch=args.batch)
+        profile = session.profile()
+    else:
+        model = _load_model(args)
+        profile, _ = profile_model(model, _run_inputs(args, model.inputs))
     os.makedirs(out, exist_ok=True)
     paths = {k: os.path.join(out, name) for k, name in PROFILE_FILES.items()}
     save_trace(model_trace(profile), paths["trace"])

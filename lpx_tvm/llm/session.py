@@ -285,6 +285,26 @@ class LLMSession:
         return self.chip.read(step.program, step.caches[self.spec.cache_names.index(name)])
 
     # ---- figures ---------------------------------------------------------------------
+    def profile(self):
+        """The decode program's :class:`~lpx_tvm.runtime.profile.Profile` (docs/profile.md):
+        its timeline, each layer's cycles beside its floors. The schedule is static, so a
+        timing-only run gives the cycles and MACs of every run."""
+        from types import SimpleNamespace
+
+        from ..runtime.executable import RunStats
+        from ..runtime.profile import Call, build_profile
+        from ..runtime.report import layer_of
+
+        region = self.decode.region
+        counters = Simulator(self.config).run(region.program, timing_only=True).counters
+        stats = RunStats()
+        for tag, t in counters.by_tag.items():
+            if t.macs:
+                stats.layer_macs[region.name, layer_of(tag)] += t.macs
+        step = SimpleNamespace(config=self.config, regions={region.name: region}, stats=stats,
+                               precision=self.precision)
+        return build_profile(step, [Call(region=region.name)])
+
     @property
     def report(self) -> dict:
         """Figures of the decode program and of the last generation (docs/llm.md)."""

@@ -199,3 +199,17 @@ def test_embedding_table_too_large_for_a_slice_is_looked_up_by_the_host():
     assert session.report["on_chip"]["embedding"].startswith("host")
     assert lpx_tvm.compile_llm(_model("llama"), preset="tsp", precision="fp32", max_context=24) \
         .report["on_chip"]["embedding"].startswith("lpx")
+
+
+def test_cli_profile_of_a_decode_step(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(transformers.LlamaConfig(**LLAMA).to_json_string())
+    out = tmp_path / "prof"
+    assert main(["profile", str(path), "-o", str(out), "--max-context", "32", "--precision", "fp16"]) == 0
+    table = json.loads((out / "layers.json").read_text())
+    trace = json.loads((out / "trace.json").read_text())
+    session = lpx_tvm.compile_llm(str(path), preset="tsp", precision="fp16", max_context=32)
+    # The profile's cycles are the decode program's, and its layers own every one of them.
+    assert table["cycles"] == session.report["decode_cycles_per_token"]
+    assert sum(x["cycles"] for x in table["layers"]) == table["cycles"]
+    assert trace["traceEvents"] and (out / "roofline.png").exists()
