@@ -34,6 +34,7 @@ import transformers
 
 import lpx_tvm
 from lpx_tvm.frontends import decoders
+from lpx_tvm.llm import DoesNotFit
 
 # Llama-architecture configs sized to one chip at 16 bits (weights + KV cache + working
 # space within the 90% weight budget): about 60M parameters on tsp (220 MiB of SRAM), and
@@ -106,7 +107,12 @@ def sweep(cfg, preset: str, args) -> list:
     """Decode cycles per token for each batch (the decode program only)."""
     rows = []
     for b in args.batches:
-        s = lpx_tvm.compile_llm(cfg, preset=preset, precision=args.precision, max_context=args.context, batch=b)
+        try:
+            s = lpx_tvm.compile_llm(cfg, preset=preset, precision=args.precision, max_context=args.context, batch=b)
+        except DoesNotFit as e:
+            print(f"  batch {b:2d}: does not fit: {e}", flush=True)
+            rows.append(dict(batch=b, does_not_fit=str(e)))
+            continue
         rep = s.report
         rows.append(dict(batch=b, decode_cycles_per_token=rep["decode_cycles_per_token"],
                          tokens_per_s_per_user=rep["tokens_per_s_per_user"],
@@ -124,6 +130,7 @@ def plot(rows: list, path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 4))
+    rows = [r for r in rows if "tokens_per_s_per_chip" in r]
     x = [r["tokens_per_s_per_chip"] for r in rows]
     y = [r["tokens_per_s_per_user"] for r in rows]
     ax.plot(x, y, "o-")

@@ -129,10 +129,12 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
 
 
 def fit_problem(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> "str | None":
-    """Why the decoder's weights and KV cache cannot be resident in one chip's SRAM, or None."""
+    """Why the decoder's weights and KV cache cannot be resident in one chip's SRAM, or None.
+    The cache counts as stored: each row of ``head_dim`` values takes whole vectors of
+    lanes (docs/llm.md)."""
     value_bytes = Precision.parse(precision).value_bytes
     weights = spec.parameters * value_bytes
-    kv = spec.cache_values * value_bytes
+    kv = len(spec.cache_names) * spec.cache_rows * -(-spec.head_dim // cfg.lanes) * cfg.lanes * value_bytes
     need = weights + kv
     # Working space and the tiling's padding take a share of the rest: resident weights
     # may take 90% of the SRAM (docs/compiler.md, the weight budget).
@@ -141,7 +143,7 @@ def fit_problem(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> "
         return None
     chips = math.ceil(need / budget)
     return (f"the model needs {need / 2**20:,.1f} MiB of SRAM ({weights / 2**20:,.1f} MiB of {precision} weights, "
-            f"{kv / 2**20:,.1f} MiB of KV cache for {spec.batch} x {spec.max_context} positions) but one "
+            f"{kv / 2**20:,.1f} MiB of KV cache as stored for {spec.batch} x {spec.max_context} positions) but one "
             f"{cfg.name} chip holds {cfg.sram_bytes / 2**20:,.1f} MiB ({budget / 2**20:,.1f} MiB for weights and "
             f"state); {chips} chips would hold it resident (multi-chip mapping: docs/llm.md)")
 
@@ -181,9 +183,17 @@ class LLMSession:
         step = decoders.decoder_step(self.model, spec, tokens, self.embed_on_chip)
         t = time.perf_counter()
         imported = import_torch(step, decoders.example_inputs(spec, tokens, embed_in_step=self.embed_on_chip))
-        with codegen_options(shared=shared):
+        # A step is one program on chip (its state and weights stay there): SharedSram()
+        # for the decode step too, which keeps the compile from spilling activations.
+        with codegen_options(shared=shared or SharedSram()):
             _, regions, offload = lower(imported.mod, self.config, self.precision)
         cpu = dict(offload.cpu) if offload is not None else {}
+        if len(regions) > 1 and not cpu:
+            raise DoesNotFit(f"the {'decode' if tokens == 1 else 'prefill'} step's weights, KV cache and working "
+                             f"space do not fit one {self.config.name} chip's SRAM together (batch {spec.batch}, "
+                             f"context {spec.max_context}; the caches take "
+                             f"{self._cache_footprint() / 2**20:,.1f} MiB as stored): use a smaller batch or "
+                             "context")
         if len(regions) != 1 or cpu:
             raise LPXError(f"the {'decode' if tokens == 1 else 'prefill'} step compiled to {len(regions)} LPX "
                            f"regions with {cpu or 'no ops'} on the CPU; a step must be one LPX program")
@@ -204,6 +214,14 @@ class LLMSession:
             raise LPXError(f"step outputs {region.outputs}: expected next ids, logits and the caches in place")
         return StepProgram(tokens, region, ids, position, caches, int_out[0], float_out[0],
                            time.perf_counter() - t)
+
+    def _cache_footprint(self) -> int:
+        """Bytes of SRAM the caches take as stored: each row of D values a whole vector
+        of lanes per byte of a value."""
+        spec = self.spec
+        tiles = -(-spec.head_dim // self.config.lanes)
+        return len(spec.cache_names) * spec.cache_rows * tiles * self.config.lanes * \
+            Precision.parse(self.precision).value_bytes
 
     def prefill_step(self, prompt_len: int) -> StepProgram:
         """The prefill program of ``prompt_len`` tokens, compiled against the decode

@@ -213,3 +213,11 @@ def test_cli_profile_of_a_decode_step(tmp_path, capsys):
     assert table["cycles"] == session.report["decode_cycles_per_token"]
     assert sum(x["cycles"] for x in table["layers"]) == table["cycles"]
     assert trace["traceEvents"] and (out / "roofline.png").exists()
+
+
+def test_a_batch_whose_caches_do_not_fit_beside_the_weights_is_refused():
+    """2 layers x 3 kv heads x (k, v) caches of 16 x 2,000 rows: 12 x 16 x 2,000 x 320 x 2
+    bytes = 234 MiB as stored, over tsp's 220 MiB."""
+    with pytest.raises(DoesNotFit, match=r"MiB of KV cache as stored for 16 x 2000 positions"):
+        lpx_tvm.compile_llm(transformers.LlamaConfig(**{**LLAMA, "max_position_embeddings": 2048}), preset="tsp",
+                            precision="fp16", max_context=2000, batch=16)

@@ -125,6 +125,9 @@ def _compile(ctx: LoweringContext, region: Region) -> CompiledRegion:
         ctx.im2col_values.update(values)
     for p in region.params:
         if ctx.offchip:
+            if p.dtype == "int32":  # indices: the band lowerings have no gather or scatter
+                raise SramFull(f"region {region.name}: its activations do not fit on chip, and its int32 input "
+                               f"{p.name!r} (indices) has no off-chip lowering")
             ctx.values[p.name] = spill_param(ctx, p.name, p.shape)
             continue
         tr = ctx.input_transforms.get(p.name)
