@@ -145,7 +145,13 @@ class Accumulators:
             accumulate: bool):
         """rows addr.. (+)= x[:, :K] @ rows[:, :width], computed at once."""
         n, k = len(x), len(rows)
-        w = self._int_matrix(rows, width, wkey) if kind == nx.ACC_INT else rows[:, :width].astype(np.float32)
+        if kind == nx.ACC_INT:
+            w = self._int_matrix(rows, width, wkey)
+        else:
+            # Row-major, as the reference's operands (see _concat): installed rows read
+            # with stride 0 are a broadcast view, whose astype keeps a column-major layout,
+            # and BLAS (a gemv for one row) then orders a row's fp32 sum differently.
+            w = rows[:, :width].astype(np.float32, order="C")
         y = x[:, :k].astype(w.dtype, order="C") @ w
         sl = slice(addr, addr + n)
         if kind == nx.ACC_INT:

@@ -32,6 +32,7 @@ from lpx_tvm.machine.config import load_config
 from lpx_tvm.machine.isa import DType
 from lpx_tvm.sim import Simulator, reference
 from lpx_tvm.sim.mxm import Accumulators
+from lpx_tvm.sim.numerics import ACC_FLOAT
 
 from lpx_hand import E, Hand, assert_same_as_reference, compare_runs_with_reference
 
@@ -226,4 +227,21 @@ def test_fp32_block_with_a_repeated_weight_row_sums_as_the_reference():
     x = np.ascontiguousarray(np.concatenate(xs, axis=1), np.float32)
     want = x @ np.ascontiguousarray(np.concatenate(ws), np.float32)
     got = accs.acc_f[0, :1, :4]
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (got, want)
+
+
+def test_fp32_mac_with_repeated_weight_rows_sums_as_the_reference():
+    # A mac that continues no block (its rows were drained since the mul) is computed at
+    # once; its weights installed one line 7 times (a read with stride 0) are a broadcast
+    # view, whose fp32 copy must be row-major, as the reference's: a column-major one made
+    # BLAS (a gemv for one row) order the sum differently (fp16 bit patterns of such a case).
+    x = np.array([[49196, 14411, 14781, 16714, 42784, 16427, 16796]], np.uint16).view(np.float16)
+    line = np.zeros(16, np.float16)
+    line[:5] = np.array([16538, 50363, 16618, 14703, 15048], np.uint16).view(np.float16)
+    rows = np.broadcast_to(line, (7, 16))
+    accs = Accumulators(1, 8, 16)
+    accs.start_run()
+    accs.now(0, 0, x, rows, 5, None, ACC_FLOAT, accumulate=False)
+    want = np.ascontiguousarray(x, np.float32) @ np.ascontiguousarray(rows[:, :5], np.float32)
+    got = accs.acc_f[0, :1, :5]
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (got, want)
