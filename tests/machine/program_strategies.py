@@ -283,9 +283,13 @@ class _ProgramMaker:
     def drain(self, plane, acc, n, kind):
         g = self.b.group(self.name("drain"))
         v = g.drain(plane, acc, n, DType.INT32 if kind == "int" else DType.FP32)
+        # As in stream_group: the write avoids the slices the group's own reads use. The
+        # scheduler orders groups, not the instructions of one group, so writing over the
+        # operand a vxm op reads here (backwards, say) races with that read.
+        slices = set()
         if self.draw(st.booleans()):
-            v = self.stream_op(g, v, set())
-        self.write(g, v, set())
+            v = self.stream_op(g, v, slices)
+        self.write(g, v, slices)
 
     def dma_groups(self):
         """Off-chip input -> SRAM (dma.load), and SRAM -> an off-chip output (dma.store)."""
