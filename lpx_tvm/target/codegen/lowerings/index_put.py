@@ -43,6 +43,11 @@ def lower_index_put(ctx: LoweringContext, op: RegionOp, is_output: bool):
     in_place = ctx.last_use.get(data.name, -1) <= ctx.op_index and \
         all(s.tensor is not x.tensor for name, s in ctx.values.items() if name != data.name)
     y = x if in_place else copy_value(ctx, x, op.out, is_output)
+    # The scatter reads the indices and the rows side by side: a slice has one read port,
+    # so rows that share a slice with the indices are read from a copy elsewhere.
+    idx_slices = {sl for sl, _ in idx.layout.tiles}
+    if idx_slices & {sl for sl, _ in v.tensor.layout.tiles}:
+        v = ctx.temp(copy_value(ctx, v, f"{op.out}.rows", avoid=(Stored(idx, tuple(rows.shape)),)))
     n, lanes = rows.shape[0], ctx.cfg.lanes
     for b0 in range(0, n, lanes):
         b1 = min(n, b0 + lanes)
