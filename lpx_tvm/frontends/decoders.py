@@ -146,7 +146,22 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
                         self.register_buffer(f"layer{i}_{key}", t)
                         names[key] = f"layer{i}_{key}"
                 self.layers.append(names)
-            for key in ("embed", "lm_head", "norm_w", "norm_b", "positions", "cos", "sin"):
+            if spec.family != "gpt2":
+                # RoPE over all heads at once: rotate_half of a projection is the projection
+                # by its weights' rows swapped by halves and negated (one more dense layer
+                # instead of per-head slices and concats); the tables tiled per head.
+                for i, layer in enumerate(weights["layers"]):
+                    for key, heads in (("q", spec.heads), ("k", spec.kv_heads)):
+                        w_rot, b_rot = _rotated(layer[key], layer[f"{key}_bias"], heads, spec.head_dim)
+                        self.register_buffer(f"layer{i}_{key}_rot", w_rot)
+                        self.layers[i][f"{key}_rot"] = f"layer{i}_{key}_rot"
+                        if b_rot is not None:
+                            self.register_buffer(f"layer{i}_{key}_rot_bias", b_rot)
+                        self.layers[i][f"{key}_rot_bias"] = f"layer{i}_{key}_rot_bias" if b_rot is not None else None
+                for key, heads in (("q", spec.heads), ("k", spec.kv_heads)):
+                    self.register_buffer(f"cos_{key}", weights["cos"].repeat(1, heads))
+                    self.register_buffer(f"sin_{key}", weights["sin"].repeat(1, heads))
+            for key in ("embed", "lm_head", "norm_w", "norm_b", "positions"):
                 if key == "embed" and not embed_in_step:
                     continue
                 if weights.get(key) is not None:
@@ -184,9 +199,9 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
             pos_rows = position + self.token_offsets  # [B*T] int32
             if s.family == "gpt2":
                 x = x + self.positions.index_select(0, pos_rows)
-                cos = sin = None
-            else:
-                cos, sin = self.cos.index_select(0, pos_rows), self.sin.index_select(0, pos_rows)  # [B*T, D]
+            else:  # [B*T, heads*D]
+                cos_q, sin_q = self.cos_q.index_select(0, pos_rows), self.sin_q.index_select(0, pos_rows)
+                cos_k, sin_k = self.cos_k.index_select(0, pos_rows), self.sin_k.index_select(0, pos_rows)
             # 0 where a query row may see a cache row, -1e4 elsewhere (exp(-1e4) is 0 in every
             # float format, and -1e4 fits fp16).
             mask = torch.clamp(position.to(x.dtype) + self.mask_base, -1.0, 0.0) * MASK_SCALE
@@ -197,10 +212,13 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
                 h = _norm(s.family, x, w["input_norm"], w.get("input_norm_b"), w["eps"])
                 q_all = _linear(h, w["q"], w["q_bias"])  # [B*T, NH*D]
                 k_all = _linear(h, w["k"], w["k_bias"])  # [B*T, KVH*D]
+                if s.family != "gpt2":
+                    q_all = q_all * cos_q + _linear(h, w["q_rot"], w["q_rot_bias"]) * sin_q
+                    k_all = k_all * cos_k + _linear(h, w["k_rot"], w["k_rot_bias"]) * sin_k
                 v_all = _linear(h, w["v"], w["v_bias"])
                 heads = [None] * NH
                 for g in range(KVH):
-                    k = _rope(k_all[:, g * D:(g + 1) * D], cos, sin)
+                    k = k_all[:, g * D:(g + 1) * D]
                     v = v_all[:, g * D:(g + 1) * D]
                     k_cache = torch.ops.aten.index_put(caches[2 * (i * KVH + g)], [rows, self.cols], k)
                     v_cache = torch.ops.aten.index_put(caches[2 * (i * KVH + g) + 1], [rows, self.cols], v)
@@ -210,7 +228,7 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
                     # stream through; streaming the C key rows past installed queries cost
                     # C vectors at the 16-bit rate and a transpose of the scores (-33% cycles
                     # of a decode step at C = 256).
-                    qs = [_rope(q_all[:, n * D:(n + 1) * D], cos, sin) for n in range(g * rep, (g + 1) * rep)]
+                    qs = [q_all[:, n * D:(n + 1) * D] for n in range(g * rep, (g + 1) * rep)]
                     qg = torch.cat(qs, dim=0) if rep > 1 else qs[0]  # [rep*B*T, D]
                     scores = (qg @ k_cache.T) * self.scale + mask  # [rep*B*T, B*C]
                     a = torch.softmax(scores, dim=-1) @ v_cache  # [rep*B*T, D]
@@ -294,14 +312,17 @@ def _norm(family, x, w, b, eps):
     return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
 
 
-def _rope(x, cos, sin):
-    """x [N, D] rotated by the rows of the positions' tables (cos, sin [N, D]); GPT-2 has none."""
-    if cos is None:
-        return x
+def _rotated(w, b, heads: int, dim: int):
+    """Weights (and bias) whose projection is ``rotate_half`` of ``w``'s, head by head:
+    each head's output rows [-second half, first half]."""
     torch = _torch()
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[:, half:], x[:, :half]], dim=-1)
-    return x * cos + rotated * sin
+    half = dim // 2
+
+    def rot(t):
+        t = t.reshape(heads, dim, *t.shape[1:])
+        return torch.cat([-t[:, half:], t[:, :half]], dim=1).reshape(heads * dim, *t.shape[2:])
+
+    return rot(w).contiguous(), None if b is None else rot(b).contiguous()
 
 
 def decoder_steps(model, max_context: int, prompt_len: int, batch: int = 1):

@@ -128,6 +128,20 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
     return session
 
 
+def matrix_parameters(model) -> int:
+    """Values of the model's matrices the MXM multiplies by (the projections, the MLP,
+    the LM head): its 2-D parameters less the tables rows are gathered from (the token
+    embedding unless the LM head shares it, GPT-2's positions)."""
+    tables = {id(model.get_input_embeddings().weight)}
+    positions = getattr(getattr(model, "transformer", None), "wpe", None)
+    if positions is not None:
+        tables.add(id(positions.weight))
+    head = model.get_output_embeddings()
+    used = {id(head.weight)} if head is not None else set()
+    mats = {id(p): p for p in model.parameters() if p.dim() == 2 and (id(p) not in tables or id(p) in used)}
+    return sum(p.numel() for p in mats.values())
+
+
 def fit_problem(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> "str | None":
     """Why the decoder's weights and KV cache cannot be resident in one chip's SRAM, or None.
     The cache counts as stored: each row of ``head_dim`` values takes whole vectors of
@@ -167,6 +181,7 @@ class LLMSession:
         self.embed_on_chip = spec.vocab * Precision.parse(precision).value_bytes <= cfg.lines_per_slice
         self._embed_rows = None if self.embed_on_chip else \
             model.get_input_embeddings().weight.detach().float().numpy()
+        self.matrix_parameters = matrix_parameters(model)
         self._prefill = {}  # prompt length -> StepProgram
         self.decode = self._compile(1, None)
         self.chip = Simulator(cfg)
@@ -347,7 +362,10 @@ def llm_report(session: LLMSession) -> dict:
     for p in session._prefill.values():
         common = {(m.slice, m.addr) for m in prog.sram_init}
         prefill_extra += sum(len(m.data) for m in p.program.sram_init if (m.slice, m.addr) not in common)
-    weight_bytes = dec.region.weight_bytes
+    # The model's matrices, each installed once per token: what no schedule avoids. The
+    # program may install more (rotated copies of q and k for RoPE, the caches' keys and
+    # values): that shows in its own install floor.
+    weight_bytes = session.matrix_parameters * Precision.parse(session.precision).value_bytes
     install_bw = cfg.mxm_planes * cfg.mxm_install_streams * cfg.lanes  # bytes a cycle, all planes
     read_bw = cfg.mem_slices * cfg.mem_read_ports * cfg.lanes
     floor_install = weight_bytes / install_bw
@@ -376,7 +394,7 @@ def llm_report(session: LLMSession) -> dict:
                   kv_cache_values_bytes=kv_values_bytes,
                   prefill_constants_bytes=prefill_extra,
                   working_bytes=max(0, dec.region.sram_lines * cfg.lanes - image_bytes - kv_bytes)),
-        mxm_weight_bytes=weight_bytes,
+        mxm_weight_bytes=weight_bytes, program_weight_bytes=dec.region.weight_bytes,
         mxm_utilization=macs / (peak * decode_cycles),
         install_utilization=own.install / decode_cycles,
         on_chip=dict(embedding="lpx (mem.gather)" if session.embed_on_chip else
