@@ -120,11 +120,12 @@ class Banked:
         overlap them (the simulator checks)."""
         data = self.data
         keep = keep or {}
-        if key is not None and key is self.image:
-            cleared = self.touched
-            for bank, (lo, hi) in cleared.items():
-                for a, b in _gaps(lo, hi, keep.get(bank)):
-                    data[bank, a:b + 1] = 0
+        restore = key is not None and key is self.image
+        cleared = self.touched if restore else self.dirty
+        for bank, (lo, hi) in cleared.items():
+            for a, b in _gaps(lo, hi, keep.get(bank)):
+                data[bank, a:b + 1] = 0
+        if restore:
             for bank, addr, raw in images:
                 t = cleared.get(bank)
                 if t is not None:
@@ -132,10 +133,6 @@ class Banked:
                     if lo <= hi:
                         data[bank, lo:hi + 1] = raw[lo - addr:hi - addr + 1]
         else:
-            cleared = self.dirty
-            for bank, (lo, hi) in cleared.items():
-                for a, b in _gaps(lo, hi, keep.get(bank)):
-                    data[bank, a:b + 1] = 0
             self.dirty = {}
             for bank, addr, raw in images:
                 data[bank, addr:addr + len(raw)] = raw
@@ -233,12 +230,7 @@ class Banked:
     def gather(self, bank, addrs: np.ndarray, width: int, first_cycle, me):
         """Check and record one vector read at each line address in ``addrs`` (data-dependent
         addresses); returns the lines, (len(addrs), width)."""
-        lo, hi = int(addrs.min()), int(addrs.max()) + width - 1
-        if lo < 0 or hi >= self.lines:
-            raise Race("address-out-of-range",
-                       f"{self.name} {bank}: gathered lines {lo}..{hi} outside 0..{self.lines - 1}")
-        index = addrs.astype(np.int64)[:, None] + np.arange(width, dtype=np.int64)[None, :]
-        cycles = self._cycles(first_cycle, len(addrs), width, index, True)
+        _, _, index, cycles = self._data_lines(bank, addrs, width, first_cycle, "gathered")
         self._check_read(bank, index, cycles)
         self._stamp(self.read_at, self.read_by, bank, index, cycles, me)
         return index
@@ -246,12 +238,7 @@ class Banked:
     def scatter(self, bank, addrs: np.ndarray, width: int, first_cycle, me):
         """Check and record one vector write at each line address in ``addrs`` (data-dependent
         addresses), vector k at ``first_cycle + k``; returns the lines, (len(addrs), width)."""
-        lo, hi = int(addrs.min()), int(addrs.max()) + width - 1
-        if lo < 0 or hi >= self.lines:
-            raise Race("address-out-of-range",
-                       f"{self.name} {bank}: scattered lines {lo}..{hi} outside 0..{self.lines - 1}")
-        index = addrs.astype(np.int64)[:, None] + np.arange(width, dtype=np.int64)[None, :]
-        cycles = self._cycles(first_cycle, len(addrs), width, index, True)
+        lo, hi, index, cycles = self._data_lines(bank, addrs, width, first_cycle, "scattered")
         # Two vectors to one line: the later one's cycle is later, so the check passes and it wins.
         self._check_write(bank, index, cycles)
         self._stamp(self.written_at, self.written_by, bank, index, cycles, me)
@@ -259,6 +246,17 @@ class Banked:
         if self.functional:
             self._mark(bank, lo, hi)
         return index
+
+    def _data_lines(self, bank, addrs: np.ndarray, width: int, first_cycle, verb: str) -> tuple:
+        """``(lowest, highest line, lines (len(addrs), width), their cycles)`` of one vector
+        at each address of ``addrs``, vector k at ``first_cycle + k``; an address outside
+        the bank is an ``address-out-of-range`` race."""
+        lo, hi = int(addrs.min()), int(addrs.max()) + width - 1
+        if lo < 0 or hi >= self.lines:
+            raise Race("address-out-of-range",
+                       f"{self.name} {bank}: {verb} lines {lo}..{hi} outside 0..{self.lines - 1}")
+        index = addrs.astype(np.int64)[:, None] + np.arange(width, dtype=np.int64)[None, :]
+        return lo, hi, index, self._cycles(first_cycle, len(addrs), width, index, True)
 
     def access_rows(self, bank, rows: slice, first: int, step: int, me, *, read: bool):
         """Check and record one access per row, row k at cycle ``first + step * k`` (accumulator rows)."""
