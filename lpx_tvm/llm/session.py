@@ -15,7 +15,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -51,12 +51,15 @@ class StepProgram:
     caches: list  # cache input names, in the steps' order (decoders.DecoderSpec.cache_names)
     next_ids: str
     logits: str
-    compile_s: float = 0.0
-    cycles: int = 0  # of one run, from the schedule check (static: every run takes these)
+    counters: object = None  # of the schedule check (static: every run has these)
 
     @property
     def program(self):
         return self.region.program
+
+    @property
+    def cycles(self) -> int:
+        return self.counters.cycles
 
 
 def load_decoder(model_or_config, seed: int = 0):
@@ -142,13 +145,19 @@ def matrix_parameters(model) -> int:
     return sum(p.numel() for p in mats.values())
 
 
+def cache_bytes_as_stored(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> int:
+    """Bytes of SRAM the caches take as stored: each row of ``head_dim`` values takes whole
+    vectors of lanes, one line per byte of a value."""
+    return len(spec.cache_names) * spec.cache_rows * -(-spec.head_dim // cfg.lanes) * cfg.lanes * \
+        Precision.parse(precision).value_bytes
+
+
 def fit_problem(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> "str | None":
     """Why the decoder's weights and KV cache cannot be resident in one chip's SRAM, or None.
     The cache counts as stored: each row of ``head_dim`` values takes whole vectors of
     lanes (docs/llm.md)."""
-    value_bytes = Precision.parse(precision).value_bytes
-    weights = spec.parameters * value_bytes
-    kv = len(spec.cache_names) * spec.cache_rows * -(-spec.head_dim // cfg.lanes) * cfg.lanes * value_bytes
+    weights = spec.parameters * Precision.parse(precision).value_bytes
+    kv = cache_bytes_as_stored(spec, cfg, precision)
     need = weights + kv
     # Working space and the tiling's padding take a share of the rest: resident weights
     # may take 90% of the SRAM (docs/compiler.md, the weight budget).
@@ -185,7 +194,7 @@ class LLMSession:
         self._prefill = {}  # prompt length -> StepProgram
         self.decode = self._compile(1, None)
         self.chip = Simulator(cfg)
-        self.decode.cycles = self.chip.verify(self.decode.program).cycles
+        self.decode.counters = self.chip.verify(self.decode.program).counters
         self.chip.load(self.decode.program)
         self._loaded = self.decode
         self._last = {}
@@ -196,7 +205,6 @@ class LLMSession:
 
         spec = self.spec
         step = decoders.decoder_step(self.model, spec, tokens, self.embed_on_chip)
-        t = time.perf_counter()
         imported = import_torch(step, decoders.example_inputs(spec, tokens, embed_in_step=self.embed_on_chip))
         # A step is one program on chip (its state and weights stay there): SharedSram()
         # for the decode step too, which keeps the compile from spilling activations.
@@ -207,7 +215,8 @@ class LLMSession:
             raise DoesNotFit(f"the {'decode' if tokens == 1 else 'prefill'} step's weights, KV cache and working "
                              f"space do not fit one {self.config.name} chip's SRAM together (batch {spec.batch}, "
                              f"context {spec.max_context}; the caches take "
-                             f"{self._cache_footprint() / 2**20:,.1f} MiB as stored): use a smaller batch or "
+                             f"{cache_bytes_as_stored(spec, self.config, self.precision) / 2**20:,.1f} MiB as "
+                             "stored): use a smaller batch or "
                              "context")
         if len(regions) != 1 or cpu:
             raise LPXError(f"the {'decode' if tokens == 1 else 'prefill'} step compiled to {len(regions)} LPX "
@@ -227,16 +236,7 @@ class LLMSession:
         float_out = [n for n, _ in rest if layouts[n].dtype.short != "int32"]
         if len(int_out) != 1 or len(float_out) != 1 or len(region.outputs) != 2 + len(caches):
             raise LPXError(f"step outputs {region.outputs}: expected next ids, logits and the caches in place")
-        return StepProgram(tokens, region, ids, position, caches, int_out[0], float_out[0],
-                           time.perf_counter() - t)
-
-    def _cache_footprint(self) -> int:
-        """Bytes of SRAM the caches take as stored: each row of D values a whole vector
-        of lanes per byte of a value."""
-        spec = self.spec
-        tiles = -(-spec.head_dim // self.config.lanes)
-        return len(spec.cache_names) * spec.cache_rows * tiles * self.config.lanes * \
-            Precision.parse(self.precision).value_bytes
+        return StepProgram(tokens, region, ids, position, caches, int_out[0], float_out[0])
 
     def prefill_step(self, prompt_len: int) -> StepProgram:
         """The prefill program of ``prompt_len`` tokens, compiled against the decode
@@ -251,7 +251,7 @@ class LLMSession:
             shared = SharedSram(inputs=tuple((n, layouts[n]) for n in self.decode.caches),
                                 images=tuple(d.sram_init), constants=self.decode.region.constants)
             step = self._compile(prompt_len, shared)
-            step.cycles = self.chip.verify(step.program).cycles
+            step.counters = self.chip.verify(step.program).counters
             self._prefill[prompt_len] = step
         return step
 
@@ -290,7 +290,7 @@ class LLMSession:
             raise ModelError(f"{prompt} prompt tokens and {max_new_tokens} new ones do not fit the context of "
                              f"{spec.max_context} positions")
         prefill = self.prefill_step(prompt)
-        out, all_logits, decode_cycles = [], [], []
+        out, all_logits = [], []
         t = time.perf_counter()
         r = self._run(prefill, ids, 0, True, return_logits)
         ttft = r.cycles
@@ -302,9 +302,8 @@ class LLMSession:
                 all_logits.append(r.outputs[self._loaded.logits].astype(np.float32).reshape(spec.batch, -1))
             if k + 1 < max_new_tokens:
                 r = self._run(self.decode, next_ids, prompt + k, False, return_logits)
-                decode_cycles.append(r.cycles)
         self._last = dict(prompt_len=prompt, new_tokens=max_new_tokens, ttft_cycles=ttft,
-                          decode_cycles=decode_cycles, sim_wall_s=time.perf_counter() - t,
+                          sim_wall_s=time.perf_counter() - t,
                           sim_prefill_wall_s=sim_prefill_s)
         tokens = np.concatenate(out, axis=1).astype(np.int64)
         return (tokens, np.stack(all_logits)) if return_logits else tokens
@@ -320,8 +319,8 @@ class LLMSession:
     # ---- figures ---------------------------------------------------------------------
     def profile(self):
         """The decode program's :class:`~lpx_tvm.runtime.profile.Profile` (docs/profile.md):
-        its timeline, each layer's cycles beside its floors. The schedule is static, so a
-        timing-only run gives the cycles and MACs of every run."""
+        its timeline, each layer's cycles beside its floors. The schedule is static, so the
+        counters of its check are those of every run."""
         from types import SimpleNamespace
 
         from ..runtime.executable import RunStats
@@ -329,9 +328,8 @@ class LLMSession:
         from ..runtime.report import layer_of
 
         region = self.decode.region
-        counters = Simulator(self.config).run(region.program, timing_only=True).counters
         stats = RunStats()
-        for tag, t in counters.by_tag.items():
+        for tag, t in self.decode.counters.by_tag.items():
             if t.macs:
                 stats.layer_macs[region.name, layer_of(tag)] += t.macs
         step = SimpleNamespace(config=self.config, regions={region.name: region}, stats=stats,
@@ -358,10 +356,9 @@ def llm_report(session: LLMSession) -> dict:
     kv_bytes = sum(_binding_bytes(cfg, layouts[n]) for n in dec.caches)
     kv_values_bytes = spec.cache_values * Precision.parse(session.precision).value_bytes
     image_bytes = sum(len(m.data) for m in prog.sram_init)
-    prefill_extra = 0
-    for p in session._prefill.values():
-        common = {(m.slice, m.addr) for m in prog.sram_init}
-        prefill_extra += sum(len(m.data) for m in p.program.sram_init if (m.slice, m.addr) not in common)
+    common = {(m.slice, m.addr) for m in prog.sram_init}
+    prefill_extra = sum(len(m.data) for p in session._prefill.values() for m in p.program.sram_init
+                        if (m.slice, m.addr) not in common)
     # The model's matrices, each installed once per token: what no schedule avoids. The
     # program may install more (rotated copies of q and k for RoPE, the caches' keys and
     # values): that shows in its own install floor.
