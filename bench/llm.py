@@ -14,8 +14,9 @@ For each machine (``tsp``, then ``lp30``):
 - ``sim_over_torch``: the simulator's wall time for one decode step against the same
   step in torch on this CPU (median of 5), the simulator's own speed.
 
-The models are sized to fit one chip at the precision (``--precision``, default fp16:
-the 8-bit paths are to come, docs/llm.md). The last line printed is JSON with
+Each machine runs its own precision (``--precision tsp=int8 lp30=fp16`` by default:
+tsp's 8-bit path is int8 W8A8, docs/llm.md; lp30's fp8 is to come) on a model sized to
+fit one chip at that precision. The last line printed is JSON with
 ``ttft_cycles``, ``decode_cycles_per_token``, ``decode_floor_cycles``,
 ``tokens_per_s_per_user`` for the tsp case at batch 1 and the same keys prefixed
 ``lp30_``.
@@ -36,19 +37,23 @@ import lpx_tvm
 from lpx_tvm.frontends import decoders
 from lpx_tvm.llm import DoesNotFit
 
-# Llama-architecture configs sized to one chip at 16 bits (weights + KV cache + working
-# space within the 90% weight budget): about 60M parameters on tsp (220 MiB of SRAM), and
-# about 150M on lp30 (500 MB). GQA 3:1, head dim 64, untied embeddings.
+# Llama-architecture configs sized to one chip (weights + KV cache + working space within
+# the 90% weight budget), by the bytes of a weight: at 16 bits about 60M parameters on
+# tsp (220 MiB of SRAM) and about 150M on lp30 (500 MB); at 8 bits about 110M on tsp.
+# Head dim 64, untied embeddings.
 MODELS = {
-    "tsp": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=12,
-                num_key_value_heads=4, vocab_size=8192),
-    "lp30": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
-                 num_key_value_heads=4, vocab_size=8192),
+    ("tsp", 2): dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=12,
+                     num_key_value_heads=4, vocab_size=8192),
+    ("tsp", 1): dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+                     num_key_value_heads=4, vocab_size=8192),
+    ("lp30", 2): dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
+                      num_key_value_heads=4, vocab_size=8192),
 }
+WEIGHT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
 
 
-def config(preset: str, context: int, small: bool) -> transformers.LlamaConfig:
-    kw = dict(MODELS[preset])
+def config(preset: str, precision: str, context: int, small: bool) -> transformers.LlamaConfig:
+    kw = dict(MODELS[preset, min(2, WEIGHT_BYTES[precision])])
     if small:  # a quick check of the script itself
         kw.update(num_hidden_layers=2, hidden_size=256, intermediate_size=512, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=1024)
@@ -70,10 +75,10 @@ def torch_step_s(session, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def measure(preset: str, args) -> dict:
-    cfg = config(preset, args.context, args.small)
+def measure(preset: str, precision: str, args) -> dict:
+    cfg = config(preset, precision, args.context, args.small)
     t = time.perf_counter()
-    session = lpx_tvm.compile_llm(cfg, preset=preset, precision=args.precision, max_context=args.context,
+    session = lpx_tvm.compile_llm(cfg, preset=preset, precision=precision, max_context=args.context,
                                   prompt_len=args.prompt_len)
     compile_s = time.perf_counter() - t
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, args.prompt_len))
@@ -86,12 +91,12 @@ def measure(preset: str, args) -> dict:
     row = {k: rep[k] for k in ("parameters", "ttft_cycles", "decode_cycles_per_token", "decode_floor_cycles",
                                "decode_floor_kind", "decode_over_floor", "tokens_per_s_per_user",
                                "mxm_utilization", "install_utilization")}
-    row.update(preset=preset, precision=args.precision, context=args.context, prompt_len=args.prompt_len,
+    row.update(preset=preset, precision=precision, context=args.context, prompt_len=args.prompt_len,
                compile_s=compile_s, program_floors=rep["floors"]["program"],
                program_binding=rep["floors"]["program_binding"], sram=rep["sram"],
                embedding=rep["on_chip"]["embedding"], sim_step_s=sim_step_s, torch_step_s=torch_s,
                sim_over_torch=sim_step_s / torch_s)
-    print(f"{preset}: {rep['parameters'] / 1e6:.1f}M parameters, {args.precision}; compiled in {compile_s:.0f} s; "
+    print(f"{preset}: {rep['parameters'] / 1e6:.1f}M parameters, {precision}; compiled in {compile_s:.0f} s; "
           f"TTFT ({args.prompt_len} tokens) {rep['ttft_cycles']:,} cycles; decode {rep['decode_cycles_per_token']:,} "
           f"cycles/token = {rep['tokens_per_s_per_user']:,.0f} tokens/s per user; floor "
           f"{rep['decode_floor_cycles']:,.0f} ({rep['decode_floor_kind']}) -> {rep['decode_over_floor']:.1f}x; "
@@ -99,16 +104,16 @@ def measure(preset: str, args) -> dict:
           f"{rep['floors']['program'][rep['floors']['program_binding']]:,.0f}; "
           f"sim/torch per step {sim_step_s / torch_s:.1f}x", flush=True)
     if args.batches and preset == "tsp":
-        row["batches"] = sweep(cfg, preset, args)
+        row["batches"] = sweep(cfg, preset, precision, args)
     return row
 
 
-def sweep(cfg, preset: str, args) -> list:
+def sweep(cfg, preset: str, precision: str, args) -> list:
     """Decode cycles per token for each batch (the decode program only)."""
     rows = []
     for b in args.batches:
         try:
-            s = lpx_tvm.compile_llm(cfg, preset=preset, precision=args.precision, max_context=args.context, batch=b)
+            s = lpx_tvm.compile_llm(cfg, preset=preset, precision=precision, max_context=args.context, batch=b)
         except DoesNotFit as e:
             print(f"  batch {b:2d}: does not fit: {e}", flush=True)
             rows.append(dict(batch=b, does_not_fit=str(e)))
@@ -146,7 +151,8 @@ def plot(rows: list, path: str, title: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--precision", default="fp16", choices=["fp16", "bf16", "fp32"])
+    p.add_argument("--precision", nargs="+", default=["tsp=int8", "lp30=fp16"],
+                   help="PRESET=PRECISION for each machine (fp32, fp16, bf16, int8)")
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=4)
@@ -155,15 +161,17 @@ def main() -> None:
     p.add_argument("--png", default="llm_batches.png")
     p.add_argument("--small", action="store_true", help="2-layer models: a quick check of the script")
     args = p.parse_args()
+    precisions = dict(item.split("=", 1) for item in args.precision)
     out = {}
     for preset in args.presets:
-        row = measure(preset, args)
+        precision = precisions.get(preset, "fp16")
+        row = measure(preset, precision, args)
         prefix = "" if preset == "tsp" else f"{preset}_"
         for k in ("ttft_cycles", "decode_cycles_per_token", "decode_floor_cycles", "tokens_per_s_per_user"):
             out[prefix + k] = row[k]
         out[f"{preset}_details"] = row
         if row.get("batches") and args.png:
-            plot(row["batches"], args.png, f"{row['parameters'] / 1e6:.0f}M Llama, {args.precision}, {preset}, "
+            plot(row["batches"], args.png, f"{row['parameters'] / 1e6:.0f}M Llama, {precision}, {preset}, "
                                            f"context {args.context}")
     print(json.dumps(out))
 

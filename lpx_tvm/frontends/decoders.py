@@ -18,6 +18,12 @@ greedy argmax runs on chip.
 
 The steps are checked against the model itself: their greedy loop (:func:`generate`)
 must give ``model.generate(do_sample=False)``'s tokens (tests/frontends/test_decoders.py).
+
+With an :class:`Int8Linears` the dense layers are W8A8: each layer's input is quantized
+by a static per-tensor scale (:func:`calibrate`) to int8 values, multiplied by int8
+weights (one scale per output channel) in exact integer sums, and scaled back to float
+(``lpx.act_quant`` and ``lpx.qlinear`` on LPX). The same module run by torch is the
+reference of the int8 path.
 """
 
 from __future__ import annotations
@@ -115,17 +121,56 @@ def spec_of(model, max_context: int, batch: int = 1) -> DecoderSpec:
                        max_context, batch, params)
 
 
+# The dense layers' inputs a quantized step scales, each shared by the layers that read it:
+# per decoder layer, the attention input (q, k, v and RoPE's rotated q, k), the attention
+# output (o), the MLP input (gate and up, or GPT-2's fc) and the MLP's hidden values
+# (down); and the final norm's output (the LM head).
+LAYER_SITES = ("attn", "o", "mlp", "down")
+LAYER_DENSE = {"q": "attn", "k": "attn", "v": "attn", "q_rot": "attn", "k_rot": "attn", "o": "o", "gate": "mlp",
+               "up": "mlp", "fc": "mlp", "down": "down"}
+
+
+@dataclass(frozen=True)
+class Int8Linears:
+    """W8A8 for a decoder's dense layers: ``act_scales`` maps each input site
+    (``"{layer}.attn"``, ``"{layer}.o"``, ``"{layer}.mlp"``, ``"{layer}.down"``, ``"head"``)
+    to its static scale ``s_x`` (activations become ``clip(round(x / s_x), -128, 127)``);
+    the weights' scales are per output channel, ``max |w[c, :]| / 127``."""
+
+    act_scales: dict
+
+    def inverse(self, site: str) -> float:
+        """``1 / s_x`` of a site, as the fp32 immediate the VXM multiplies by."""
+        import numpy as np
+
+        return float(np.float32(1.0 / self.act_scales[site]))
+
+
+def quantize_weight(w):
+    """(int32 [K, N] of int8 values, fp32 scales [N]) of a (N, K) weight, symmetric per
+    output channel (so a negated row quantizes to the negated values: RoPE's rotated
+    copies stay exact)."""
+    torch = _torch()
+    w = w.detach().float()
+    scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+    q = torch.clamp(torch.round(w / scale[:, None]), -127, 127)
+    return q.to(torch.int32).T.contiguous(), scale
+
+
 def _torch():
     from .torch import require_torch
 
     return require_torch()
 
 
-def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = True):
+def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = True,
+                 quant: "Int8Linears | None" = None, record: "dict | None" = None):
     """The step of ``steps`` tokens (the prompt length for prefill, 1 for decode) of
     ``model``, a torch module with the weights of ``model`` as constants. Without
     ``embed_in_step`` its first input is the tokens' embedding rows ``[B*T, H]`` (looked
-    up by the caller: a table too large to gather from on chip) instead of their ids."""
+    up by the caller: a table too large to gather from on chip) instead of their ids.
+    ``quant``: its dense layers W8A8. ``record``: a dict that every run of the (float)
+    step updates with the largest magnitude seen at each input site (:func:`calibrate`)."""
     torch = _torch()
     if not 1 <= steps <= spec.max_context:
         raise ModelError(f"a step of {steps} tokens in a context of {spec.max_context}")
@@ -166,6 +211,15 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
                     continue
                 if weights.get(key) is not None:
                     self.register_buffer(key, weights[key])
+            self.quant, self.record = quant, record
+            if quant is not None:
+                # Each dense layer's int8 values ([K, N], as int32) and s_x * s_w per channel.
+                dense = [(f"layer{i}_{key}", f"{i}.{site}") for i in range(len(self.layers))
+                         for key, site in LAYER_DENSE.items() if f"layer{i}_{key}" in dict(self.named_buffers())]
+                for name, site in dense + [("lm_head", "head")]:
+                    q, s_w = quantize_weight(getattr(self, name))
+                    self.register_buffer(f"{name}_int8", q)
+                    self.register_buffer(f"{name}_scale", (s_w * quant.act_scales[site]).float())
             self.eps = weights["eps"]
             dtype = weights["embed"].dtype
             i32 = torch.int32
@@ -209,13 +263,18 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
             new_caches = []
             for i, names in enumerate(self.layers):
                 w = {key: getattr(self, n) if isinstance(n, str) else n for key, n in names.items()}
+
+                def dense(x_in, key, bias=None):
+                    return self.dense(x_in, f"layer{i}_{key}", w.get(bias or f"{key}_bias"))
+
                 h = _norm(s.family, x, w["input_norm"], w.get("input_norm_b"), w["eps"])
-                q_all = _linear(h, w["q"], w["q_bias"])  # [B*T, NH*D]
-                k_all = _linear(h, w["k"], w["k_bias"])  # [B*T, KVH*D]
+                h_in = self.dense_input(h, f"{i}.attn")
+                q_all = dense(h_in, "q")  # [B*T, NH*D]
+                k_all = dense(h_in, "k")  # [B*T, KVH*D]
                 if s.family != "gpt2":
-                    q_all = q_all * cos_q + _linear(h, w["q_rot"], w["q_rot_bias"]) * sin_q
-                    k_all = k_all * cos_k + _linear(h, w["k_rot"], w["k_rot_bias"]) * sin_k
-                v_all = _linear(h, w["v"], w["v_bias"])
+                    q_all = q_all * cos_q + dense(h_in, "q_rot") * sin_q
+                    k_all = k_all * cos_k + dense(h_in, "k_rot") * sin_k
+                v_all = dense(h_in, "v")
                 heads = [None] * NH
                 for g in range(KVH):
                     k = k_all[:, g * D:(g + 1) * D]
@@ -235,20 +294,36 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
                     for r in range(rep):
                         heads[g * rep + r] = a[r * B * T:(r + 1) * B * T] if rep > 1 else a
                 attn = torch.cat(heads, dim=1) if NH > 1 else heads[0]  # [B*T, NH*D]
-                x = x + _linear(attn, w["o"], w.get("o_bias"))
+                x = x + dense(self.dense_input(attn, f"{i}.o"), "o")
                 h = _norm(s.family, x, w["post_norm"], w.get("post_norm_b"), w["eps"])
+                h_in = self.dense_input(h, f"{i}.mlp")
                 if s.family == "gpt2":
-                    m = torch.nn.functional.gelu(_linear(h, w["fc"], w["fc_bias"]), approximate="tanh")
-                    x = x + _linear(m, w["down"], w["down_bias"])
+                    m = torch.nn.functional.gelu(dense(h_in, "fc"), approximate="tanh")
                 else:
-                    gate = torch.nn.functional.silu(_linear(h, w["gate"], None))
-                    x = x + _linear(gate * _linear(h, w["up"], None), w["down"], None)
+                    m = torch.nn.functional.silu(dense(h_in, "gate")) * dense(h_in, "up")
+                x = x + dense(self.dense_input(m, f"{i}.down"), "down")
             if T > 1:
                 x = x.reshape(B, T, s.hidden)[:, T - 1:T].reshape(B, s.hidden)  # the last token's rows
             last = _norm(s.family, x, self.norm_w, getattr(self, "norm_b", None), self.eps)  # [B, H]
-            logits = last @ self.lm_head.T
+            logits = self.dense(self.dense_input(last, "head"), "lm_head", None)
             next_ids = logits.argmax(-1, keepdim=True).to(torch.int32)
             return (next_ids, logits, *new_caches)
+
+        def dense_input(self, x, site: str):
+            """The input of the dense layers at ``site``: ``x``, or (W8A8) its int8 values."""
+            if self.record is not None:
+                self.record[site] = max(self.record.get(site, 0.0), float(x.detach().abs().max()))
+            if self.quant is None:
+                return x
+            return torch.clamp(torch.round(x * self.quant.inverse(site)), -128, 127).to(torch.int8)
+
+        def dense(self, x_in, name: str, bias):
+            """A dense layer (weights ``name``, (N, K)) of ``dense_input``'s value: in
+            float, or the int8 values' exact integer sums scaled by s_x * s_w."""
+            if self.quant is None:
+                return _linear(x_in, getattr(self, name), bias)
+            y = (x_in.to(torch.int32) @ getattr(self, f"{name}_int8")).to(torch.float32) * getattr(self, f"{name}_scale")
+            return y if bias is None else y + bias
 
     return DecoderStep().eval()
 
@@ -325,12 +400,25 @@ def _rotated(w, b, heads: int, dim: int):
     return rot(w).contiguous(), None if b is None else rot(b).contiguous()
 
 
-def decoder_steps(model, max_context: int, prompt_len: int, batch: int = 1):
+def decoder_steps(model, max_context: int, prompt_len: int, batch: int = 1, quant: "Int8Linears | None" = None):
     """``(prefill, decode, spec)``: the step of ``prompt_len`` tokens and the step of one."""
     spec = spec_of(model, max_context, batch)
     if prompt_len >= max_context:
         raise ModelError(f"a prompt of {prompt_len} tokens leaves no room in a context of {max_context}")
-    return decoder_step(model, spec, prompt_len), decoder_step(model, spec, 1), spec
+    return decoder_step(model, spec, prompt_len, quant=quant), decoder_step(model, spec, 1, quant=quant), spec
+
+
+def calibrate(model, spec: DecoderSpec, input_ids, new_tokens: int = 8) -> Int8Linears:
+    """Static activation scales for W8A8: the float steps generate ``new_tokens`` after
+    ``input_ids`` ([B, P] token ids), and each site's scale is the largest magnitude its
+    inputs reached, over 127 (values beyond a calibrated range saturate)."""
+    torch = _torch()
+    ids = torch.as_tensor(input_ids).to(torch.int32)
+    record = {}
+    prefill = decoder_step(model, spec, ids.shape[1], record=record)
+    decode = decoder_step(model, spec, 1, record=record)
+    generate(prefill, decode, spec, ids, min(new_tokens, spec.max_context - ids.shape[1] + 1))
+    return Int8Linears({site: (peak if peak > 0 else 1.0) / 127.0 for site, peak in sorted(record.items())})
 
 
 def example_inputs(spec: DecoderSpec, steps: int, dtype=None, embed_in_step: bool = True) -> tuple:

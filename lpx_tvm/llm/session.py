@@ -30,8 +30,14 @@ from ..sim import Simulator
 from ..target.builder import SharedSram, chunk_lines
 from ..target.codegen.options import codegen_options
 
-# Float precisions the steps compile at today (the 8-bit paths are to come: docs/llm.md).
-PRECISIONS = ("fp32", "fp16", "bf16")
+# The precisions a decoder compiles at: float, or int8 (W8A8 dense layers, the rest fp16).
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+# The float precision of what an 8-bit path leaves in float (norms, RoPE, attention, the
+# KV cache, the embedding table).
+FLOAT_OF = {"int8": "fp16"}
+# Tokens the float model generates to calibrate the int8 path's activation scales, after
+# a prompt of random ids (seeded).
+CALIBRATION_PROMPT, CALIBRATION_TOKENS = 16, 8
 
 
 class DoesNotFit(LPXError):
@@ -96,7 +102,7 @@ def load_decoder(model_or_config, seed: int = 0):
 
 
 def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: int = 128, batch: int = 1,
-                prompt_len: "int | None" = None, seed: int = 0) -> "LLMSession":
+                prompt_len: "int | None" = None, seed: int = 0, calibration_ids=None) -> "LLMSession":
     """Compile a decoder LLM for one LPX chip.
 
     Parameters
@@ -105,7 +111,9 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
         Llama, Qwen2, Mistral or GPT-2; a config gets random weights (``seed``).
     preset : str or LPXConfig
     precision : str
-        ``fp32``, ``fp16`` or ``bf16``.
+        ``fp32``, ``fp16``, ``bf16``, or ``int8``: the dense layers W8A8 (int8 weights
+        with per-channel scales, activations quantized on the VXM by static per-tensor
+        scales), everything else in fp16 (docs/llm.md).
     max_context : int
         Positions the KV cache holds (prompt and generated tokens).
     batch : int
@@ -113,6 +121,9 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
     prompt_len : int, optional
         Compile the prefill step of this prompt length now (else at the first
         :meth:`LLMSession.generate` of each length).
+    calibration_ids : array of token ids [batch, P], optional
+        ``int8``: the prompt whose float generation sets the activation scales (default:
+        random ids, seeded).
 
     Returns
     -------
@@ -120,12 +131,20 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
     """
     Precision.parse(precision)
     if str(precision) not in PRECISIONS:
-        raise LPXError(f"precision {precision}: decoder LLMs compile at {', '.join(PRECISIONS)} so far "
-                       "(the 8-bit paths are to come, docs/llm.md)")
+        raise LPXError(f"precision {precision}: decoder LLMs compile at {', '.join(PRECISIONS)}")
     cfg = preset if isinstance(preset, LPXConfig) else load_config(preset)
     model = load_decoder(model_or_config, seed)
     spec = decoders.spec_of(model, max_context, batch)
-    session = LLMSession(model, spec, cfg, str(precision))
+    quant = None
+    if str(precision) == "int8":
+        problem = fit_problem(spec, cfg, str(precision), matrix_parameters(model))
+        if problem:  # before calibrating
+            raise DoesNotFit(problem)
+        if calibration_ids is None:
+            prompt = min(CALIBRATION_PROMPT, max_context - 1)
+            calibration_ids = np.random.default_rng(seed).integers(0, spec.vocab, (batch, prompt))
+        quant = decoders.calibrate(model, spec, calibration_ids, CALIBRATION_TOKENS)
+    session = LLMSession(model, spec, cfg, str(precision), quant)
     if prompt_len is not None:
         session.prefill_step(prompt_len)
     return session
@@ -145,18 +164,30 @@ def matrix_parameters(model) -> int:
     return sum(p.numel() for p in mats.values())
 
 
+def float_bytes(precision: str) -> int:
+    """Bytes of a float value (activation, cache, table entry) at ``precision``."""
+    return Precision.parse(FLOAT_OF.get(precision, precision)).value_bytes
+
+
+def weight_bytes(spec: decoders.DecoderSpec, precision: str, matrices: int) -> int:
+    """Bytes of the weights: ``matrices`` values the MXM multiplies by at the precision's
+    size, the rest (tables, norms) at its float size."""
+    return matrices * Precision.parse(precision).value_bytes + (spec.parameters - matrices) * float_bytes(precision)
+
+
 def cache_bytes_as_stored(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> int:
     """Bytes of SRAM the caches take as stored: each row of ``head_dim`` values takes whole
     vectors of lanes, one line per byte of a value."""
     return len(spec.cache_names) * spec.cache_rows * -(-spec.head_dim // cfg.lanes) * cfg.lanes * \
-        Precision.parse(precision).value_bytes
+        float_bytes(precision)
 
 
-def fit_problem(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> "str | None":
+def fit_problem(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str, matrices: int = 0) -> "str | None":
     """Why the decoder's weights and KV cache cannot be resident in one chip's SRAM, or None.
     The cache counts as stored: each row of ``head_dim`` values takes whole vectors of
-    lanes (docs/llm.md)."""
-    weights = spec.parameters * Precision.parse(precision).value_bytes
+    lanes (docs/llm.md). ``matrices``: values of the dense layers' weights (stored at an
+    8-bit path's size; the other weights are float)."""
+    weights = weight_bytes(spec, precision, matrices)
     kv = cache_bytes_as_stored(spec, cfg, precision)
     need = weights + kv
     # Working space and the tiling's padding take a share of the rest: resident weights
@@ -179,18 +210,27 @@ class LLMSession:
     holds the figures of the last generation (docs/llm.md, "The report").
     """
 
-    def __init__(self, model, spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str):
-        problem = fit_problem(spec, cfg, precision)
+    def __init__(self, model, spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str,
+                 quantization: "decoders.Int8Linears | None" = None, float_precision: "str | None" = None):
+        self.matrix_parameters = matrix_parameters(model)
+        problem = fit_problem(spec, cfg, precision, self.matrix_parameters)
         if problem:
             raise DoesNotFit(problem)
+        if (precision == "int8") != (quantization is not None):
+            raise LPXError(f"precision {precision} with{'out' if quantization is None else ''} activation scales")
         self.model, self.spec, self.config, self.precision = model, spec, cfg, precision
+        # int8: the steps' dense layers are W8A8 with these scales (the torch steps built
+        # with them are the reference); the rest compiles at the float precision.
+        self.quantization = quantization
+        # ``float_precision`` overrides it (fp32 around int8 layers: the int8 arithmetic
+        # alone against its torch reference, tests/llm).
+        self.float_precision = float_precision or FLOAT_OF.get(precision, precision)
         # The embedding is gathered on chip when a lane tile of its table fits one slice
         # (as mem.gather needs, docs/ops.md); else the host looks the rows up and sends
         # them in place of the ids (B*T rows of H values per step).
-        self.embed_on_chip = spec.vocab * Precision.parse(precision).value_bytes <= cfg.lines_per_slice
+        self.embed_on_chip = spec.vocab * float_bytes(precision) <= cfg.lines_per_slice
         self._embed_rows = None if self.embed_on_chip else \
             model.get_input_embeddings().weight.detach().float().numpy()
-        self.matrix_parameters = matrix_parameters(model)
         self._prefill = {}  # prompt length -> StepProgram
         self.decode = self._compile(1, None)
         self.chip = Simulator(cfg)
@@ -204,12 +244,12 @@ class LLMSession:
         from ..pipeline import lower
 
         spec = self.spec
-        step = decoders.decoder_step(self.model, spec, tokens, self.embed_on_chip)
+        step = decoders.decoder_step(self.model, spec, tokens, self.embed_on_chip, quant=self.quantization)
         imported = import_torch(step, decoders.example_inputs(spec, tokens, embed_in_step=self.embed_on_chip))
         # A step is one program on chip (its state and weights stay there): SharedSram()
         # for the decode step too, which keeps the compile from spilling activations.
         with codegen_options(shared=shared or SharedSram()):
-            _, regions, offload = lower(imported.mod, self.config, self.precision)
+            _, regions, offload = lower(imported.mod, self.config, self.float_precision)
         cpu = dict(offload.cpu) if offload is not None else {}
         if len(regions) > 1 and not cpu:
             raise DoesNotFit(f"the {'decode' if tokens == 1 else 'prefill'} step's weights, KV cache and working "
@@ -354,7 +394,7 @@ def llm_report(session: LLMSession) -> dict:
     # The caches as stored (a row of D values takes whole vectors of lanes), and the
     # values they hold: the floor counts the values, what no layout can beat.
     kv_bytes = sum(_binding_bytes(cfg, layouts[n]) for n in dec.caches)
-    kv_values_bytes = spec.cache_values * Precision.parse(session.precision).value_bytes
+    kv_values_bytes = spec.cache_values * float_bytes(session.precision)
     image_bytes = sum(len(m.data) for m in prog.sram_init)
     common = {(m.slice, m.addr) for m in prog.sram_init}
     prefill_extra = sum(len(m.data) for p in session._prefill.values() for m in p.program.sram_init
@@ -362,14 +402,14 @@ def llm_report(session: LLMSession) -> dict:
     # The model's matrices, each installed once per token: what no schedule avoids. The
     # program may install more (rotated copies of q and k for RoPE, the caches' keys and
     # values): that shows in its own install floor.
-    weight_bytes = session.matrix_parameters * Precision.parse(session.precision).value_bytes
+    matrix_bytes = session.matrix_parameters * Precision.parse(session.precision).value_bytes
     install_bw = cfg.mxm_planes * cfg.mxm_install_streams * cfg.lanes  # bytes a cycle, all planes
     read_bw = cfg.mem_slices * cfg.mem_read_ports * cfg.lanes
-    floor_install = weight_bytes / install_bw
+    floor_install = matrix_bytes / install_bw
     floor_kv = kv_values_bytes / read_bw
     floor_kind, floor = max((("install", floor_install), ("kv_read", floor_kv)), key=lambda kv: kv[1])
     own = floors_of(cfg, prog.instrs)
-    peak = cfg.peak_macs_per_cycle_for(session.precision)
+    peak = cfg.peak_macs_per_cycle_for(session.precision)  # int8: the MXM's int8 rate
     macs = dec.region.macs
     per_user = cfg.clock_hz / decode_cycles
     last = session._last
@@ -391,13 +431,15 @@ def llm_report(session: LLMSession) -> dict:
                   kv_cache_values_bytes=kv_values_bytes,
                   prefill_constants_bytes=prefill_extra,
                   working_bytes=max(0, dec.region.sram_lines * cfg.lanes - image_bytes - kv_bytes)),
-        mxm_weight_bytes=weight_bytes, program_weight_bytes=dec.region.weight_bytes,
+        mxm_weight_bytes=matrix_bytes, program_weight_bytes=dec.region.weight_bytes,
         mxm_utilization=macs / (peak * decode_cycles),
         install_utilization=own.install / decode_cycles,
         on_chip=dict(embedding="lpx (mem.gather)" if session.embed_on_chip else
                      f"host (a table of {spec.vocab} rows: a lane tile does not fit one slice of "
                      f"{cfg.lines_per_slice} lines; the rows are sent in place of the ids)",
-                     sampling="lpx (argmax)", kv_cache="lpx SRAM, kept across runs"),
+                     sampling="lpx (argmax)", kv_cache="lpx SRAM, kept across runs",
+                     dense_layers="int8 W8A8 (activations quantized on the VXM by static per-tensor scales, "
+                     "weights per output channel), the rest fp16" if session.quantization else session.precision),
         sim_wall_s=last.get("sim_wall_s"),
     )
     return report

@@ -50,6 +50,14 @@ composites                              keys
 ``lpx.index_put``                       ``input`` (the 2-D value), ``rows`` (int32 (N, 1)),
                                         ``cols`` (constant ``arange(D)``), ``values``, ``root``
 ``lpx.astype``                          ``input`` (int32), ``root``
+``lpx.act_quant``                       ``input`` (float), ``scale`` (the ``multiply`` by
+                                        ``1 / s_x``), ``clip`` (to [-128, 127]),
+                                        ``root`` (the ``astype`` to int8)
+``lpx.qlinear[_bias]``                  ``input`` (int8), ``widen`` (its ``astype`` to
+                                        int32), ``weight`` (constant int32 (K, N) in the
+                                        int8 range), ``root`` (the ``matmul``), ``scale`` (the
+                                        ``multiply`` by ``s_x * s_w``), ``bias``,
+                                        ``bias_add``
 =====================================  =================================================
 """
 
@@ -60,7 +68,7 @@ import math
 import tvm
 from tvm import relax
 from tvm.relax.backend.pattern_registry import register_patterns
-from tvm.relax.dpl.pattern import is_op, is_tuple, wildcard
+from tvm.relax.dpl.pattern import is_const as const_pattern, is_op, is_tuple, wildcard
 
 from ..precision import Precision
 from ..target.codegen.rules import (
@@ -374,6 +382,49 @@ def _astype_rule(a, settings):
         return op, (f"astype of {getattr(data.ty, 'dtype', data.ty)} to {op.ty.dtype}: LPX converts int32 "
                     "indices to float (floats stay at the precision)")
     return _tensors_problem(op, [data], settings, integers=True)
+
+
+def _act_quant_rule(a, settings):
+    op, data = a["root"], a["input"]
+    if settings.precision == Precision.INT8:
+        return op, "an int8 build: its activations are quantized by the model's QuantizeLinear"
+    found = _tensors_problem(a["scale"], [data], settings)
+    if found:
+        return found
+    if scalar_value(a["inv"]) is None:
+        return a["scale"], "the quantization scale is not one constant: LPX quantizes by a static per-tensor scale"
+    if clip_bounds(a["clip"]) != (-128.0, 127.0):
+        return a["clip"], f"clipped to {clip_bounds(a['clip'])}: LPX quantizes activations to int8 [-128, 127]"
+    if op.ty.dtype != "int8":
+        return op, f"quantized as {op.ty.dtype}: LPX's int8 dense layers take int8 values"
+    return None
+
+
+def _qlinear_rule(a, settings):
+    op, data, weight = a["root"], a["input"], a["weight"]
+    if settings.precision == Precision.INT8:
+        return op, "an int8 build: its dense layers are the model's QDQ ones"
+    widened = a["widen"].ty.dtype
+    if data.ty.dtype != "int8" or widened != "int32" or weight.ty.dtype != "int32":
+        return op, (f"a matmul of {data.ty.dtype} (as {widened}) by {weight.ty.dtype}: LPX's int8 dense takes int8 "
+                    "values widened to int32, and an int32 weight of int8 values")
+    shape = expr_shape(weight)
+    if len(shape) != 2 or len(expr_shape(data)) != 2:
+        return op, f"an int8 matmul of {expr_shape(data)} by {shape}: LPX's int8 dense is 2-D by 2-D"
+    w = weight.value.numpy()
+    if w.min(initial=0) < -128 or w.max(initial=0) > 127:
+        return op, "an integer weight outside the int8 range"
+    scale = a["per_channel"].value.numpy()
+    if scale.size not in (1, shape[1]) or scale.dtype != "float32":
+        return a["scale"], f"a scale of {scale.size} {scale.dtype} values for {shape[1]} channels"
+    found = _tensors_problem(a["scale"], [], settings)
+    if found:
+        return found
+    if "bias" in a:
+        found = _bias_rule(_dense_bias_shapes)({"bias_add": a["bias_add"], "bias": a["bias"], "root": op}, settings)
+        if found:
+            return found
+    return None
 
 
 def _argmax_rule(a, settings):
@@ -760,6 +811,29 @@ def _unary_pattern(op):
     return root, {"input": data, "root": root}
 
 
+def _act_quant_pattern():
+    data, inv = wildcard(), const_pattern()
+    scale = is_op("relax.multiply")(data, inv)
+    clip = is_op("relax.clip")(is_op("relax.round")(scale), wildcard(), wildcard())
+    root = is_op("relax.astype")(clip)
+    return root, {"input": data, "scale": scale, "inv": inv, "clip": clip, "root": root}
+
+
+def _qlinear_pattern(bias=False):
+    data, weight, per_channel = wildcard(), const_pattern(), const_pattern()
+    widen = is_op("relax.astype")(data)
+    root = is_op("relax.matmul")(widen, weight)
+    sums = root | is_op("relax.astype")(root)
+    out = scale = is_op("relax.multiply")(sums, per_channel)
+    annotations = {"input": data, "widen": widen, "weight": weight, "root": root, "scale": scale,
+                   "per_channel": per_channel}
+    if bias:
+        b = const_pattern()
+        out = is_op("relax.add")(scale, b)
+        annotations.update(bias=b, bias_add=out)
+    return out, annotations
+
+
 def _argmax_pattern():
     data = wildcard()
     root = is_op("relax.argmax")(data)
@@ -901,6 +975,7 @@ def pattern_table() -> list:
     table.append(("take", *_take_pattern(), [_take_rule]))
     table.append(("index_put", *_index_put_pattern(), [_index_put_rule]))
     table.append(("astype", *_unary_pattern("relax.astype"), [_astype_rule]))
+    table.append(("act_quant", *_act_quant_pattern(), [_act_quant_rule]))
     table.append(("layer_norm", *_unary_pattern("relax.nn.layer_norm"), [_norm_rule]))
     table.append(("rms_norm", *_unary_pattern("relax.nn.rms_norm"), [_norm_rule]))
     table.append(("where", *_unary_pattern("relax.where"), [_where_rule]))
@@ -939,6 +1014,9 @@ def pattern_table() -> list:
             rules += [_activation_rule] if activation else []
             table.append((name, *make(bias, activation), rules))
 
+    # Int8 dense layers of a float build, above the float dense ones.
+    table.append(("qlinear", *_qlinear_pattern(), [_qlinear_rule]))
+    table.append(("qlinear_bias", *_qlinear_pattern(bias=True), [_qlinear_rule]))
     return [
         (PATTERN_PREFIX + name, pattern, annotations, make_check(PATTERN_PREFIX + name, rules))
         for name, pattern, annotations, rules in table

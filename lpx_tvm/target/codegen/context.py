@@ -17,6 +17,7 @@ from .graph import Operand, UnsupportedOnLPX
 from .planes import Planes
 from .options import CodegenOptions
 from .policy import TilingPolicy
+from .quant import INT8_MXM_IN_FLOAT
 from .storage import Stored
 
 PRECISION_DTYPE = {Precision.FP32: DType.FP32, Precision.FP16: DType.FP16, Precision.BF16: DType.BF16,
@@ -105,6 +106,15 @@ class LoweringContext:
         acc = DType.INT32 if int8 else DType.FP32
         return cls(cfg, str(precision), PRECISION_DTYPE[precision], int8, acc, options, policy, offchip, band_share,
                    ProgramBuilder(cfg, name), Planes(cfg))
+
+    def mxm_dtype(self, op) -> DType:
+        """The dtype an MXM op multiplies in: int8 for a weight-quantized dense layer of a
+        float build (``lpx.qlinear``), else the build's."""
+        return DType.INT8 if op.composite in INT8_MXM_IN_FLOAT else self.dtype
+
+    def acc_dtype(self, op) -> DType:
+        """The dtype of an MXM op's accumulators (int32 for int8 products)."""
+        return DType.INT32 if self.mxm_dtype(op).is_int else DType.FP32
 
     def value(self, operand: Operand) -> Stored:
         """The stored value of a tensor operand."""

@@ -1,10 +1,11 @@
-"""The fused epilogue of an MXM op or an elementwise op: bias, clips, requantization, and
-a dequantization that follows it."""
+"""The fused epilogue of an MXM op or an elementwise op: bias, clips, requantization, a
+dequantization that follows it, and the per-channel scale of an int8 layer's sums."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from ...machine.isa import DType
 from .context import LoweringContext
 from .graph import RegionOp, UnsupportedOnLPX
 from .quant import dequantized
@@ -42,6 +43,8 @@ def apply_epilogue(g, y, epilogue, tile: int, rows: int):
             y = g.vxm("vxm.requant", y, g.read(scale.tile(tile).repeat(rows)), to=to, zp=zp)
         elif e[0] == "dequant":  # int8 / uint8 -> fp32, (q - zp) * scale: a fused DequantizeLinear
             y = dequantized(g, y, e[1], e[2])
+        elif e[0] == "scale":  # int32 -> fp32, times a per-channel fp32 scale stream
+            y = g.vxm("vxm.mul", g.vxm("vxm.cvt", y, to=DType.FP32), g.read(e[1].tile(tile).repeat(rows)))
         else:
             _, lo, hi = e
             if lo is not None and np.isfinite(lo):

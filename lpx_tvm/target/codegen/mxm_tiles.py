@@ -36,7 +36,7 @@ def layer_tiling(ctx: LoweringContext, op: RegionOp, work, batches: int = 1, rec
     # lowering reads); off-chip bands are not tuning tasks.
     fetch = 0
     if isinstance(ctx.weights.get(op.out), StreamedWeights):
-        fetch = dma_cycles(ctx.cfg, ctx.cfg.mxm_rows, ctx.dtype)  # every block loads its tiles
+        fetch = dma_cycles(ctx.cfg, ctx.cfg.mxm_rows, ctx.mxm_dtype(op))  # every block loads its tiles
     return ctx.policy.tiling((work, op.composite, batches), ctx.layer_ops.get(op.out, op),
                              lambda: default_tiling(ctx.cfg, work, fetch), record=record and not ctx.offchip)
 
@@ -94,7 +94,7 @@ def dense_steps(ctx: LoweringContext, op: RegionOp, rows: int, k: int, nn: int, 
     """(tiling, steps) of a (rows, k) x (k, nn) product through DenseWorkload tiles; a
     step is (batch, tile step)."""
     lanes = ctx.cfg.lanes
-    work = DenseWorkload(rows, round_up(k, lanes), round_up(nn, lanes), TVM_DTYPE[ctx.dtype])
+    work = DenseWorkload(rows, round_up(k, lanes), round_up(nn, lanes), TVM_DTYPE[ctx.mxm_dtype(op)])
     t = tiling or layer_tiling(ctx, op, work, batches, record=record)
     steps_of_batch = scheduled_steps(work, DenseTiling(m=t.m, k=lanes, n=lanes, order=t.order))
     return t, [(i, s) for i in range(batches) for s in steps_of_batch]
@@ -142,7 +142,7 @@ def dense_install_planes(ctx: LoweringContext, op: RegionOp, rows: int, k: int, 
     lanes = ctx.cfg.lanes
     t, steps = dense_steps(ctx, op, rows, k, nn, record=False)
     keys = [dense_block(s, rows) for s in steps]
-    planes = part_planes(ctx.cfg, keys, k_parts(ctx, keys, t.k_split), t.first_plane)
+    planes = part_planes(ctx.cfg, keys, k_parts(ctx, keys, t.k_split, ctx.mxm_dtype(op)), t.first_plane)
     found = {}
     for s, plane in zip(steps, planes):
         j, row0, _ = dense_weights(s, k, lanes)
@@ -150,7 +150,7 @@ def dense_install_planes(ctx: LoweringContext, op: RegionOp, rows: int, k: int, 
     return {tile: ps.pop() for tile, ps in found.items() if len(ps) == 1}
 
 
-def k_parts(ctx: LoweringContext, keys: list, split: "int | None" = None) -> list:
+def k_parts(ctx: LoweringContext, keys: list, split: "int | None" = None, dtype: "DType | None" = None) -> list:
     """For each tile step, which part of its block's reduction it belongs to. A block's
     reduction tiles may be split into parts on different planes (each accumulates its own
     partial sum; the drains add them), so that every plane multiplies: how many parts
@@ -164,8 +164,9 @@ def k_parts(ctx: LoweringContext, keys: list, split: "int | None" = None) -> lis
     # A block of n tiles in s parts has n % s parts one tile longer; which parts are long
     # rotates from block to block, so that the planes the parts land on get equal shares.
     tiles, rows = max(count.values(), default=0), max((k[2] for k in count), default=1)
-    rate = ctx.cfg.mxm_cycles_per_vector[ctx.dtype.short]
-    install = install_cycles(ctx.cfg, ctx.dtype, ctx.cfg.mxm_rows)
+    dtype = dtype or ctx.dtype  # the MXM's (an int8 layer of a float build multiplies int8)
+    rate = ctx.cfg.mxm_cycles_per_vector[dtype.short]
+    install = install_cycles(ctx.cfg, dtype, ctx.cfg.mxm_rows)
     per_block = dict(zip(count, block_parts(ctx.cfg, len(count), split, tiles, rows, rate, install)))
     ends, seen, out = {}, {}, []
     for k in keys:
@@ -191,7 +192,7 @@ def part_planes(cfg, keys: list, parts: list, first_plane: int = 0) -> list:
     return [first.setdefault(kp, (first_plane + len(first)) % cfg.mxm_planes) for kp in zip(keys, parts)]
 
 
-def partial_buffer(ctx: LoweringContext, name: str, rows: int, plane: int, avoid):
+def partial_buffer(ctx: LoweringContext, name: str, rows: int, plane: int, avoid, acc: DType):
     """An fp32 buffer for one K part's partial sum: on the drained plane's side of the
     VXM, as near the VXM as a slice (not of ``avoid``) has room. The drain streams
     towards the VXM, against the direction the plane's installs and activations flow,
@@ -199,10 +200,10 @@ def partial_buffer(ctx: LoweringContext, name: str, rows: int, plane: int, avoid
     cfg, b = ctx.cfg, ctx.builder
     for sl in nearest_vxm(cfg, [s for s in slices_beside(cfg, plane) if s not in avoid]):
         try:
-            return b.tensor(name, (rows, cfg.lanes), ctx.acc, slices=[sl])
+            return b.tensor(name, (rows, cfg.lanes), acc, slices=[sl])
         except SramFull:
             continue
-    return b.tensor(name, (rows, cfg.lanes), ctx.acc, avoid=avoid)
+    return b.tensor(name, (rows, cfg.lanes), acc, avoid=avoid)
 
 
 def wavefront(keys: list, parts: list, planes: list) -> list:
@@ -242,13 +243,14 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
     b = ctx.builder
     W = ctx.weights[op.out] if W is None else W
     staging = None
+    wdt, acc_dt = ctx.mxm_dtype(op), ctx.acc_dtype(op)
     if isinstance(W, StreamedWeights):
-        staging = [ctx.temp(b.tensor(f"{op.out}.staging{i}", (lanes, lanes), ctx.dtype)) for i in range(2)]
+        staging = [ctx.temp(b.tensor(f"{op.out}.staging{i}", (lanes, lanes), wdt)) for i in range(2)]
     y = new_value(ctx, op.out, op.shape, is_output, dtype=q.out_dtype if q else None)
     epi = q.epilogue if q else epilogue_steps(ctx, op, channels)
     tag = op.out
     keys = [block(s) for s in steps]
-    parts = k_parts(ctx, keys, tiling.k_split)
+    parts = k_parts(ctx, keys, tiling.k_split, wdt)
     planes = part_planes(ctx.cfg, keys, parts, tiling.first_plane)
     # other ops take planes on in turn
     ctx.planes.next = (tiling.first_plane + len(set(zip(keys, parts)))) % ctx.cfg.mxm_planes
@@ -286,7 +288,7 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
         if last[part] != i:
             continue
         g = b.group(f"{tag}.drain")
-        v = g.drain(plane, acc, nrows, ctx.acc)
+        v = g.drain(plane, acc, nrows, acc_dt)
         del live[part]
         drained[key] = drained.get(key, 0) + 1
         if drained[key] < nparts[key]:  # more K parts to come: keep this part's fp32 sum
@@ -296,7 +298,7 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
             held = partial.setdefault(key, [])
             avoid = [sl for e in epi if e[0] in ("bias", "requant") for sl, _ in e[1].layout.tiles]
             avoid += [sl for t in held for sl, _ in t.layout.tiles]
-            held.append(partial_buffer(ctx, f"{tag}.partial{len(held)}", nrows, plane, avoid))
+            held.append(partial_buffer(ctx, f"{tag}.partial{len(held)}", nrows, plane, avoid, acc_dt))
             g.write(v, held[-1].tile(0))
             continue
         for t in partial.pop(key, []):

@@ -4,11 +4,22 @@ read side by side on different slices (a slice has one read port)."""
 from __future__ import annotations
 
 from ...errors import SramFull
+from ...machine.isa import DType
 from ...machine.timing import nearest_vxm
 from ..builder import OffchipTensor
 from .context import LoweringContext
 from .passes import rowwise
 from .storage import Stored, row_align, slices_of, stored_shape
+
+
+def constant_beside(ctx: LoweringContext, name: str, array, first, dtype: DType = DType.FP32):
+    """A constant row read beside ``first`` (another constant row) in one drain, tile by
+    tile: clear of every slice of ``first``, or, where ``first``'s tiles already cover
+    every slice (e.g. 256 channels on 16 lanes), clear of the slice of the same tile."""
+    slices = [sl for sl, _ in first.layout.tiles]
+    if len(set(slices)) < ctx.builder.config.mem_slices:
+        return ctx.builder.constant(name, array, dtype, avoid=slices)
+    return ctx.builder.constant(name, array, dtype, tile_avoid=[{sl} for sl in slices])
 
 
 def new_value(ctx: LoweringContext, name: str, shape: tuple, is_output: bool = False, avoid=(),

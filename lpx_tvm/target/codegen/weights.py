@@ -92,7 +92,7 @@ def _install_pools(ctx: LoweringContext, op: RegionOp, matrix, align: int):
     rows = int(np.prod(x[:-1]))
     k, nn = matrix.shape
     planes = dense_install_planes(ctx, view, rows, k, nn)
-    lanes = install_lanes(ctx.cfg, ctx.dtype)
+    lanes = install_lanes(ctx.cfg, ctx.mxm_dtype(op))
     per = -(-min(align, k) // lanes)  # a chunk's rows (builder.tensor's install_align cut)
     chunks = -(-align // per)
 
@@ -116,8 +116,9 @@ def place_weights(ctx: LoweringContext, op: RegionOp):
         return None
     matrix, align = found
     lanes = ctx.cfg.lanes
+    dtype = ctx.mxm_dtype(op)
     rows, cols = matrix.shape
-    lines = -(-cols // lanes) * rows * ctx.dtype.itemsize
+    lines = -(-cols // lanes) * rows * dtype.itemsize
     share = ctx.options.offchip_weight_budget if ctx.offchip else ctx.options.weight_budget
     budget = share * ctx.cfg.mem_slices * ctx.cfg.lines_per_slice
     if ctx.builder.constant_lines + lines <= budget:
@@ -125,9 +126,9 @@ def place_weights(ctx: LoweringContext, op: RegionOp):
             # Reduction tiles spread over slices, each cut over the plane's install lanes on
             # different slices: planes, and the lanes of one plane, read through different
             # slices' ports at once (installs at the plane's full rate).
-            return ctx.builder.tensor(f"{op.out}.weight", matrix.shape, ctx.dtype, data=matrix, row_align=align,
+            return ctx.builder.tensor(f"{op.out}.weight", matrix.shape, dtype, data=matrix, row_align=align,
                                       spread=ctx.options.weight_spread, install_align=align,
                                       install_pools=_install_pools(ctx, op, matrix, align))
         except SchedulingError:
             pass
-    return StreamedWeights.place(ctx.builder, matrix, ctx.dtype, lanes)
+    return StreamedWeights.place(ctx.builder, matrix, dtype, lanes)

@@ -34,22 +34,12 @@ from ..quant import QEpilogue, dequantized, mxm_view, relax_dtype, scalar, step_
 from ..registry import register_lowering
 from ..rules import spatial_mean_problem
 from ..storage import Stored
-from ..values import apart, new_value
+from ..values import apart, constant_beside, new_value
 from .conv2d import lower_conv2d
 from .pool import lower_pool
 
 # Max pooling of quantized values is the float pooling on their own dtype.
 register_lowering("lpx.qmax_pool2d")(lower_pool)
-
-
-def _beside(ctx, name, array, first):
-    """A constant read beside ``first``, tile by tile: clear of every slice of ``first``,
-    or, where ``first``'s tiles already cover every slice (e.g. 256 channels on 16
-    lanes), clear of the slice of the same tile."""
-    slices = [sl for sl, _ in first.layout.tiles]
-    if len(set(slices)) < ctx.builder.config.mem_slices:
-        return ctx.builder.constant(name, array, DType.FP32, avoid=slices)
-    return ctx.builder.constant(name, array, DType.FP32, tile_avoid=[{sl} for sl in slices])
 
 
 @register_lowering("lpx.qconv2d", "lpx.qdense")
@@ -72,7 +62,7 @@ def lower_qmxm(ctx: LoweringContext, op: RegionOp, is_output: bool):
     zy = zero_point(qs.args[2])
     bias_t = ctx.temp(ctx.builder.constant(f"{op.out}.bias", bias.reshape(1, channels), DType.INT32))
     # The drain reads both beside the accumulators: on different slices (one read port each).
-    mult = ctx.temp(_beside(ctx, f"{op.out}.requant", (1.0 / scale).reshape(1, channels), bias_t))
+    mult = ctx.temp(constant_beside(ctx, f"{op.out}.requant", (1.0 / scale).reshape(1, channels), bias_t))
     q = QEpilogue(float(zx), [("bias", bias_t), ("requant", mult, zy, out_dt)], out_dt)
     if op.out in ctx.dequantized:  # its only reader dequantizes it: the drains do, into that op's value
         dq, is_output = ctx.dequantized[op.out]

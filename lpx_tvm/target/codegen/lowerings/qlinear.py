@@ -1,0 +1,68 @@
+"""Int8 dense layers inside a float build (W8A8: a decoder's projections at the MXM's int8
+rate, the norms, RoPE, attention and softmax in float around them).
+
+- ``lpx.act_quant``: ``clip(round(x * (1 / s_x)), -128, 127)`` of a float value, stored
+  as int8 — on the VXM, ``vxm.cvt`` to fp32, ``vxm.mul`` by the static scale's inverse,
+  and a saturating ``vxm.cvt`` to int8 that rounds half to even (``torch.round``).
+- ``lpx.qlinear[_bias]``: an int8 value (widened to int32 in Relax, which the MXM does
+  not need) times a constant int8 (K, N) weight on the MXM at int8 rate, summed
+  exactly in int32 accumulators; the drain converts the sums to
+  fp32 and multiplies them by ``s_x * s_w[c]`` (a per-channel fp32 scale stream read
+  beside the accumulators), adds the fp32 bias, and writes the build's float dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ....machine.isa import DType
+from ..context import LoweringContext
+from ..graph import RegionOp, UnsupportedOnLPX
+from ..mxm_tiles import matmul
+from ..passes import rowwise
+from ..quant import QEpilogue, mxm_view, scalar, step_of
+from ..registry import register_lowering
+from ..values import constant_beside, new_value
+
+INT8_RANGE = (-128.0, 127.0)
+
+
+@register_lowering("lpx.act_quant")
+def lower_act_quant(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    if op.main.op != "multiply" or not op.main.args[1].is_const:
+        raise UnsupportedOnLPX(f"{op.composite}: expected x * (1 / scale) first")
+    lo, hi = (float(np.asarray(a.const)) for a in step_of(op, "clip").args[1:3])
+    if (lo, hi) != INT8_RANGE:
+        raise UnsupportedOnLPX(f"{op.composite}: clipped to [{lo}, {hi}], not the int8 range")
+    inv = scalar(op.main.args[1])
+    x = ctx.value(op.main.args[0])
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x], dtype=DType.INT8)
+
+    def quantized(g, vs):
+        v = vs[0] if vs[0].dtype == DType.FP32 else g.vxm("vxm.cvt", vs[0], to=DType.FP32)
+        return g.vxm("vxm.cvt", g.vxm("vxm.mul", v, imm=inv), to=DType.INT8)
+
+    rowwise(ctx, f"{op.out}.quantize", [x], y, quantized)
+    ctx.values[op.out] = y
+
+
+@register_lowering("lpx.qlinear", "lpx.qlinear_bias")
+def lower_qlinear(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    view = mxm_view(op)  # the matmul of the stored int8 values (the widening is Relax's alone)
+    x = ctx.value(view.main.args[0])
+    if x.tensor.layout.dtype != DType.INT8:
+        raise UnsupportedOnLPX(f"{op.composite} of a stored {x.tensor.layout.dtype.short} value (expected int8)")
+    ctx.layer_ops[op.out] = op  # a tuning task measures the whole composite
+    k, nn = view.main.args[1].shape
+    scale = np.broadcast_to(np.asarray(step_of(op, "multiply").args[1].const, np.float32).reshape(-1), (nn,))
+    b = ctx.builder
+    scale_t = ctx.temp(b.constant(f"{op.out}.scale", scale.reshape(1, nn), DType.FP32))
+    epilogue = [("scale", scale_t)]
+    if op.composite == "lpx.qlinear_bias":
+        bias = np.broadcast_to(np.asarray(step_of(op, "add").args[1].const, np.float32).reshape(-1), (nn,))
+        # The drain reads both beside the accumulators: on different slices (one read port each).
+        bias_t = ctx.temp(constant_beside(ctx, f"{op.out}.bias", bias.reshape(1, nn), scale_t))
+        epilogue.append(("bias", bias_t))
+    matmul(ctx, view, x, math.prod(x.shape[:-1]), k, nn, is_output, q=QEpilogue(0.0, epilogue, ctx.dtype))

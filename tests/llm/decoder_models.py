@@ -1,0 +1,49 @@
+"""Random-weight decoders of odd sizes, and the logits of their torch steps: shared by
+the LLM tests."""
+
+import numpy as np
+import torch
+import transformers
+
+from lpx_tvm.frontends import decoders
+
+# Odd sizes (issue): 6 query heads over 3 kv heads, head dim 40, a 13-token prompt.
+LLAMA = dict(vocab_size=320, hidden_size=240, intermediate_size=400, num_hidden_layers=2, num_attention_heads=6,
+             num_key_value_heads=3, head_dim=40, max_position_embeddings=128)
+
+
+def random_decoder(kind, seed=0, scale=4.0):
+    torch.manual_seed(seed)
+    if kind == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
+    elif kind == "qwen2":
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**LLAMA,
+                                                                        use_sliding_window=False))
+    else:
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=320, n_embd=240, n_layer=2, n_head=6,
+                                                                     n_positions=128, bos_token_id=0,
+                                                                     eos_token_id=0))
+    # Larger weights than the initializer's: the logits then differ clearly between
+    # tokens, so a wrong step picks other tokens rather than the same ones by luck.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(scale)
+    return model.eval()
+
+
+def torch_logits(model, spec, ids, tokens, quant=None):
+    """The logits of every step in the model's dtype, teacher-forced with ``tokens`` (the
+    tokens LPX chose); with ``quant``, of the int8 steps."""
+    prefill, decode, _ = decoders.decoder_steps(model, spec.max_context, ids.shape[1], spec.batch, quant=quant)
+    _, _, *caches = decoders.example_inputs(spec, ids.shape[1], dtype=next(model.parameters()).dtype)
+    out = []
+    with torch.no_grad():
+        _, logits, *caches = prefill(torch.as_tensor(ids.reshape(-1), dtype=torch.int32),
+                                     torch.zeros(1, dtype=torch.int32), *caches)
+        out.append(logits.float().numpy())
+        for k in range(tokens.shape[1] - 1):
+            _, logits, *caches = decode(torch.as_tensor(tokens[:, k], dtype=torch.int32),
+                                        torch.tensor([ids.shape[1] + k], dtype=torch.int32), *caches)
+            out.append(logits.float().numpy())
+    return np.stack(out)
