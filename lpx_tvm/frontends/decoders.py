@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..relax_passes.errors import ModelError
 
 # Families with the Llama layer: RMSNorm, RoPE, grouped-query attention, a SwiGLU MLP.
@@ -125,7 +127,6 @@ def spec_of(model, max_context: int, batch: int = 1) -> DecoderSpec:
 # per decoder layer, the attention input (q, k, v and RoPE's rotated q, k), the attention
 # output (o), the MLP input (gate and up, or GPT-2's fc) and the MLP's hidden values
 # (down); and the final norm's output (the LM head).
-LAYER_SITES = ("attn", "o", "mlp", "down")
 LAYER_DENSE = {"q": "attn", "k": "attn", "v": "attn", "q_rot": "attn", "k_rot": "attn", "o": "o", "gate": "mlp",
                "up": "mlp", "fc": "mlp", "down": "down"}
 
@@ -141,8 +142,6 @@ class Int8Linears:
 
     def inverse(self, site: str) -> float:
         """``1 / s_x`` of a site, as the fp32 immediate the VXM multiplies by."""
-        import numpy as np
-
         return float(np.float32(1.0 / self.act_scales[site]))
 
 
@@ -214,8 +213,9 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
             self.quant, self.record = quant, record
             if quant is not None:
                 # Each dense layer's int8 values ([K, N], as int32) and s_x * s_w per channel.
+                buffers = dict(self.named_buffers())
                 dense = [(f"layer{i}_{key}", f"{i}.{site}") for i in range(len(self.layers))
-                         for key, site in LAYER_DENSE.items() if f"layer{i}_{key}" in dict(self.named_buffers())]
+                         for key, site in LAYER_DENSE.items() if f"layer{i}_{key}" in buffers]
                 for name, site in dense + [("lm_head", "head")]:
                     q, s_w = quantize_weight(getattr(self, name))
                     self.register_buffer(f"{name}_int8", q)

@@ -150,7 +150,7 @@ def dense_install_planes(ctx: LoweringContext, op: RegionOp, rows: int, k: int, 
     return {tile: ps.pop() for tile, ps in found.items() if len(ps) == 1}
 
 
-def k_parts(ctx: LoweringContext, keys: list, split: "int | None" = None, dtype: "DType | None" = None) -> list:
+def k_parts(ctx: LoweringContext, keys: list, split: "int | None", dtype: DType) -> list:
     """For each tile step, which part of its block's reduction it belongs to. A block's
     reduction tiles may be split into parts on different planes (each accumulates its own
     partial sum; the drains add them), so that every plane multiplies: how many parts
@@ -164,7 +164,7 @@ def k_parts(ctx: LoweringContext, keys: list, split: "int | None" = None, dtype:
     # A block of n tiles in s parts has n % s parts one tile longer; which parts are long
     # rotates from block to block, so that the planes the parts land on get equal shares.
     tiles, rows = max(count.values(), default=0), max((k[2] for k in count), default=1)
-    dtype = dtype or ctx.dtype  # the MXM's (an int8 layer of a float build multiplies int8)
+    # ``dtype``: the MXM's (an int8 layer of a float build multiplies int8)
     rate = ctx.cfg.mxm_cycles_per_vector[dtype.short]
     install = install_cycles(ctx.cfg, dtype, ctx.cfg.mxm_rows)
     per_block = dict(zip(count, block_parts(ctx.cfg, len(count), split, tiles, rows, rate, install)))
