@@ -74,6 +74,9 @@ class LPXConfig:
         return self.mxm_planes * self.mxm_rows * self.mxm_cols
 
     def peak_macs_per_cycle_for(self, dtype: str) -> float:
+        if dtype not in self.mxm_cycles_per_vector:
+            raise ConfigError(f"machine {self.name}: the MXM does not multiply {dtype} "
+                              "(mxm.cycles_per_vector has no rate for it)")
         return self.peak_macs_per_cycle / self.mxm_cycles_per_vector[dtype]
 
     @property
@@ -148,7 +151,7 @@ def _config_of(m: MachineFile, raw: dict) -> LPXConfig:
         mxm_cols=m.mxm.cols,
         mxm_weight_buffers=m.mxm.weight_buffers,
         mxm_acc_rows=m.mxm.acc_rows,
-        mxm_cycles_per_vector=m.mxm.cycles_per_vector.model_dump(),
+        mxm_cycles_per_vector=m.mxm.cycles_per_vector.model_dump(exclude_none=True),
         mxm_install_streams=m.mxm.install_streams,
         vxm_alus=m.vxm.alus,
         offchip_bytes_per_s=float(m.offchip.bytes_per_s),

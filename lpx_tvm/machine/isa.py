@@ -30,6 +30,7 @@ class DType(enum.IntEnum):
     FP16 = 4
     BF16 = 5
     FP32 = 6
+    FP8 = 7  # e4m3 (finite only: no inf, one NaN; max FP8_MAX), the LP30's native format
 
     @property
     def np(self):
@@ -41,7 +42,7 @@ class DType(enum.IntEnum):
 
     @property
     def is_float(self) -> bool:
-        return self in (DType.FP16, DType.BF16, DType.FP32)
+        return self in (DType.FP16, DType.BF16, DType.FP32, DType.FP8)
 
     @property
     def is_int(self) -> bool:
@@ -61,6 +62,8 @@ class DType(enum.IntEnum):
             raise ValueError(f"unknown dtype {text!r}") from None
 
 
+FP8_MAX = 448.0  # the largest finite e4m3 value: conversions to fp8 saturate there
+
 _NP = {
     DType.NONE: np.dtype(np.uint8),
     DType.INT8: np.dtype(np.int8),
@@ -69,6 +72,7 @@ _NP = {
     DType.FP16: np.dtype(np.float16),
     DType.BF16: np.dtype(ml_dtypes.bfloat16),
     DType.FP32: np.dtype(np.float32),
+    DType.FP8: np.dtype(ml_dtypes.float8_e4m3fn),
 }
 
 

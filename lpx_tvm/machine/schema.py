@@ -92,6 +92,8 @@ class CyclesPerVector(_Section):
     fp16: int = _key("fp16 operands", "cycles", ge=1, le=1024)
     bf16: int = _key("bf16 operands", "cycles", ge=1, le=1024)
     fp32: int = _key("fp32 operands", "cycles", ge=1, le=1024)
+    fp8: "int | None" = _key("fp8 e4m3 operands (absent: the MXM does not multiply fp8)", "cycles", default=None,
+                             ge=1, le=1024)
 
 
 class Mxm(_Section):
@@ -428,7 +430,14 @@ def _property(schema: dict, path: str) -> dict:
     return node
 
 
+def _not_null(node: dict) -> dict:
+    """An optional key's own schema (``anyOf`` it and null)."""
+    branches = [n for n in node.get("anyOf", ()) if n.get("type") != "null"]
+    return branches[0] if len(branches) == 1 else node
+
+
 def _type_text(schema: dict, node: dict) -> str:
+    node = _not_null(node)
     if "$ref" in node:
         return "object"
     if node.get("type") == "array":
@@ -437,6 +446,7 @@ def _type_text(schema: dict, node: dict) -> str:
 
 
 def _range_text(node: dict) -> str:
+    node = _not_null(node)
     parts = []
     low, high = node.get("minimum"), node.get("maximum")
     if low is not None and high is not None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 
 from ..errors import LPXError
-from ..machine.config import MXM_DTYPES
 
 EXTRA = "profile"
 LABELLED = 8  # the layers with the most cycles get their names on the figure
@@ -73,7 +72,7 @@ def save_roofline(profile, path: "str | os.PathLike") -> None:
     points = roofline_points(profile)
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.5), constrained_layout=True)
     peaks = {}
-    for d in MXM_DTYPES:
+    for d in cfg.mxm_cycles_per_vector:
         peaks.setdefault(cfg.peak_macs_per_cycle_for(d), []).append(d)
     xs = [p[i] for p in points for i in (2, 3) if p[i]] or [1.0]
     lo, hi = min(xs) / 4, max(xs) * 4

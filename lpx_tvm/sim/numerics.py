@@ -17,9 +17,10 @@ from __future__ import annotations
 import numpy as np
 from scipy import special
 
-from ..machine.isa import DType
+from ..machine.isa import FP8_MAX, DType
 
 _BF16 = DType.BF16.np
+_FP8 = DType.FP8.np
 _INT_RANGE = {DType.INT8: (-128, 127), DType.UINT8: (0, 255), DType.INT32: (-(2**31), 2**31 - 1)}
 
 
@@ -37,7 +38,23 @@ def _to_bf16(x) -> np.ndarray:
     x = np.asarray(x)
     if x.dtype in (np.float32, DType.BF16.np):
         return x.astype(DType.BF16.np)
-    x = x.astype(np.float64)
+    return _to_bf16_odd_fp32(x.astype(np.float64)).astype(DType.BF16.np)
+
+
+def _to_fp8(x) -> np.ndarray:
+    """Round to fp8 e4m3 once, to nearest even, saturating at +-448 (e4m3 has no inf; NaN
+    stays NaN). fp16, bf16 and fp32 values are exact in fp32, so one rounding from there
+    is the correct one; fp64 first goes to fp32 "to odd", as for bf16."""
+    x = np.asarray(x)
+    if x.dtype == np.float64 or x.dtype.kind in "iu":
+        x = _to_bf16_odd_fp32(x.astype(np.float64))
+    x = x.astype(np.float32, copy=False)
+    with np.errstate(invalid="ignore"):
+        return np.clip(x, -FP8_MAX, FP8_MAX).astype(_FP8)
+
+
+def _to_bf16_odd_fp32(x: np.ndarray) -> np.ndarray:
+    """fp64 -> fp32 rounded to odd (so that a later rounding to fewer bits is exact)."""
     with np.errstate(over="ignore", invalid="ignore"):
         f = x.astype(np.float32)
         f64 = f.astype(np.float64)
@@ -45,18 +62,20 @@ def _to_bf16(x) -> np.ndarray:
         if inexact.any():
             toward_zero = np.where(np.abs(f64) > np.abs(x), np.nextafter(f, np.float32(0)), f)
             f = np.where(inexact, (toward_zero.view(np.uint32) | 1).view(np.float32), f)
-    return f.astype(DType.BF16.np)
+    return f
 
 
 def to_dtype(x: np.ndarray, dtype: DType) -> np.ndarray:
-    """Convert with LPX rules (round once to nearest even, saturate for ints)."""
+    """Convert with LPX rules (round once to nearest even, saturate for ints and fp8)."""
     if dtype is DType.BF16:
         return _to_bf16(x)
+    if dtype is DType.FP8:
+        return _to_fp8(x)
     if dtype.is_float:
         return np.asarray(x).astype(dtype.np)
     lo, hi = _INT_RANGE[dtype]
     x = np.asarray(x)
-    if x.dtype.kind == "f" or x.dtype == np.dtype("bfloat16") or x.dtype.kind == "V":
+    if x.dtype.kind == "f" or x.dtype in (_BF16, _FP8) or x.dtype.kind == "V":
         x = np.nan_to_num(np.rint(x.astype(np.float64)), nan=0.0)
         return np.clip(x, lo, hi).astype(dtype.np)
     return np.clip(x.astype(np.int64), lo, hi).astype(dtype.np)
@@ -64,10 +83,10 @@ def to_dtype(x: np.ndarray, dtype: DType) -> np.ndarray:
 
 def convert(x: np.ndarray, dtype: DType) -> np.ndarray:
     """vxm.cvt: ``x`` (a tile of any LPX dtype) to ``dtype``, rounded once."""
-    if x.dtype.kind == "f" or x.dtype == _BF16:
-        # fp16, bf16 and fp32 values are exact in fp32 (to_dtype rounds fp64 to bf16 in
-        # two steps, and fp32 to bf16 in one).
-        if dtype is DType.BF16 or dtype.is_int:
+    if x.dtype.kind == "f" or x.dtype in (_BF16, _FP8):
+        # fp8, fp16, bf16 and fp32 values are exact in fp32 (to_dtype rounds fp64 to bf16
+        # or fp8 in two steps, and fp32 in one).
+        if dtype in (DType.BF16, DType.FP8) or dtype.is_int:
             return to_dtype(x.astype(np.float32, copy=False), dtype)
         return x.astype(dtype.np)
     return to_dtype(x, dtype)
@@ -102,7 +121,7 @@ def binary(op: str, a: np.ndarray, b, dtype: DType) -> np.ndarray:
     fn = _BINARY[op]
     if dtype.is_float:
         r = fn(a, b, dtype=np.float32)  # the ufunc converts fp16/bf16 operands to fp32 as it goes
-        return r if dtype is DType.FP32 else r.astype(dtype.np)
+        return r if dtype is DType.FP32 else to_dtype(r, dtype) if dtype is DType.FP8 else r.astype(dtype.np)
     bb = b.astype(np.int64) if isinstance(b, np.ndarray) else np.int64(b)
     return _int_result(fn(a.astype(np.int64), bb), dtype)
 
@@ -157,7 +176,8 @@ def reduce(op: str, a: np.ndarray, width: int, dtype: DType) -> np.ndarray:
         r = np.ascontiguousarray(part, dtype=np.float32).sum(axis=1, dtype=np.float32)
     else:
         r = part.astype(np.int64).sum(axis=1)
-    r = r.astype(dtype.np) if dtype.is_float or op == "vxm.reduce_max" else _int_result(r, dtype)
+    r = to_dtype(r, dtype) if dtype is DType.FP8 else \
+        r.astype(dtype.np) if dtype.is_float or op == "vxm.reduce_max" else _int_result(r, dtype)
     return np.repeat(r[:, None], a.shape[1], axis=1)
 
 

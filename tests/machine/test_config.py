@@ -32,7 +32,8 @@ def test_presets_load(name):
     assert load_config(name) is cfg  # cached
     assert load_config(cfg) is cfg
     assert set(cfg.latency) == set(LATENCY_FIELDS)
-    assert set(cfg.mxm_cycles_per_vector) == set(MXM_DTYPES)
+    fp8 = {"fp8"} if name == "lp30" else set()  # the only optional rate: LP30's native format
+    assert set(cfg.mxm_cycles_per_vector) == set(MXM_DTYPES) - {"fp8"} | fp8
     assert cfg.floorplan.count("MEM") == cfg.mem_slices
     assert cfg.floorplan.count("MXM") == cfg.mxm_planes
     assert cfg.to_json() == preset_json(name)
@@ -88,7 +89,7 @@ def test_lp30_derived_numbers():
 PRESET_HASHES = {
     "tsp": "5528535ca84e64ec714afd1e8c0da2be",
     "mini": "b97e358750dcc8a5ce22cf32dc358f41",  # 32 streams each way (byte-plane groups)
-    "lp30": "484b1138b86c08dac052cdbcb6fe5d44",
+    "lp30": "9c69500ec06f4acc59794459933376c6",  # fp8 rate
 }
 
 
@@ -192,7 +193,9 @@ INVALID = [
     # (path, value or "DELETE", the exact one-line message after "cfg: ")
     (("clock_hzz",), 9e8, "unknown key 'clock_hzz' (did you mean 'clock_hz'?)"),
     (("mxm", "planez"), 2, "unknown key 'mxm.planez' (did you mean 'mxm.planes'?)"),
-    (("mxm", "cycles_per_vector", "fp8"), 1, "unknown key 'mxm.cycles_per_vector.fp8'"),
+    (("mxm", "cycles_per_vector", "fp4"), 1,
+     "unknown key 'mxm.cycles_per_vector.fp4' (did you mean 'mxm.cycles_per_vector.fp8'?)"),
+    (("mxm", "cycles_per_vector", "fp8"), 0, "key 'mxm.cycles_per_vector.fp8': must be >= 1, got 0"),
     (("latency", "mem_raed"), 2, "unknown key 'latency.mem_raed' (did you mean 'latency.mem_read'?)"),
     (("zzz",), 1, "unknown key 'zzz'"),
     (("lanes",), "DELETE", "missing key 'lanes'"),
@@ -379,8 +382,8 @@ def test_docs_table_has_a_row_for_every_key():
     table = machine_schema_markdown()
     for path in _leaf_paths(MachineFile):
         assert f"| `{path}` |" in table, path
-    # and the tsp preset (which has every key) has no key the table lacks
-    assert set(_json_paths(preset_json("tsp"))) == set(_leaf_paths(MachineFile))
+    # and the lp30 preset (which has every key, the optional fp8 rate too) has no key the table lacks
+    assert set(_json_paths(preset_json("lp30"))) == set(_leaf_paths(MachineFile))
 
 
 def test_docs_table_rows():

@@ -319,7 +319,7 @@ def test_dma_partial_overwrite_of_host_init():
 # MXM
 # =============================================================================
 
-ACC = {"int8": "int32", "uint8": "int32", "fp16": "fp32", "bf16": "fp32", "fp32": "fp32"}
+ACC = {"int8": "int32", "uint8": "int32", "fp8": "fp32", "fp16": "fp32", "bf16": "fp32", "fp32": "fp32"}
 
 
 def mxm_program(x, wts, act_dt, w_dt, *, width, plane=0, preset="mini", k_rows=None):

@@ -33,12 +33,13 @@ def operand_problems(cfg, program, ins) -> list:
             problems.append(f"installs rows {ins.addr}..{ins.addr + ins.count - 1} but a plane has {cfg.mxm_rows}")
         if not 1 <= ins.aux0 <= cfg.mxm_cols:
             problems.append(f"width {ins.aux0} out of range 1..{cfg.mxm_cols}")
-        if ins.dtype.short in MXM_DTYPES and not 0 <= ins.aux1 < tm.install_lanes(cfg, ins.dtype):
+        if ins.dtype.short in cfg.mxm_cycles_per_vector and not 0 <= ins.aux1 < tm.install_lanes(cfg, ins.dtype):
             problems.append(f"install lane {ins.aux1} out of range 0..{tm.install_lanes(cfg, ins.dtype) - 1} "
                             f"({cfg.mxm_install_streams} install streams, {ins.dtype.itemsize} per "
                             f"{ins.dtype.short} row)")
-    if op != "mxm.drain" and ins.dtype.short not in MXM_DTYPES:
-        problems.append(f"the MXM does not multiply {ins.dtype.short}")
+    if op != "mxm.drain" and ins.dtype.short not in cfg.mxm_cycles_per_vector:
+        problems.append(f"the MXM does not multiply {ins.dtype.short}" + (
+            f" on {cfg.name} (mxm.cycles_per_vector has no {ins.dtype.short})" if ins.dtype.short in MXM_DTYPES else ""))
     if op == "mxm.drain" and ins.dtype not in (DType.INT32, DType.FP32):
         problems.append(f"accumulators drain as int32 or fp32, not {ins.dtype.short}")
     return problems
