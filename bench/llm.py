@@ -14,8 +14,8 @@ For each machine (``tsp``, then ``lp30``):
 - ``sim_over_torch``: the simulator's wall time for one decode step against the same
   step in torch on this CPU (median of 5), the simulator's own speed.
 
-Each machine runs its own precision (``--precision tsp=int8 lp30=fp16`` by default:
-tsp's 8-bit path is int8 W8A8, docs/llm.md; lp30's fp8 is to come) on a model sized to
+Each machine runs its own precision (``--precision tsp=int8 lp30=fp8`` by default: each
+one's 8-bit W8A8 path, docs/llm.md: int8 on tsp, fp8 e4m3 on lp30) on a model sized to
 fit one chip at that precision. The last line printed is JSON with
 ``ttft_cycles``, ``decode_cycles_per_token``, ``decode_floor_cycles``,
 ``tokens_per_s_per_user`` for the tsp case at batch 1 and the same keys prefixed
@@ -39,7 +39,8 @@ from lpx_tvm.llm import DoesNotFit
 
 # Llama-architecture configs sized to one chip (weights + KV cache + working space within
 # the 90% weight budget), by the bytes of a weight: at 16 bits about 60M parameters on
-# tsp (220 MiB of SRAM) and about 150M on lp30 (500 MB); at 8 bits about 110M on tsp.
+# tsp (220 MiB of SRAM) and about 150M on lp30 (500 MB); at 8 bits about 110M on tsp and
+# 370M on lp30 (its program also holds RoPE's rotated copies of q and k: 42 MB more).
 # Head dim 64, untied embeddings.
 MODELS = {
     ("tsp", 2): dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=12,
@@ -48,8 +49,10 @@ MODELS = {
                      num_key_value_heads=4, vocab_size=8192),
     ("lp30", 2): dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
                       num_key_value_heads=4, vocab_size=8192),
+    ("lp30", 1): dict(hidden_size=2048, intermediate_size=5120, num_hidden_layers=8, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=8192),
 }
-WEIGHT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
+WEIGHT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "fp8": 1}
 
 
 def config(preset: str, precision: str, context: int, small: bool) -> transformers.LlamaConfig:
@@ -151,8 +154,8 @@ def plot(rows: list, path: str, title: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--precision", nargs="+", default=["tsp=int8", "lp30=fp16"],
-                   help="PRESET=PRECISION for each machine (fp32, fp16, bf16, int8)")
+    p.add_argument("--precision", nargs="+", default=["tsp=int8", "lp30=fp8"],
+                   help="PRESET=PRECISION for each machine (fp32, fp16, bf16, int8, fp8)")
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=4)

@@ -725,9 +725,10 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
                    help="positions the KV cache holds (default: prompt + new tokens)")
     p.add_argument("--batch", type=int, default=1, help="sequences decoded together (the prompt repeated)")
     p.add_argument("--preset", default="tsp")
-    p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "int8"],
-                   help="fp16 by default; int8: W8A8 dense layers (activation scales calibrated on a seeded "
-                        "random prompt), the rest fp16")
+    p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "int8", "fp8"],
+                   help="fp16 by default; int8 / fp8: W8A8 dense layers in int8 or fp8 e4m3 (activation scales "
+                        "calibrated on a seeded random prompt), the rest fp16; fp8 needs an MXM with an fp8 "
+                        "rate (--preset lp30)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompt")
     p.add_argument("--report", help="JSON file to write the report to")
 

@@ -19,11 +19,12 @@ greedy argmax runs on chip.
 The steps are checked against the model itself: their greedy loop (:func:`generate`)
 must give ``model.generate(do_sample=False)``'s tokens (tests/frontends/test_decoders.py).
 
-With an :class:`Int8Linears` the dense layers are W8A8: each layer's input is quantized
-by a static per-tensor scale (:func:`calibrate`) to int8 values, multiplied by int8
-weights (one scale per output channel) in exact integer sums, and scaled back to float
-(``lpx.act_quant`` and ``lpx.qlinear`` on LPX). The same module run by torch is the
-reference of the int8 path.
+With :class:`QuantizedLinears` the dense layers are W8A8, in int8 or fp8 e4m3: each
+layer's input is quantized by a static per-tensor scale (:func:`calibrate`) to 8-bit
+values, multiplied by 8-bit weights (one scale per output channel) — int8 in exact
+integer sums, fp8 in fp32 sums of exact products — and scaled back to float
+(``lpx.act_quant`` / ``lpx.fp8_quant`` and ``lpx.qlinear`` on LPX). The same module run
+by torch is the reference of the 8-bit paths.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..machine.isa import FP8_MAX
 from ..relax_passes.errors import ModelError
 
 # Families with the Llama layer: RMSNorm, RoPE, grouped-query attention, a SwiGLU MLP.
@@ -131,27 +133,43 @@ LAYER_DENSE = {"q": "attn", "k": "attn", "v": "attn", "q_rot": "attn", "k_rot": 
                "up": "mlp", "fc": "mlp", "down": "down"}
 
 
+# The largest magnitude of each 8-bit format: a scale maps a calibrated peak there.
+FORMAT_MAX = {"int8": 127.0, "fp8": FP8_MAX}
+
+
 @dataclass(frozen=True)
-class Int8Linears:
-    """W8A8 for a decoder's dense layers: ``act_scales`` maps each input site
-    (``"{layer}.attn"``, ``"{layer}.o"``, ``"{layer}.mlp"``, ``"{layer}.down"``, ``"head"``)
-    to its static scale ``s_x`` (activations become ``clip(round(x / s_x), -128, 127)``);
-    the weights' scales are per output channel, ``max |w[c, :]| / 127``."""
+class QuantizedLinears:
+    """W8A8 for a decoder's dense layers in ``fmt`` (``int8`` or ``fp8``, e4m3):
+    ``act_scales`` maps each input site (``"{layer}.attn"``, ``"{layer}.o"``,
+    ``"{layer}.mlp"``, ``"{layer}.down"``, ``"head"``) to its static scale ``s_x``
+    (activations become ``clip(round(x / s_x), -128, 127)`` in int8, the fp8 value of
+    ``clip(x / s_x, -448, 448)`` in fp8); the weights' scales are per output channel,
+    ``max |w[c, :]| / FORMAT_MAX[fmt]``."""
 
     act_scales: dict
+    fmt: str = "int8"
+
+    def __post_init__(self):
+        if self.fmt not in FORMAT_MAX:
+            raise ModelError(f"8-bit format {self.fmt!r}: expected one of {', '.join(FORMAT_MAX)}")
 
     def inverse(self, site: str) -> float:
         """``1 / s_x`` of a site, as the fp32 immediate the VXM multiplies by."""
         return float(np.float32(1.0 / self.act_scales[site]))
 
 
-def quantize_weight(w):
-    """(int32 [K, N] of int8 values, fp32 scales [N]) of a (N, K) weight, symmetric per
-    output channel (so a negated row quantizes to the negated values: RoPE's rotated
-    copies stay exact)."""
+def quantize_weight(w, fmt: str = "int8"):
+    """(8-bit values [K, N], fp32 scales [N]) of a (N, K) weight, symmetric per output
+    channel (so a negated row quantizes to the negated values: RoPE's rotated copies stay
+    exact). The values are int8 ones as int32, or fp8 e4m3 ones as float32 (what the
+    Relax graph carries: the MXM stores and multiplies them at 8 bits)."""
     torch = _torch()
     w = w.detach().float()
-    scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+    top = FORMAT_MAX[fmt]
+    scale = w.abs().amax(dim=1).clamp_min(1e-12) / top
+    if fmt == "fp8":
+        q = torch.clamp(w / scale[:, None], -top, top).to(torch.float8_e4m3fn).to(torch.float32)
+        return q.T.contiguous(), scale
     q = torch.clamp(torch.round(w / scale[:, None]), -127, 127)
     return q.to(torch.int32).T.contiguous(), scale
 
@@ -163,12 +181,12 @@ def _torch():
 
 
 def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = True,
-                 quant: "Int8Linears | None" = None, record: "dict | None" = None):
+                 quant: "QuantizedLinears | None" = None, record: "dict | None" = None):
     """The step of ``steps`` tokens (the prompt length for prefill, 1 for decode) of
     ``model``, a torch module with the weights of ``model`` as constants. Without
     ``embed_in_step`` its first input is the tokens' embedding rows ``[B*T, H]`` (looked
     up by the caller: a table too large to gather from on chip) instead of their ids.
-    ``quant``: its dense layers W8A8. ``record``: a dict that every run of the (float)
+    ``quant``: its dense layers W8A8 (int8 or fp8). ``record``: a dict that every run of the (float)
     step updates with the largest magnitude seen at each input site (:func:`calibrate`)."""
     torch = _torch()
     if not 1 <= steps <= spec.max_context:
@@ -212,13 +230,13 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
                     self.register_buffer(key, weights[key])
             self.quant, self.record = quant, record
             if quant is not None:
-                # Each dense layer's int8 values ([K, N], as int32) and s_x * s_w per channel.
+                # Each dense layer's 8-bit values ([K, N]) and s_x * s_w per channel.
                 buffers = dict(self.named_buffers())
                 dense = [(f"layer{i}_{key}", f"{i}.{site}") for i in range(len(self.layers))
                          for key, site in LAYER_DENSE.items() if f"layer{i}_{key}" in buffers]
                 for name, site in dense + [("lm_head", "head")]:
-                    q, s_w = quantize_weight(getattr(self, name))
-                    self.register_buffer(f"{name}_int8", q)
+                    q, s_w = quantize_weight(getattr(self, name), quant.fmt)
+                    self.register_buffer(f"{name}_q", q)
                     self.register_buffer(f"{name}_scale", (s_w * quant.act_scales[site]).float())
             self.eps = weights["eps"]
             dtype = weights["embed"].dtype
@@ -310,19 +328,23 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
             return (next_ids, logits, *new_caches)
 
         def dense_input(self, x, site: str):
-            """The input of the dense layers at ``site``: ``x``, or (W8A8) its int8 values."""
+            """The input of the dense layers at ``site``: ``x``, or (W8A8) its 8-bit values."""
             if self.record is not None:
                 self.record[site] = max(self.record.get(site, 0.0), float(x.detach().abs().max()))
             if self.quant is None:
                 return x
+            if self.quant.fmt == "fp8":
+                return torch.clamp(x * self.quant.inverse(site), -FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
             return torch.clamp(torch.round(x * self.quant.inverse(site)), -128, 127).to(torch.int8)
 
         def dense(self, x_in, name: str, bias):
             """A dense layer (weights ``name``, (N, K)) of ``dense_input``'s value: in
-            float, or the int8 values' exact integer sums scaled by s_x * s_w."""
+            float, or the 8-bit values' sums (exact integer ones for int8, fp32 ones for
+            fp8) scaled by s_x * s_w."""
             if self.quant is None:
                 return _linear(x_in, getattr(self, name), bias)
-            y = (x_in.to(torch.int32) @ getattr(self, f"{name}_int8")).to(torch.float32) * getattr(self, f"{name}_scale")
+            wide = torch.float32 if self.quant.fmt == "fp8" else torch.int32
+            y = (x_in.to(wide) @ getattr(self, f"{name}_q")).to(torch.float32) * getattr(self, f"{name}_scale")
             return y if bias is None else y + bias
 
     return DecoderStep().eval()
@@ -400,7 +422,7 @@ def _rotated(w, b, heads: int, dim: int):
     return rot(w).contiguous(), None if b is None else rot(b).contiguous()
 
 
-def decoder_steps(model, max_context: int, prompt_len: int, batch: int = 1, quant: "Int8Linears | None" = None):
+def decoder_steps(model, max_context: int, prompt_len: int, batch: int = 1, quant: "QuantizedLinears | None" = None):
     """``(prefill, decode, spec)``: the step of ``prompt_len`` tokens and the step of one."""
     spec = spec_of(model, max_context, batch)
     if prompt_len >= max_context:
@@ -408,17 +430,19 @@ def decoder_steps(model, max_context: int, prompt_len: int, batch: int = 1, quan
     return decoder_step(model, spec, prompt_len, quant=quant), decoder_step(model, spec, 1, quant=quant), spec
 
 
-def calibrate(model, spec: DecoderSpec, input_ids, new_tokens: int = 8) -> Int8Linears:
-    """Static activation scales for W8A8: the float steps generate ``new_tokens`` after
-    ``input_ids`` ([B, P] token ids), and each site's scale is the largest magnitude its
-    inputs reached, over 127 (values beyond a calibrated range saturate)."""
+def calibrate(model, spec: DecoderSpec, input_ids, new_tokens: int = 8, fmt: str = "int8") -> QuantizedLinears:
+    """Static activation scales for W8A8 in ``fmt``: the float steps generate
+    ``new_tokens`` after ``input_ids`` ([B, P] token ids), and each site's scale is the
+    largest magnitude its inputs reached, over the format's largest value (127, or 448
+    for fp8; values beyond a calibrated range saturate)."""
     torch = _torch()
     ids = torch.as_tensor(input_ids).to(torch.int32)
     record = {}
     prefill = decoder_step(model, spec, ids.shape[1], record=record)
     decode = decoder_step(model, spec, 1, record=record)
     generate(prefill, decode, spec, ids, min(new_tokens, spec.max_context - ids.shape[1] + 1))
-    return Int8Linears({site: (peak if peak > 0 else 1.0) / 127.0 for site, peak in sorted(record.items())})
+    top = FORMAT_MAX[fmt]
+    return QuantizedLinears({site: (peak if peak > 0 else 1.0) / top for site, peak in sorted(record.items())}, fmt)
 
 
 def example_inputs(spec: DecoderSpec, steps: int, dtype=None, embed_in_step: bool = True) -> tuple:

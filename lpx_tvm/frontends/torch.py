@@ -243,9 +243,23 @@ def _static_shape(expr):
         return None
 
 
-# Converters for aten ops whose TVM conversion differs from torch's semantics.
+def _to_copy(node, importer):
+    """``aten._to_copy`` to a dtype, ``float8_e4m3fn`` included (TVM's converter has no
+    fp8; Relax has: the W8A8 fp8 decoders quantize their activations with it)."""
+    import torch
+    from tvm import relax
+
+    dtype = node.kwargs.get("dtype")
+    if dtype is None and len(node.args) == 2 and isinstance(node.args[1], torch.dtype):
+        dtype = node.args[1]
+    if dtype is not torch.float8_e4m3fn:
+        return importer._to_copy(node)
+    return importer.block_builder.emit(relax.op.astype(importer.env[node.args[0]], "float8_e4m3fn"))
+
+
+# Converters for aten ops whose TVM conversion differs from torch's semantics (or is missing).
 CONVERT_MAP = {"cumsum.default": _cumsum, "cat.default": _cat, "concat.default": _cat,
-               "upsample_nearest2d.vec": _upsample_nearest2d, "select.int": _select}
+               "upsample_nearest2d.vec": _upsample_nearest2d, "select.int": _select, "_to_copy.default": _to_copy}
 
 
 def _example_tuple(torch, example_inputs, name):

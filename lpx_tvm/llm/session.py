@@ -30,12 +30,14 @@ from ..sim import Simulator
 from ..target.builder import SharedSram, chunk_lines
 from ..target.codegen.options import codegen_options
 
-# The precisions a decoder compiles at: float, or int8 (W8A8 dense layers, the rest fp16).
-PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+# The precisions a decoder compiles at: float, or an 8-bit path (W8A8 dense layers in
+# int8, or in fp8 e4m3 on a machine whose MXM multiplies fp8; the rest fp16).
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
+EIGHT_BIT = ("int8", "fp8")
 # The float precision of what an 8-bit path leaves in float (norms, RoPE, attention, the
 # KV cache, the embedding table).
-FLOAT_OF = {"int8": "fp16"}
-# Tokens the float model generates to calibrate the int8 path's activation scales, after
+FLOAT_OF = {"int8": "fp16", "fp8": "fp16"}
+# Tokens the float model generates to calibrate an 8-bit path's activation scales, after
 # a prompt of random ids (seeded).
 CALIBRATION_PROMPT, CALIBRATION_TOKENS = 16, 8
 
@@ -111,9 +113,10 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
         Llama, Qwen2, Mistral or GPT-2; a config gets random weights (``seed``).
     preset : str or LPXConfig
     precision : str
-        ``fp32``, ``fp16``, ``bf16``, or ``int8``: the dense layers W8A8 (int8 weights
-        with per-channel scales, activations quantized on the VXM by static per-tensor
-        scales), everything else in fp16 (docs/llm.md).
+        ``fp32``, ``fp16``, ``bf16``; or ``int8`` / ``fp8``: the dense layers W8A8 in
+        int8 or fp8 e4m3 (8-bit weights with per-channel scales, activations quantized
+        on the VXM by static per-tensor scales), everything else in fp16 (docs/llm.md).
+        fp8 needs a machine whose MXM multiplies it (``lp30``).
     max_context : int
         Positions the KV cache holds (prompt and generated tokens).
     batch : int
@@ -122,29 +125,32 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
         Compile the prefill step of this prompt length now (else at the first
         :meth:`LLMSession.generate` of each length).
     calibration_ids : array of token ids [batch, P], optional
-        ``int8``: the prompt whose float generation sets the activation scales (default:
-        random ids, seeded).
+        ``int8`` / ``fp8``: the prompt whose float generation sets the activation
+        scales (default: random ids, seeded).
 
     Returns
     -------
     LLMSession
     """
-    Precision.parse(precision)
-    if str(precision) not in PRECISIONS:
-        raise LPXError(f"precision {precision}: decoder LLMs compile at {', '.join(PRECISIONS)}")
+    precision = str(precision)
+    if precision not in PRECISIONS:
+        raise LPXError(f"precision {precision!r}: decoder LLMs compile at {', '.join(PRECISIONS)}")
     cfg = preset if isinstance(preset, LPXConfig) else load_config(preset)
+    if precision not in cfg.mxm_cycles_per_vector:
+        raise LPXError(f"precision {precision}: the MXM of {cfg.name} does not multiply {precision} "
+                       f"(its rates: {', '.join(cfg.mxm_cycles_per_vector)}); fp8 runs on lp30")
     model = load_decoder(model_or_config, seed)
     spec = decoders.spec_of(model, max_context, batch)
     quant = None
-    if str(precision) == "int8":
+    if precision in EIGHT_BIT:
         problem = fit_problem(spec, cfg, str(precision), matrix_parameters(model))
         if problem:  # before calibrating
             raise DoesNotFit(problem)
         if calibration_ids is None:
             prompt = min(CALIBRATION_PROMPT, max_context - 1)
             calibration_ids = np.random.default_rng(seed).integers(0, spec.vocab, (batch, prompt))
-        quant = decoders.calibrate(model, spec, calibration_ids, CALIBRATION_TOKENS)
-    session = LLMSession(model, spec, cfg, str(precision), quant)
+        quant = decoders.calibrate(model, spec, calibration_ids, CALIBRATION_TOKENS, precision)
+    session = LLMSession(model, spec, cfg, precision, quant)
     if prompt_len is not None:
         session.prefill_step(prompt_len)
     return session
@@ -169,10 +175,15 @@ def float_bytes(precision: str) -> int:
     return Precision.parse(FLOAT_OF.get(precision, precision)).value_bytes
 
 
+def matrix_value_bytes(precision: str) -> int:
+    """Bytes of a dense layer's weight value at ``precision`` (one for the 8-bit paths)."""
+    return 1 if precision in EIGHT_BIT else Precision.parse(precision).value_bytes
+
+
 def weight_bytes(spec: decoders.DecoderSpec, precision: str, matrices: int) -> int:
     """Bytes of the weights: ``matrices`` values the MXM multiplies by at the precision's
     size, the rest (tables, norms) at its float size."""
-    return matrices * Precision.parse(precision).value_bytes + (spec.parameters - matrices) * float_bytes(precision)
+    return matrices * matrix_value_bytes(precision) + (spec.parameters - matrices) * float_bytes(precision)
 
 
 def cache_bytes_as_stored(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> int:
@@ -211,18 +222,20 @@ class LLMSession:
     """
 
     def __init__(self, model, spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str,
-                 quantization: "decoders.Int8Linears | None" = None, float_precision: "str | None" = None):
+                 quantization: "decoders.QuantizedLinears | None" = None, float_precision: "str | None" = None):
         self.matrix_parameters = matrix_parameters(model)
         problem = fit_problem(spec, cfg, precision, self.matrix_parameters)
         if problem:
             raise DoesNotFit(problem)
-        if (precision == "int8") != (quantization is not None):
-            raise LPXError(f"precision {precision} with{'out' if quantization is None else ''} activation scales")
+        if (precision in EIGHT_BIT) != (quantization is not None) or \
+                (quantization is not None and quantization.fmt != precision):
+            raise LPXError(f"precision {precision} with {'no' if quantization is None else quantization.fmt} "
+                           "activation scales")
         self.model, self.spec, self.config, self.precision = model, spec, cfg, precision
-        # int8: the steps' dense layers are W8A8 with these scales (the torch steps built
-        # with them are the reference); the rest compiles at the float precision.
+        # int8 / fp8: the steps' dense layers are W8A8 with these scales (the torch steps
+        # built with them are the reference); the rest compiles at the float precision.
         self.quantization = quantization
-        # ``float_precision`` overrides it (fp32 around int8 layers: the int8 arithmetic
+        # ``float_precision`` overrides it (fp32 around 8-bit layers: the 8-bit arithmetic
         # alone against its torch reference, tests/llm).
         self.float_precision = float_precision or FLOAT_OF.get(precision, precision)
         # The embedding is gathered on chip when a lane tile of its table fits one slice
@@ -402,14 +415,14 @@ def llm_report(session: LLMSession) -> dict:
     # The model's matrices, each installed once per token: what no schedule avoids. The
     # program may install more (rotated copies of q and k for RoPE, the caches' keys and
     # values): that shows in its own install floor.
-    matrix_bytes = session.matrix_parameters * Precision.parse(session.precision).value_bytes
+    matrix_bytes = session.matrix_parameters * matrix_value_bytes(session.precision)
     install_bw = cfg.mxm_planes * cfg.mxm_install_streams * cfg.lanes  # bytes a cycle, all planes
     read_bw = cfg.mem_slices * cfg.mem_read_ports * cfg.lanes
     floor_install = matrix_bytes / install_bw
     floor_kv = kv_values_bytes / read_bw
     floor_kind, floor = max((("install", floor_install), ("kv_read", floor_kv)), key=lambda kv: kv[1])
     own = floors_of(cfg, prog.instrs)
-    peak = cfg.peak_macs_per_cycle_for(session.precision)  # int8: the MXM's int8 rate
+    peak = cfg.peak_macs_per_cycle_for(session.precision)  # int8 / fp8: the MXM's 8-bit rate
     macs = dec.region.macs
     per_user = cfg.clock_hz / decode_cycles
     last = session._last
@@ -438,8 +451,9 @@ def llm_report(session: LLMSession) -> dict:
                      f"host (a table of {spec.vocab} rows: a lane tile does not fit one slice of "
                      f"{cfg.lines_per_slice} lines; the rows are sent in place of the ids)",
                      sampling="lpx (argmax)", kv_cache="lpx SRAM, kept across runs",
-                     dense_layers="int8 W8A8 (activations quantized on the VXM by static per-tensor scales, "
-                     "weights per output channel), the rest fp16" if session.quantization else session.precision),
+                     dense_layers=f"{session.precision} W8A8 (activations quantized on the VXM by static "
+                     "per-tensor scales, weights per output channel), the rest "
+                     f"{session.float_precision}" if session.quantization else session.precision),
         sim_wall_s=last.get("sim_wall_s"),
     )
     return report

@@ -26,9 +26,10 @@ from ._binding_rewrite import (
 __all__ = ["FoldScaleShift", "affine_step", "users_of"]
 
 
-def _foldable_producer(value):
+def _foldable_producer(value, value_of):
     """(weight array, channel axis, channel count, output rank) if ``value`` is a conv2d
-    or dense whose output channels can absorb a per-channel scale, else None."""
+    or dense whose output channels can absorb a per-channel scale, else None
+    (``value_of``: each variable's bound value)."""
     if op_is(value, "relax.nn.conv2d"):
         attrs = value.attrs
         layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout or attrs.data_layout)
@@ -39,6 +40,9 @@ def _foldable_producer(value):
         data_shape = static_shape(value.args[0])
         if data_shape is None or len(data_shape) < 2:
             return None
+        data = value_of.get(value.args[0])
+        if op_is(data, "relax.astype") and data.args[0].ty.dtype == "float8_e4m3fn":
+            return None  # an fp8 dense layer: its weights hold fp8 values, a scale folded in would not
         axis = -1
     else:
         return None
@@ -136,7 +140,7 @@ def _plan_scale_shift(func):
     for var, value in ordered:
         if var in drop:
             continue
-        producer = _foldable_producer(value)
+        producer = _foldable_producer(value, value_of)
         if producer is None:
             continue
         weight, axis, channels, out_rank = producer

@@ -53,9 +53,12 @@ composites                              keys
 ``lpx.act_quant``                       ``input`` (float), ``scale`` (the ``multiply`` by
                                         ``1 / s_x``), ``clip`` (to [-128, 127]),
                                         ``root`` (the ``astype`` to int8)
-``lpx.qlinear[_bias]``                  ``input`` (int8), ``widen`` (its ``astype`` to
-                                        int32), ``weight`` (constant int32 (K, N) in the
-                                        int8 range), ``root`` (the ``matmul``), ``scale`` (the
+``lpx.fp8_quant``                       the same without ``round``: ``clip`` to [-448, 448],
+                                        ``root`` the ``astype`` to float8_e4m3fn
+``lpx.qlinear[_bias]``                  ``input`` (int8 or fp8), ``widen`` (its ``astype`` to
+                                        int32 / float32), ``weight`` (constant (K, N): int32
+                                        in the int8 range, or float32 of fp8 values),
+                                        ``root`` (the ``matmul``), ``scale`` (the
                                         ``multiply`` by ``s_x * s_w``), ``bias``,
                                         ``bias_add``
 =====================================  =================================================
@@ -65,11 +68,14 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.backend.pattern_registry import register_patterns
 from tvm.relax.dpl.pattern import is_const as const_pattern, is_op, is_tuple, wildcard
 
+from ..machine.isa import FP8_MAX
 from ..precision import Precision
 from ..target.codegen.rules import (
     activation_row_problem,
@@ -377,6 +383,10 @@ def _index_put_rule(a, settings):
 
 def _astype_rule(a, settings):
     op, data = a["root"], a["input"]
+    if "float8_e4m3fn" in (getattr(data.ty, "dtype", None), op.ty.dtype):
+        return _fp8_problem(op, settings) or (op, (
+            "an fp8 conversion outside an fp8 dense layer: LPX quantizes to fp8 by clip(x * (1 / s), -448, 448) "
+            "(lpx.fp8_quant) for lpx.qlinear, which widens it"))
     if is_const(data) or not isinstance(data.ty, relax.TensorType) or data.ty.dtype != "int32" or \
             op.ty.dtype not in SUPPORTED_DTYPES:
         return op, (f"astype of {getattr(data.ty, 'dtype', data.ty)} to {op.ty.dtype}: LPX converts int32 "
@@ -393,10 +403,23 @@ def _act_quant_rule(a, settings):
         return found
     if scalar_value(a["inv"]) is None:
         return a["scale"], "the quantization scale is not one constant: LPX quantizes by a static per-tensor scale"
+    if "round" not in a and op.ty.dtype == "float8_e4m3fn":  # lpx.fp8_quant
+        if clip_bounds(a["clip"]) != (-FP8_MAX, FP8_MAX):
+            return a["clip"], f"clipped to {clip_bounds(a['clip'])}: LPX quantizes to fp8 e4m3 in [-448, 448]"
+        return _fp8_problem(op, settings)
+    if "round" not in a:
+        return op, f"quantized as {op.ty.dtype} without rounding: LPX's 8-bit dense layers take int8 or fp8 e4m3"
     if clip_bounds(a["clip"]) != (-128.0, 127.0):
         return a["clip"], f"clipped to {clip_bounds(a['clip'])}: LPX quantizes activations to int8 [-128, 127]"
     if op.ty.dtype != "int8":
         return op, f"quantized as {op.ty.dtype}: LPX's int8 dense layers take int8 values"
+    return None
+
+
+def _fp8_problem(op, settings):
+    """Why fp8 cannot run on the build's machine (its MXM has no fp8 rate), or None."""
+    if "fp8" not in settings.config.mxm_cycles_per_vector:
+        return op, f"fp8 e4m3: the MXM of {settings.config.name} does not multiply fp8 (lp30 does)"
     return None
 
 
@@ -405,14 +428,24 @@ def _qlinear_rule(a, settings):
     if settings.precision == Precision.INT8:
         return op, "an int8 build: its dense layers are the model's QDQ ones"
     widened = a["widen"].ty.dtype
-    if data.ty.dtype != "int8" or widened != "int32" or weight.ty.dtype != "int32":
-        return op, (f"a matmul of {data.ty.dtype} (as {widened}) by {weight.ty.dtype}: LPX's int8 dense takes int8 "
-                    "values widened to int32, and an int32 weight of int8 values")
+    fp8 = data.ty.dtype == "float8_e4m3fn"
+    if (data.ty.dtype, widened, weight.ty.dtype) not in (("int8", "int32", "int32"),
+                                                         ("float8_e4m3fn", "float32", "float32")):
+        return op, (f"a matmul of {data.ty.dtype} (as {widened}) by {weight.ty.dtype}: LPX's 8-bit dense takes int8 "
+                    "values widened to int32 by an int32 weight of int8 values, or fp8 e4m3 values widened to "
+                    "float32 by a float32 weight of fp8 values")
     shape = expr_shape(weight)
     if len(shape) != 2 or len(expr_shape(data)) != 2:
-        return op, f"an int8 matmul of {expr_shape(data)} by {shape}: LPX's int8 dense is 2-D by 2-D"
+        return op, f"an 8-bit matmul of {expr_shape(data)} by {shape}: LPX's 8-bit dense is 2-D by 2-D"
     w = weight.value.numpy()
-    if w.min(initial=0) < -128 or w.max(initial=0) > 127:
+    if fp8:
+        found = _fp8_problem(op, settings)
+        if found:
+            return found
+        with np.errstate(invalid="ignore", over="ignore"):
+            if not np.array_equal(w.astype(ml_dtypes.float8_e4m3fn).astype(np.float32), w):
+                return op, "a float32 weight with values fp8 e4m3 does not hold: LPX stores it as fp8"
+    elif w.min(initial=0) < -128 or w.max(initial=0) > 127:
         return op, "an integer weight outside the int8 range"
     scale = a["per_channel"].value.numpy()
     if scale.size not in (1, shape[1]) or scale.dtype != "float32":
@@ -811,12 +844,17 @@ def _unary_pattern(op):
     return root, {"input": data, "root": root}
 
 
-def _act_quant_pattern():
+def _act_quant_pattern(rounded=True):
+    """``astype(clip(round(x * inv)))`` (int8), or without the round (fp8: the conversion rounds)."""
     data, inv = wildcard(), const_pattern()
     scale = is_op("relax.multiply")(data, inv)
-    clip = is_op("relax.clip")(is_op("relax.round")(scale), wildcard(), wildcard())
+    annotations = {"input": data, "scale": scale, "inv": inv}
+    clipped = scale
+    if rounded:
+        clipped = annotations["round"] = is_op("relax.round")(scale)
+    clip = is_op("relax.clip")(clipped, wildcard(), wildcard())
     root = is_op("relax.astype")(clip)
-    return root, {"input": data, "scale": scale, "inv": inv, "clip": clip, "root": root}
+    return root, {**annotations, "clip": clip, "root": root}
 
 
 def _qlinear_pattern(bias=False):
@@ -976,6 +1014,7 @@ def pattern_table() -> list:
     table.append(("index_put", *_index_put_pattern(), [_index_put_rule]))
     table.append(("astype", *_unary_pattern("relax.astype"), [_astype_rule]))
     table.append(("act_quant", *_act_quant_pattern(), [_act_quant_rule]))
+    table.append(("fp8_quant", *_act_quant_pattern(rounded=False), [_act_quant_rule]))
     table.append(("layer_norm", *_unary_pattern("relax.nn.layer_norm"), [_norm_rule]))
     table.append(("rms_norm", *_unary_pattern("relax.nn.rms_norm"), [_norm_rule]))
     table.append(("where", *_unary_pattern("relax.where"), [_where_rule]))
@@ -1014,7 +1053,7 @@ def pattern_table() -> list:
             rules += [_activation_rule] if activation else []
             table.append((name, *make(bias, activation), rules))
 
-    # Int8 dense layers of a float build, above the float dense ones.
+    # 8-bit (int8 or fp8) dense layers of a float build, above the float dense ones.
     table.append(("qlinear", *_qlinear_pattern(), [_qlinear_rule]))
     table.append(("qlinear_bias", *_qlinear_pattern(bias=True), [_qlinear_rule]))
     return [

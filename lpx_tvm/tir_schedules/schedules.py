@@ -131,7 +131,8 @@ def _min_block_pixels(cfg: LPXConfig, dtype: str, fetch_cycles: int = 0) -> int:
     return -(-max(tile_install_cycles(cfg, dtype), fetch_cycles) // cycles_per_vector(cfg, dtype))
 
 
-_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8", "uint8": "uint8"}
+_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8", "uint8": "uint8",
+          "float8_e4m3fn": "fp8"}
 
 
 def default_tiling(cfg: LPXConfig, w, fetch_cycles: int = 0) -> "DenseTiling | Conv2dTiling":

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from tvm import te
 
-ACC_DTYPE = {"int8": "int32", "uint8": "int32", "float16": "float32", "bfloat16": "float32",
+ACC_DTYPE = {"int8": "int32", "uint8": "int32", "float8_e4m3fn": "float32", "float16": "float32", "bfloat16": "float32",
              "float32": "float32"}
 MXM_BLOCK = "mxm"  # name of the multiply-accumulate block every workload has
 

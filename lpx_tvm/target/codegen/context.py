@@ -17,7 +17,7 @@ from .graph import Operand, UnsupportedOnLPX
 from .planes import Planes
 from .options import CodegenOptions
 from .policy import TilingPolicy
-from .quant import INT8_MXM_IN_FLOAT
+from .quant import MXM_8BIT_IN_FLOAT, relax_dtype
 from .storage import Stored
 
 PRECISION_DTYPE = {Precision.FP32: DType.FP32, Precision.FP16: DType.FP16, Precision.BF16: DType.BF16,
@@ -108,9 +108,9 @@ class LoweringContext:
                    ProgramBuilder(cfg, name), Planes(cfg))
 
     def mxm_dtype(self, op) -> DType:
-        """The dtype an MXM op multiplies in: int8 for a weight-quantized dense layer of a
-        float build (``lpx.qlinear``), else the build's."""
-        return DType.INT8 if op.composite in INT8_MXM_IN_FLOAT else self.dtype
+        """The dtype an MXM op multiplies in: its input's (int8 or fp8) for a quantized
+        dense layer of a float build (``lpx.qlinear``), else the build's."""
+        return relax_dtype(op.main.args[0].dtype) if op.composite in MXM_8BIT_IN_FLOAT else self.dtype
 
     def acc_dtype(self, op) -> DType:
         """The dtype of an MXM op's accumulators (int32 for int8 products)."""

@@ -43,8 +43,9 @@ def apply_epilogue(g, y, epilogue, tile: int, rows: int):
             y = g.vxm("vxm.requant", y, g.read(scale.tile(tile).repeat(rows)), to=to, zp=zp)
         elif e[0] == "dequant":  # int8 / uint8 -> fp32, (q - zp) * scale: a fused DequantizeLinear
             y = dequantized(g, y, e[1], e[2])
-        elif e[0] == "scale":  # int32 -> fp32, times a per-channel fp32 scale stream
-            y = g.vxm("vxm.mul", g.vxm("vxm.cvt", y, to=DType.FP32), g.read(e[1].tile(tile).repeat(rows)))
+        elif e[0] == "scale":  # int32 sums to fp32 (fp8 ones are fp32), times a per-channel fp32 scale stream
+            y = y if y.dtype == DType.FP32 else g.vxm("vxm.cvt", y, to=DType.FP32)
+            y = g.vxm("vxm.mul", y, g.read(e[1].tile(tile).repeat(rows)))
         else:
             _, lo, hi = e
             if lo is not None and np.isfinite(lo):

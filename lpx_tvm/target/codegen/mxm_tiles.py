@@ -19,7 +19,8 @@ from .passes import write_rows
 from .storage import Stored, StreamedWeights
 from .values import new_value
 
-TVM_DTYPE = {DType.FP32: "float32", DType.FP16: "float16", DType.BF16: "bfloat16", DType.INT8: "int8"}
+TVM_DTYPE = {DType.FP32: "float32", DType.FP16: "float16", DType.BF16: "bfloat16", DType.INT8: "int8",
+             DType.FP8: "float8_e4m3fn"}
 
 
 @functools.lru_cache(maxsize=512)

@@ -11,12 +11,13 @@ from ...machine.isa import DType
 from .graph import RegionOp, Step, UnsupportedOnLPX
 
 _RELAX_DTYPES = {"int8": DType.INT8, "uint8": DType.UINT8, "int32": DType.INT32, "float16": DType.FP16,
-                 "bfloat16": DType.BF16, "float32": DType.FP32}
+                 "bfloat16": DType.BF16, "float32": DType.FP32, "float8_e4m3fn": DType.FP8}
 
 # The int8 composites that run on the MXM.
 QMXM_COMPOSITES = ("lpx.qconv2d", "lpx.qdense")
-# Those of a float build: int8 values (widened to int32 in Relax) times int8 weights.
-INT8_MXM_IN_FLOAT = ("lpx.qlinear", "lpx.qlinear_bias")
+# Those of a float build: int8 values (widened to int32 in Relax) times int8 weights, or
+# fp8 values (widened to float32) times fp8 weights.
+MXM_8BIT_IN_FLOAT = ("lpx.qlinear", "lpx.qlinear_bias")
 
 
 def relax_dtype(name: str) -> DType:
@@ -59,7 +60,7 @@ def zero_point(operand) -> int:
 def mxm_view(op: RegionOp) -> RegionOp:
     """An int8 MXM composite seen as its integer conv2d / matmul of the stored values
     (what the weight placement and the MXM lowering read); other ops unchanged."""
-    if op.composite not in QMXM_COMPOSITES + INT8_MXM_IN_FLOAT:
+    if op.composite not in QMXM_COMPOSITES + MXM_8BIT_IN_FLOAT:
         return op
     core = step_of(op, "nn.conv2d" if op.composite == "lpx.qconv2d" else "matmul")
     main = Step(core.op, [op.main.args[0], core.args[1]], core.attrs, core.shape, core.dtype)

@@ -132,9 +132,9 @@ def _compile(ctx: LoweringContext, region: Region) -> CompiledRegion:
             continue
         tr = ctx.input_transforms.get(p.name)
         shape = tuple(tr["matrix"]) if tr else stored_shape(p.shape)
-        # Integer inputs (token ids, positions, int8 activations) keep their dtype; float ones are stored
-        # at the precision (an int8 build's inputs are its quantized integers).
-        dtype = relax_dtype(p.dtype) if ctx.int8 or p.dtype in ("int32", "int8") else ctx.dtype
+        # Integer inputs (token ids, positions, int8 activations) and fp8 ones keep their dtype; other
+        # float ones are stored at the precision (an int8 build's inputs are its quantized integers).
+        dtype = relax_dtype(p.dtype) if ctx.int8 or p.dtype in ("int32", "int8", "float8_e4m3fn") else ctx.dtype
         pinned = b.pinned(p.name)
         if pinned is not None:
             if tuple(pinned.shape) != tuple(shape) or pinned.dtype != DType.parse(dtype):
