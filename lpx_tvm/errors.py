@@ -24,13 +24,15 @@ class ScheduleHazard(LPXError):
     so a compiler engineer can find it in the assembly listing.
     """
 
-    def __init__(self, kind, message, *, index=None, instr=None, unit=None, cycle=None):
+    def __init__(self, kind, message, *, index=None, instr=None, unit=None, cycle=None, chip=None):
         self.kind = kind
+        self.message = message
+        self.chip = chip  # in a system of chips: the chip whose instruction it is
         self.index = index
         self.instr = instr
         self.unit = unit
         self.cycle = cycle
-        where = []
+        where = [] if chip is None else [f"chip {chip}"]
         if index is not None:
             where.append(f"instruction #{index}")
         if unit is not None:
@@ -43,6 +45,14 @@ class ScheduleHazard(LPXError):
         if instr is not None:
             text += f"\n  {instr}"
         super().__init__(text)
+
+    def __reduce__(self):  # to cross process boundaries (a system's chips checked by workers)
+        return (_schedule_hazard, (type(self), self.kind, self.message, self.index, self.instr, self.unit,
+                                   self.cycle, self.chip))
+
+
+def _schedule_hazard(cls, kind, message, index, instr, unit, cycle, chip):
+    return cls(kind, message, index=index, instr=instr, unit=unit, cycle=cycle, chip=chip)
 
 
 class SchedulingError(LPXError):

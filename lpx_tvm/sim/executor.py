@@ -270,3 +270,7 @@ class Executor:
     def c2c_recv(self, i, parts):
         self.vals[i] = np.concatenate([self.operand(s, a, k) for s, a, k in parts])
 
+    def c2c_recv_remote(self, i, parts):
+        """Values other chips' executors sent: ``parts`` of (executor, sender, first, count)."""
+        self.vals[i] = np.concatenate([src.operand(s, a, k) for src, s, a, k in parts])
+

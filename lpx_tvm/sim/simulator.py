@@ -340,6 +340,9 @@ class _Run:
     timings: dict = None
     counters: Counters = field(default_factory=Counters)
     wanted: "frozenset | None" = None  # the outputs a functional run reads (None: all)
+    # One chip alone: each link loops back. In a system the links' messages come from the
+    # other chips (sim/multichip.py fills ``links``), and a send leaves this chip.
+    loopback: bool = True
 
     def __post_init__(self):
         cfg, prog = self.cfg, self.program
@@ -380,7 +383,15 @@ class _Run:
     # ---- driver -----------------------------------------------------------
     def execute(self) -> SimResult:
         """Check every instruction (with an executor ``self.ex``: and compute)."""
-        cfg, prog, ex = self.cfg, self.program, self.ex
+        for _ in self.issue():
+            pass
+        return self.finish()
+
+    def issue(self):
+        """Check the instructions in issue order (with an executor ``self.ex``: and
+        compute), yielding each one's cycle before it issues: a system of chips
+        interleaves its chips' runs by cycle (sim/multichip.py)."""
+        cfg, prog = self.cfg, self.program
         instrs = prog.instrs
         valid = self.timings  # instructions that passed validate: a pure function of them and the config
         for i, ins in enumerate(instrs):
@@ -392,7 +403,9 @@ class _Run:
         c = self.counters
         max_done, done_before, current = 0, 0, -1
         for n, i in enumerate(order):
+            ex = self.ex
             ins = instrs[i]
+            yield ins.cycle
             if ins.cycle != current:
                 done_before, current = max_done, ins.cycle
             try:
@@ -412,8 +425,10 @@ class _Run:
                     ex.free(gone)  # values that left the chip: nothing reads them again
         c.cycles = max_done
         c.instructions = len(instrs)
-        outputs = {} if ex is None else ex.read_outputs(self.wanted)
-        return SimResult(outputs, c, cfg, self.trace)
+
+    def finish(self) -> SimResult:
+        outputs = {} if self.ex is None else self.ex.read_outputs(self.wanted)
+        return SimResult(outputs, self.counters, self.cfg, self.trace)
 
     def _step(self, i: int, ins: Instr, done_before: int) -> int:
         op = ins.op

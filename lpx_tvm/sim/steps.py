@@ -301,3 +301,15 @@ class C2cRecv(Step):
 
     def run(self, ex):
         ex.c2c_recv(i=self.producer, parts=self.parts)
+
+
+@dataclass(slots=True)
+class C2cRecvRemote(Step):
+    """Vectors ``(executor, sender, first, count)`` sent by other chips of a system (their
+    executors), concatenated: a step of a functional system run, never replayed."""
+
+    producer: int
+    parts: tuple
+
+    def run(self, ex):
+        ex.c2c_recv_remote(i=self.producer, parts=self.parts)

@@ -380,7 +380,7 @@ class Group:
         probe = Instr("c2c.send", 0, unit=link, count=v.count, dtype=v.dtype)
         d = timing(self.cfg, probe).done
         self._node("c2c.send", v.count, (link,), dict(dtype=v.dtype), [("src0", v)],
-                   effects=[(("link", link), 0, 0, "w", d, d)])
+                   effects=[(("link", link), 0, 0, "w", d, d)] if self.b.loopback else [])
 
     def recv(self, link: int, count: int, dtype) -> Value:
         node = self._node("c2c.recv", count, (link,), dict(dtype=DType.parse(dtype)),
@@ -411,9 +411,13 @@ class SharedSram:
 
 
 class ProgramBuilder:
-    def __init__(self, config="tsp", name: str = ""):
+    def __init__(self, config="tsp", name: str = "", loopback: bool = True):
         self.config: LPXConfig = load_config(config)
         self.name = name
+        # One chip alone, its links loop back: a receive waits for the send on its link. A
+        # chip of a system (loopback=False) sends to another chip and receives what
+        # arrives from one (:meth:`arrival`).
+        self.loopback = loopback
         self._sram = SramAllocator(self.config.mem_slices, self.config.lines_per_slice)
         self._constants = set()
         self._groups = []
@@ -708,7 +712,7 @@ class ProgramBuilder:
             stop = max(0, pos - limit)
             while pos > stop:
                 h = self._groups[pos - 1]
-                if h == "sync" or any(k2 in keys and lo <= hi2 and lo2 <= hi and "w" in (kd, kd2)
+                if not isinstance(h, Group) or any(k2 in keys and lo <= hi2 and lo2 <= hi and "w" in (kd, kd2)
                                       for node in h.nodes for (k2, lo2, hi2, kd2, _, _) in node.effects
                                       for (k, lo, hi, kd) in mine if k == k2):
                     break
@@ -724,6 +728,11 @@ class ProgramBuilder:
         """A barrier: later groups start after everything before it has completed."""
         self._groups.append("sync")
 
+    def arrival(self, link: int, cycle: int):
+        """Data arrives on ``link`` from another chip at ``cycle`` (its sender's schedule):
+        a later group's receive on that link issues no earlier."""
+        self._groups.append(("arrival", link, cycle))
+
     def nearest_sxm(self, node: Node) -> int:
         pos = unit_position(self.config, UNIT_OF_PREFIX[node.op.split(".")[0]], node.units[0])
         if pos is None:
@@ -737,6 +746,8 @@ class ProgramBuilder:
         for g in self._groups:
             if g == "sync":
                 instrs.append(Instr("icu.sync", placer.sync()))
+            elif isinstance(g, tuple):  # ("arrival", link, cycle)
+                placer.res.record([(("link", g[1]), 0, 0, "w", 0, g[2], 0)], 0)
             elif g.nodes:
                 instrs.extend(placer.place(g))
         instrs.sort(key=lambda i: (i.cycle, i.op, i.unit))

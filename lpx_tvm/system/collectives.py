@@ -1,0 +1,192 @@
+"""Collectives over C2C links, scheduled statically: all-reduce, reduce-scatter and
+all-gather of a ``rows x lanes`` tensor over a group of chips that are pairwise linked
+(a GroqNode, an LP30 tray: the groups tensor parallelism uses).
+
+The algorithm is the direct one: the rows are cut into one shard per chip; in the
+reduce-scatter each chip sends shard ``d`` to chip ``d`` (all N - 1 transfers at once, on
+N - 1 links) and chip ``d`` adds the N copies of its shard, its own first, then its
+peers' in ascending chip order, on the VXM as they arrive; in the all-gather each chip
+sends its shard to every peer. An all-reduce is the two, back to back: 2 (N - 1) / N of
+the tensor crosses each chip's links, in two link latencies.
+
+Each chip gets one program (inputs ``X``, outputs ``Y``), built by the program builder.
+A chip's receive waits for its data's arrival, which its sender's schedule fixes: the
+programs are built until every arrival they assume is the one their senders' programs
+give (arrivals only move later, so this ends). The cycles are the simulator's
+(:class:`~lpx_tvm.sim.multichip.SystemSimulator`), and docs/multichip.md gives them by
+hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import LPXError
+from ..machine import timing as tm
+from ..machine.isa import DType
+from ..target.builder import ProgramBuilder
+from .topology import System, load_system
+
+KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+ADDABLE = (DType.FP32, DType.FP16, DType.BF16, DType.INT32)
+
+
+@dataclass
+class Transfer:
+    """One message: ``vectors`` of ``dtype`` from ``src`` port ``src_link`` to ``dst``
+    port ``dst_link``, sent at ``send_cycle``, all arrived at ``arrival``."""
+
+    src: int
+    src_link: int
+    dst: int
+    dst_link: int
+    vectors: int
+    dtype: DType
+    send_cycle: int
+    arrival: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.vectors * self.dtype.itemsize  # per lane; times lanes in bytes_moved
+
+
+@dataclass
+class Collective:
+    """A collective's programs, one per chip of ``chips``, and its transfers."""
+
+    kind: str
+    system: System
+    chips: tuple
+    rows: int
+    dtype: DType
+    programs: dict  # chip -> Program
+    transfers: list
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(t.vectors for t in self.transfers) * self.system.config.lanes * self.dtype.itemsize
+
+    @property
+    def cycles(self) -> int:
+        """The last instruction's end over all chips' programs (what the simulator counts)."""
+        return max(max((tm.timing(self.system.config, i).done for i in p.instrs), default=0)
+                   for p in self.programs.values())
+
+    def shard(self, chip: int) -> tuple:
+        """(first row, rows) of ``chip``'s shard."""
+        return shards(self.rows, len(self.chips))[self.chips.index(chip)]
+
+
+def shards(rows: int, n: int) -> list:
+    """(first row, rows) of n balanced shards of ``rows`` (the first ``rows % n`` one larger)."""
+    base, extra = divmod(rows, n)
+    out, start = [], 0
+    for k in range(n):
+        size = base + (k < extra)
+        out.append((start, size))
+        start += size
+    return out
+
+
+def collective(kind: str, system, chips, rows: int, dtype="fp32") -> Collective:
+    """The programs of collective ``kind`` over ``chips`` of ``system`` on a ``rows x
+    lanes`` tensor of ``dtype``: ``X`` is each chip's input (all rows; for all_gather its
+    shard) and ``Y`` its result (all rows; for reduce_scatter its shard)."""
+    system = load_system(system)
+    chips = tuple(chips)
+    dt = DType.parse(dtype)
+    if kind not in KINDS:
+        raise LPXError(f"collective {kind!r}: expected one of {', '.join(KINDS)}")
+    if len(set(chips)) != len(chips) or len(chips) < 2:
+        raise LPXError(f"collective over chips {list(chips)}: needs two or more distinct chips")
+    for c in chips:
+        if not 0 <= c < system.chips:
+            raise LPXError(f"chip {c}: system {system.name} has chips 0..{system.chips - 1}")
+    for a in chips:
+        for b in chips:
+            if a != b and not system.links_between(a, b):
+                raise LPXError(f"chips {a} and {b} of system {system.name} are not linked: the direct "
+                               f"{kind} needs a group of pairwise linked chips")
+    if kind != "all_gather" and dt not in ADDABLE:
+        raise LPXError(f"{kind} of {dt.short}: the VXM adds fp32, fp16, bf16 or int32")
+    if rows < len(chips):
+        raise LPXError(f"{kind} of {rows} rows over {len(chips)} chips: at least one row per chip")
+    arrivals = {}
+    for _ in range(2 * len(chips) + 4):
+        programs = {c: _program(kind, system, chips, c, rows, dt, arrivals) for c in chips}
+        transfers = _transfers(system, programs)
+        seen = {}
+        for t in transfers:
+            seen.setdefault((t.dst, t.dst_link), []).append(t.arrival)
+        if seen == arrivals:
+            return Collective(kind, system, chips, rows, dt, programs, transfers)
+        arrivals = seen
+    raise LPXError(f"{kind} over {len(chips)} chips: the arrivals did not settle")  # arrivals only grow
+
+
+def _program(kind, system: System, chips, c: int, rows: int, dt: DType, arrivals: dict):
+    cfg = system.config
+    n = len(chips)
+    parts = shards(rows, n)
+    me = chips.index(c)
+    peers = [d for d in chips if d != c]
+    port = {d: system.links_between(c, d)[0][0] for d in peers}  # c's port to d (and from d)
+    b = ProgramBuilder(cfg, f"{kind} chip {c}", loopback=False)
+    x_rows = parts[me][1] if kind == "all_gather" else rows
+    y_rows = parts[me][1] if kind == "reduce_scatter" else rows
+    x = b.input("X", (x_rows, cfg.lanes), dt)
+    y = b.output("Y", (y_rows, cfg.lanes), dt)
+    xt, yt = x.tile(0), y.tile(0)
+    heard = {d: 0 for d in peers}  # messages received so far from each peer
+
+    def expect(*senders):
+        """The next message from each of ``senders`` arrives when its sender's program
+        says (0 before the first build): before the group that receives them."""
+        for d in senders:
+            times = arrivals.get((c, port[d]), [])
+            b.arrival(port[d], times[heard[d]] if heard[d] < len(times) else 0)
+            heard[d] += 1
+
+    if kind == "all_gather":
+        mine = xt
+    else:
+        for d in peers:  # reduce-scatter: each peer's shard to it
+            first, size = parts[chips.index(d)]
+            g = b.group(f"{kind}.send{d}")
+            g.send(port[d], g.read(xt.rows(first, first + size)))
+        first, size = parts[me]
+        expect(*peers)
+        g = b.group(f"{kind}.reduce")
+        recvs = {d: g.recv(port[d], size, dt) for d in peers}
+        v = g.read(xt.rows(first, first + size))
+        for d in peers:
+            v = g.vxm("vxm.add", v, recvs[d])
+        if kind == "reduce_scatter":
+            g.write(v, yt)
+            return b.build()
+        for d in peers:  # all-gather of the reduced shard, from the stream
+            g.send(port[d], v)
+        g.write(v, yt.rows(first, first + size))
+    if kind == "all_gather":
+        first, size = parts[me]
+        g = b.group(f"{kind}.send")
+        v = g.read(mine)
+        for d in peers:
+            g.send(port[d], v)
+        g.write(v, yt.rows(first, first + size))
+    for d in peers:
+        first, size = parts[chips.index(d)]
+        expect(d)
+        g = b.group(f"{kind}.gather{d}")
+        g.write(g.recv(port[d], size, dt), yt.rows(first, first + size))
+    return b.build()
+
+
+def _transfers(system: System, programs: dict) -> list:
+    cfg = system.config
+    out = []
+    for c, prog in programs.items():
+        for ins in sorted((i for i in prog.instrs if i.op == "c2c.send"), key=lambda i: i.cycle):
+            d, dl = system.peer(c, ins.unit)
+            out.append(Transfer(c, ins.unit, d, dl, ins.count, ins.dtype, ins.cycle, tm.timing(cfg, ins).done))
+    return out

@@ -1,0 +1,112 @@
+"""Collectives over C2C links, alone: each chip's program run on the system simulator
+against numpy (the documented summation order), the link schedule against hand
+arithmetic (a message arrives n * cycles-per-vector + latency after it is sent; the
+all-gather of a reduced shard leaves as the last add's result reaches the links), the
+bytes moved, and the cycles the programs claim against the simulator's."""
+
+import math
+
+import numpy as np
+import pytest
+
+from lpx_tvm.errors import LPXError
+from lpx_tvm.machine.isa import DType
+from lpx_tvm.sim.multichip import SystemSimulator
+from lpx_tvm.system import parse_system
+from lpx_tvm.system.collectives import collective, shards
+
+QUAD = parse_system({"name": "quad", "preset": "mini", "chips": 5, "topology": "all_to_all"})
+CFG = QUAD.config
+NP = {"fp32": np.float32, "fp16": np.float16, "int32": np.int32}
+
+
+def _inputs(col, seed=0):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for c in col.chips:
+        shape = col.programs[c].binding("X").layout.shape
+        x = rng.standard_normal(shape) * 8
+        out[c] = x.astype(NP[col.dtype.short]) if col.dtype.is_float else rng.integers(-2**20, 2**20, shape,
+                                                                                          dtype=np.int32)
+    return out
+
+
+def _reduced(col, xs, first, size):
+    """Rows first..first+size of the sum as chip d adds them: its own, then its peers' in
+    ascending chip order, each add rounded to the dtype."""
+    d = col.chips[[s[0] for s in shards(col.rows, len(col.chips))].index(first)]
+    acc = xs[d][first:first + size].copy()
+    for c in col.chips:
+        if c != d:
+            acc = (acc + xs[c][first:first + size]).astype(acc.dtype)
+    return acc
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "int32"])
+@pytest.mark.parametrize("chips", [(0, 1), (0, 2, 3), (4, 0, 1, 2, 3)])
+def test_all_reduce(dtype, chips):
+    col = collective("all_reduce", QUAD, chips, 11, dtype)
+    xs = _inputs(col)
+    r = SystemSimulator(QUAD).run(col.programs, {c: {"X": xs[c]} for c in chips})
+    want = np.concatenate([_reduced(col, xs, a, n) for a, n in shards(11, len(chips))])
+    for c in chips:
+        np.testing.assert_array_equal(r.chips[c].outputs["Y"], want)
+    assert not np.array_equal(want, xs[chips[0]])  # a sum, not a copy
+    assert r.cycles == col.cycles
+
+
+def test_reduce_scatter_and_all_gather():
+    chips = (0, 1, 2, 3)
+    rs = collective("reduce_scatter", QUAD, chips, 10, "fp32")
+    xs = _inputs(rs, 1)
+    r = SystemSimulator(QUAD).run(rs.programs, {c: {"X": xs[c]} for c in chips})
+    for c in chips:
+        a, n = rs.shard(c)
+        np.testing.assert_array_equal(r.chips[c].outputs["Y"], _reduced(rs, xs, a, n))
+    ag = collective("all_gather", QUAD, chips, 10, "fp16")
+    parts = {c: np.full((ag.shard(c)[1], CFG.lanes), c + 0.5, np.float16) for c in chips}
+    r = SystemSimulator(QUAD).run(ag.programs, {c: {"X": parts[c]} for c in chips})
+    want = np.concatenate([parts[c] for c in chips])
+    for c in chips:
+        np.testing.assert_array_equal(r.chips[c].outputs["Y"], want)
+
+
+@pytest.mark.parametrize("chips", [(0, 1), (0, 1, 2, 3)])
+def test_link_schedule_by_hand(chips):
+    n, rows, dt = len(chips), 12, "fp32"
+    col = collective("all_reduce", QUAD, chips, rows, dt)
+    cpv = math.ceil(CFG.lanes * 4 / CFG.c2c_bytes_per_cycle)  # 5 on mini
+    alu = CFG.latency["vxm_alu"]
+    size = rows // n
+    for t in col.transfers:
+        assert t.vectors == size and t.dtype == DType.FP32
+        assert t.arrival == t.send_cycle + size * cpv + CFG.c2c_latency
+        assert QUAD.peer(t.src, t.src_link) == (t.dst, t.dst_link)
+    # Each chip sends its N - 1 shards, then its reduced shard to its N - 1 peers.
+    assert len(col.transfers) == 2 * n * (n - 1)
+    assert col.bytes_moved == 2 * n * (n - 1) * size * CFG.lanes * 4
+    for c in chips:
+        got = sorted((t for t in col.transfers if t.dst == c), key=lambda t: t.arrival)[:n - 1]
+        second = [t for t in col.transfers if t.src == c][n - 1:]
+        # the reduce issues its k-th add (k = 1..N-1) once the k-th shard is in: the result
+        # leaves L_alu after the last add, which is at or after the last arrival + 1
+        last = max(t.arrival for t in got)
+        assert all(t.send_cycle >= last + 1 + alu for t in second)
+        if n == 2:
+            assert all(t.send_cycle == last + 1 + alu for t in second)
+    # two link latencies at least: the all-reduce's lower bound on these links
+    assert col.cycles > 2 * (size * cpv + CFG.c2c_latency)
+
+
+def test_refusals():
+    with pytest.raises(LPXError, match="needs two or more distinct chips"):
+        collective("all_reduce", QUAD, (1, 1), 4)
+    with pytest.raises(LPXError, match="the VXM adds fp32, fp16, bf16 or int32"):
+        collective("all_reduce", QUAD, (0, 1), 4, "int8")
+    with pytest.raises(LPXError, match="expected one of"):
+        collective("broadcast", QUAD, (0, 1), 4)
+    pair = parse_system({"name": "line", "preset": "mini", "chips": 3, "links": [[0, 0, 1, 0], [1, 1, 2, 1]]})
+    with pytest.raises(LPXError, match="chips 0 and 2 of system line are not linked"):
+        collective("all_reduce", pair, (0, 1, 2), 6)
+    with pytest.raises(LPXError, match="at least one row per chip"):
+        collective("all_reduce", QUAD, (0, 1, 2), 2)
