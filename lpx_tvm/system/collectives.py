@@ -1,6 +1,7 @@
 """Collectives over C2C links, scheduled statically: all-reduce, reduce-scatter and
 all-gather of a ``rows x lanes`` tensor over a group of chips that are pairwise linked
-(a GroqNode, an LP30 tray: the groups tensor parallelism uses).
+(a GroqNode, an LP30 tray: the groups tensor parallelism uses), and a point-to-point
+transfer along a path of links (a pipeline stage's hand-off).
 
 The algorithm is the direct one: the rows are cut into one shard per chip; in the
 reduce-scatter each chip sends shard ``d`` to chip ``d`` (all N - 1 transfers at once, on
@@ -111,9 +112,34 @@ def collective(kind: str, system, chips, rows: int, dtype="fp32") -> Collective:
         raise LPXError(f"{kind} of {dt.short}: the VXM adds fp32, fp16, bf16 or int32")
     if rows < len(chips):
         raise LPXError(f"{kind} of {rows} rows over {len(chips)} chips: at least one row per chip")
+    return _settle(kind, system, chips, rows, dt,
+                   lambda c, arrivals: _program(kind, system, chips, c, rows, dt, arrivals))
+
+
+def point_to_point(system, src: int, dst: int, rows: int, dtype="fp16") -> Collective:
+    """``rows x lanes`` of ``dtype`` from chip ``src`` (input ``X``) to chip ``dst``
+    (output ``Y``) along a shortest path of links; each chip between forwards the
+    message as it receives it (a receive's stream straight into the next send), once
+    the whole message has arrived. ``Collective.chips`` is the path."""
+    system = load_system(system)
+    dt = DType.parse(dtype)
+    for c in (src, dst):
+        if not 0 <= c < system.chips:
+            raise LPXError(f"chip {c}: system {system.name} has chips 0..{system.chips - 1}")
+    if src == dst:
+        raise LPXError(f"a transfer from chip {src} to itself")
+    if rows < 1:
+        raise LPXError(f"a transfer of {rows} rows")
+    path = tuple(system.path(src, dst))
+    return _settle("send", system, path, rows, dt, lambda c, arrivals: _forward(system, path, c, rows, dt, arrivals))
+
+
+def _settle(kind, system, chips, rows, dt, build) -> Collective:
+    """Build every chip's program until the arrivals each assumes are those its senders'
+    programs give (they only move later, so this ends)."""
     arrivals = {}
     for _ in range(2 * len(chips) + 4):
-        programs = {c: _program(kind, system, chips, c, rows, dt, arrivals) for c in chips}
+        programs = {c: build(c, arrivals) for c in chips}
         transfers = _transfers(system, programs)
         seen = {}
         for t in transfers:
@@ -121,7 +147,29 @@ def collective(kind: str, system, chips, rows: int, dtype="fp32") -> Collective:
         if seen == arrivals:
             return Collective(kind, system, chips, rows, dt, programs, transfers)
         arrivals = seen
-    raise LPXError(f"{kind} over {len(chips)} chips: the arrivals did not settle")  # arrivals only grow
+    raise LPXError(f"{kind} over {len(chips)} chips: the arrivals did not settle")
+
+
+def _forward(system: System, path: tuple, c: int, rows: int, dt: DType, arrivals: dict):
+    cfg = system.config
+    k = path.index(c)
+    b = ProgramBuilder(cfg, f"send chip {c}", loopback=False)
+    g = None
+    if k == 0:
+        x = b.input("X", (rows, cfg.lanes), dt)
+        g = b.group("send")
+        v = g.read(x.tile(0))
+    else:
+        came = system.links_between(c, path[k - 1])[0][0]
+        times = arrivals.get((c, came), [])
+        b.arrival(came, times[0] if times else 0)
+        g = b.group("send.forward" if k < len(path) - 1 else "send.receive")
+        v = g.recv(came, rows, dt)
+    if k < len(path) - 1:
+        g.send(system.links_between(c, path[k + 1])[0][0], v)
+    else:
+        g.write(v, b.output("Y", (rows, cfg.lanes), dt).tile(0))
+    return b.build()
 
 
 def _program(kind, system: System, chips, c: int, rows: int, dt: DType, arrivals: dict):

@@ -94,6 +94,15 @@ class System:
         receives: the TSP is its own network switch)."""
         return self.distances(a)[b]
 
+    def path(self, a: int, b: int) -> list:
+        """The chips on a shortest path from ``a`` to ``b``, both included (the lowest
+        chip numbers where paths tie)."""
+        dist = self.distances(b)
+        out = [a]
+        while out[-1] != b:
+            out.append(min(d for d in self.neighbours(out[-1]) if dist[d] == dist[out[-1]] - 1))
+        return out
+
     def distances(self, a: int) -> list:
         dist = [-1] * self.chips
         dist[a] = 0
