@@ -1,7 +1,7 @@
 """A system of LPX chips, each running its own program, their C2C links joined.
 
 A ``c2c.send`` on chip ``a`` link ``la`` arrives, cycle-exactly, on the chip and link
-the system joins it to (:class:`~lpx_tvm.system.System`), where a ``c2c.recv`` takes it:
+the system joins it to (:class:`~lpx_tvm.machine.system.System`), where a ``c2c.recv`` takes it:
 the same rules as one chip's loopback (docs/isa.md, C2C), with the link's far end on
 another chip. Because the schedule is static, a message's arrival cycle depends only on
 its sender's program, not on any data: every chip's sends are timed first, and each
@@ -28,7 +28,7 @@ from ..errors import ProgramError, ScheduleHazard
 from ..machine import timing as tm
 from ..machine.isa import queue_name
 from ..machine.program import Program
-from ..system import System, load_system
+from ..machine.system import System, load_system
 from .checks.c2c import Message
 from .simulator import SimResult, Simulator, _coerce_inputs, _Run
 
@@ -50,7 +50,7 @@ class SystemResult:
 
 
 class SystemSimulator:
-    """Run one program per chip of ``system`` (a :class:`~lpx_tvm.system.System` or a
+    """Run one program per chip of ``system`` (a :class:`~lpx_tvm.machine.system.System` or a
     preset name).
 
     >>> sim = SystemSimulator("groqnode")                              # doctest: +SKIP
@@ -126,7 +126,7 @@ class SystemSimulator:
         jobs = {c: (self.system.config, prog, c, _inbound_of(inbound, c)) for c, prog in programs.items()}
         if not workers and not ray_address:
             return {c: _check_chip(*job) for c, job in jobs.items()}
-        from ..tune.measure import make_pool
+        from .workers import make_pool
 
         pool = make_pool(workers, ray_address)
         try:

@@ -11,9 +11,7 @@ candidate builds in its own temporary folder, removed once it has run.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import functools
-import multiprocessing
 import os
 import pickle
 import shutil
@@ -113,69 +111,6 @@ def run_candidate(program_path: str, cfg) -> int:
     from ..machine.encoding import load_program
 
     return simulate_cycles(load_program(program_path), cfg)
-
-
-class _Inline:
-    """Runs every job in this process (workers=0): the simplest, for tests and tiny spaces."""
-
-    remote = False
-
-    def submit(self, fn, *args):
-        f = cf.Future()
-        try:
-            f.set_result(fn(*args))
-        except Exception as e:  # the candidate's error becomes its result
-            f.set_exception(e)
-        return f
-
-    def shutdown(self):
-        pass
-
-
-class _Ray:
-    """Sends jobs to a Ray cluster (``ray.init(address)``); Ray is an optional extra.
-    Tasks and programs travel as bytes: the cluster's workers share no files with us."""
-
-    remote = True
-
-    def __init__(self, address: str):
-        try:
-            import ray
-        except ImportError:
-            raise LPXError("--ray needs Ray: pip install 'lpx_tvm[ray]'") from None
-        self.ray = ray
-        if not ray.is_initialized():
-            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-        self._remote = {}
-
-    def submit(self, fn, *args):
-        if fn not in self._remote:
-            self._remote[fn] = self.ray.remote(fn)
-        return _RayFuture(self.ray, self._remote[fn].remote(*args))
-
-    def shutdown(self):
-        pass
-
-
-class _RayFuture:
-    def __init__(self, ray, ref):
-        self.ray, self.ref = ray, ref
-
-    def done(self) -> bool:
-        ready, _ = self.ray.wait([self.ref], timeout=0)
-        return bool(ready)
-
-    def result(self):
-        return self.ray.get(self.ref)
-
-
-def make_pool(workers: int = 0, ray_address: "str | None" = None):
-    """Where candidates build and run: this process (0), K worker processes, or Ray."""
-    if ray_address:
-        return _Ray(ray_address)
-    if workers <= 0:
-        return _Inline()
-    return cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
 
 
 class TaskFiles:

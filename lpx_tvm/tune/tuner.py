@@ -27,11 +27,12 @@ from tvm.s_tir import meta_schedule as ms
 from ..errors import LPXError
 from ..machine.config import LPXConfig
 from ..pipeline import lower
+from ..sim.workers import make_pool
 from ..target.codegen import TilingPolicy
 from .check import check_best
 from .cost_model import LPXCostModel
 from .database import SearchDatabase, TuningLog, best_records, tiling_of_record, write_meta
-from .measure import (LPXBuilder, LPXRunner, MeasuredCandidates, TaskFiles, make_pool, one_op_region, served_from_log,
+from .measure import (LPXBuilder, LPXRunner, MeasuredCandidates, TaskFiles, one_op_region, served_from_log,
                       task_cycles)
 from .space import Task, design_space, task_key_of, workload_module
 

@@ -13,7 +13,7 @@ from lpx_tvm.machine.config import load_config
 from lpx_tvm.machine.isa import DType, Instr, Stream
 from lpx_tvm.machine.program import Binding, Program, TensorLayout
 from lpx_tvm.sim.multichip import SystemSimulator
-from lpx_tvm.system import parse_system
+from lpx_tvm.machine.system import parse_system
 
 CFG = load_config("mini")
 LANES = CFG.lanes

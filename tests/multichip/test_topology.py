@@ -6,7 +6,7 @@ import json
 import pytest
 
 from lpx_tvm.errors import ConfigError
-from lpx_tvm.system import SYSTEM_PRESETS, Link, System, load_system, parse_system
+from lpx_tvm.machine.system import SYSTEM_PRESETS, Link, System, load_system, parse_system
 from lpx_tvm.machine.config import load_config
 
 

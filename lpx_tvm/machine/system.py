@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..machine import timing as tm
-from ..machine.config import LPXConfig, load_config
-from ..machine.isa import DType
+from . import timing as tm
+from .config import LPXConfig, load_config
+from .isa import DType
 
 
 @dataclass(frozen=True)

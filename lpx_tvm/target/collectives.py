@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from ..errors import LPXError
 from ..machine import timing as tm
 from ..machine.isa import DType
-from ..target.builder import ProgramBuilder
-from .topology import System, load_system
+from ..machine.system import System, load_system
+from .builder import ProgramBuilder
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
 ADDABLE = (DType.FP32, DType.FP16, DType.BF16, DType.INT32)

@@ -12,8 +12,8 @@ import pytest
 from lpx_tvm.errors import LPXError
 from lpx_tvm.machine.isa import DType
 from lpx_tvm.sim.multichip import SystemSimulator
-from lpx_tvm.system import parse_system
-from lpx_tvm.system.collectives import collective, shards
+from lpx_tvm.machine.system import parse_system
+from lpx_tvm.target.collectives import collective, shards
 
 QUAD = parse_system({"name": "quad", "preset": "mini", "chips": 5, "topology": "all_to_all"})
 CFG = QUAD.config
@@ -120,7 +120,7 @@ LINE = parse_system({"name": "line", "preset": "mini", "chips": 4,
 def test_point_to_point_forwards_along_the_path(dtype):
     """Three hops: each chip between forwards the message one cycle after it has all
     arrived (the receive emits the next cycle, the send reads it there)."""
-    from lpx_tvm.system.collectives import point_to_point
+    from lpx_tvm.target.collectives import point_to_point
 
     rows = 5
     col = point_to_point(LINE, 0, 3, rows, dtype)
@@ -139,8 +139,8 @@ def test_point_to_point_forwards_along_the_path(dtype):
 
 def test_point_to_point_across_racks():
     """Between two racks of tsp-576: a shortest path through the racks' global link."""
-    from lpx_tvm.system import load_system
-    from lpx_tvm.system.collectives import point_to_point
+    from lpx_tvm.machine.system import load_system
+    from lpx_tvm.target.collectives import point_to_point
 
     s = load_system("tsp-576")
     col = point_to_point(s, 5, 72 + 40, 2, "fp16")
