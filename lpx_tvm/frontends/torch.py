@@ -257,9 +257,18 @@ def _to_copy(node, importer):
     return importer.block_builder.emit(relax.op.astype(importer.env[node.args[0]], "float8_e4m3fn"))
 
 
+def _all_reduce(node, importer):
+    """``lpx::all_reduce`` (:func:`lpx_tvm.frontends.collectives.all_reduce`): Relax's
+    ``ccl.allreduce`` by sum, which LPX runs over the chips of a system."""
+    from tvm import relax
+
+    return importer.block_builder.emit(relax.op.ccl.allreduce(importer.env[node.args[0]], "sum"))
+
+
 # Converters for aten ops whose TVM conversion differs from torch's semantics (or is missing).
 CONVERT_MAP = {"cumsum.default": _cumsum, "cat.default": _cat, "concat.default": _cat,
-               "upsample_nearest2d.vec": _upsample_nearest2d, "select.int": _select, "_to_copy.default": _to_copy}
+               "upsample_nearest2d.vec": _upsample_nearest2d, "select.int": _select, "_to_copy.default": _to_copy,
+               "all_reduce.default": _all_reduce}
 
 
 def _example_tuple(torch, example_inputs, name):

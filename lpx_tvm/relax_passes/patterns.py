@@ -53,6 +53,8 @@ composites                              keys
 ``lpx.act_quant``                       ``input`` (float), ``scale`` (the ``multiply`` by
                                         ``1 / s_x``), ``clip`` (to [-128, 127]),
                                         ``root`` (the ``astype`` to int8)
+``lpx.all_reduce``                      ``input`` (2-D), ``root`` (``ccl.allreduce``, sum):
+                                        the sum over the chips of a system's group
 ``lpx.fp8_quant``                       the same without ``round``: ``clip`` to [-448, 448],
                                         ``root`` the ``astype`` to float8_e4m3fn
 ``lpx.qlinear[_bias]``                  ``input`` (int8 or fp8), ``widen`` (its ``astype`` to
@@ -414,6 +416,15 @@ def _act_quant_rule(a, settings):
     if op.ty.dtype != "int8":
         return op, f"quantized as {op.ty.dtype}: LPX's int8 dense layers take int8 values"
     return None
+
+
+def _all_reduce_rule(a, settings):
+    op = a["root"]
+    if str(op.attrs.op_type) != "sum":
+        return op, f"an all-reduce by {op.attrs.op_type}: LPX all-reduces by sum"
+    if len(expr_shape(op)) != 2:
+        return op, f"an all-reduce of a {len(expr_shape(op))}-D value: LPX all-reduces rows of a 2-D value"
+    return _tensors_problem(op, [a["input"]], settings)
 
 
 def _fp8_problem(op, settings):
@@ -1015,6 +1026,7 @@ def pattern_table() -> list:
     table.append(("astype", *_unary_pattern("relax.astype"), [_astype_rule]))
     table.append(("act_quant", *_act_quant_pattern(), [_act_quant_rule]))
     table.append(("fp8_quant", *_act_quant_pattern(rounded=False), [_act_quant_rule]))
+    table.append(("all_reduce", *_unary_pattern("relax.ccl.allreduce"), [_all_reduce_rule]))
     table.append(("layer_norm", *_unary_pattern("relax.nn.layer_norm"), [_norm_rule]))
     table.append(("rms_norm", *_unary_pattern("relax.nn.rms_norm"), [_norm_rule]))
     table.append(("where", *_unary_pattern("relax.where"), [_where_rule]))

@@ -379,12 +379,18 @@ class Group:
     def send(self, link: int, v: Value):
         probe = Instr("c2c.send", 0, unit=link, count=v.count, dtype=v.dtype)
         d = timing(self.cfg, probe).done
+        # In a system the link's far end is another chip: its messages keep program order
+        # (the receiver takes them in its own program order).
         self._node("c2c.send", v.count, (link,), dict(dtype=v.dtype), [("src0", v)],
-                   effects=[(("link", link), 0, 0, "w", d, d)] if self.b.loopback else [])
+                   effects=[(("link", link), 0, 0, "w", d, d)] if self.b.loopback else
+                   [(("link-out", link), 0, 0, "w", 0, 0)])
 
     def recv(self, link: int, count: int, dtype) -> Value:
-        node = self._node("c2c.recv", count, (link,), dict(dtype=DType.parse(dtype)),
-                          effects=[(("link", link), 0, 0, "r", 0, 0)], out_dtype=dtype)
+        effects = [(("link", link), 0, 0, "r", 0, 0)]
+        if not self.b.loopback:  # in program order, the order the messages arrive in
+            effects.append((("link-in", link), 0, 0, "w", 0, 0))
+        node = self._node("c2c.recv", count, (link,), dict(dtype=DType.parse(dtype)), effects=effects,
+                          out_dtype=dtype)
         return node.out
 
 

@@ -135,8 +135,15 @@ def point_to_point(system, src: int, dst: int, rows: int, dtype="fp16") -> Colle
 
 
 def _settle(kind, system, chips, rows, dt, build) -> Collective:
-    """Build every chip's program until the arrivals each assumes are those its senders'
-    programs give (they only move later, so this ends)."""
+    programs, transfers = settle(system, chips, build, kind)
+    return Collective(kind, system, chips, rows, dt, programs, transfers)
+
+
+def settle(system: System, chips, build, what: str = "programs") -> tuple:
+    """({chip: Program}, [Transfer]): ``build(chip, arrivals)`` for every chip, again
+    until the arrivals each program assumes (``{(chip, port): [cycles]}``, in the order
+    its messages come) are those its senders' programs give. Arrivals only move later,
+    so this ends; a build that depends on them otherwise is refused."""
     arrivals = {}
     for _ in range(2 * len(chips) + 4):
         programs = {c: build(c, arrivals) for c in chips}
@@ -145,9 +152,87 @@ def _settle(kind, system, chips, rows, dt, build) -> Collective:
         for t in transfers:
             seen.setdefault((t.dst, t.dst_link), []).append(t.arrival)
         if seen == arrivals:
-            return Collective(kind, system, chips, rows, dt, programs, transfers)
+            return programs, transfers
         arrivals = seen
-    raise LPXError(f"{kind} over {len(chips)} chips: the arrivals did not settle")
+    raise LPXError(f"{what} over {len(chips)} chips: the arrivals did not settle")
+
+
+@dataclass
+class ChipPlace:
+    """One chip's place in a group of pairwise linked chips of a system, as a program
+    built for it sees it: ``arrivals`` from the peers' programs (see :func:`settle`)."""
+
+    system: System
+    chips: tuple  # the group, in rank order
+    chip: int
+    arrivals: dict
+    heard: dict = None  # port -> messages received so far by the program being built
+
+    def __post_init__(self):
+        self.heard = {}
+
+    @property
+    def peers(self) -> list:
+        return [d for d in self.chips if d != self.chip]
+
+    def port(self, peer: int) -> int:
+        """This chip's port to ``peer`` (and from it)."""
+        return self.system.links_between(self.chip, peer)[0][0]
+
+    def expect(self, b: ProgramBuilder, *senders):
+        """The next message from each of ``senders`` arrives when its sender's program says
+        (0 before the first build): call before the group that receives them."""
+        for d in senders:
+            p = self.port(d)
+            k = self.heard.get(p, 0)
+            times = self.arrivals.get((self.chip, p), [])
+            b.arrival(p, times[k] if k < len(times) else 0)
+            self.heard[p] = k + 1
+
+
+def emit_all_reduce(b: ProgramBuilder, place: ChipPlace, x, y, tag: str = "all_reduce"):
+    """Groups of ``b`` that all-reduce SRAM tensor ``x`` over ``place``'s group into ``y``
+    (same shape): the direct algorithm of this module, on the value's vectors (column
+    tile by column tile, row by row) cut into one shard per chip, each shard's rows one
+    message per SRAM chunk. Every chip adds its shard's copies in the same order (its own,
+    then its peers' ascending), so every chip's ``y`` is the same, bit for bit."""
+    n, rows = len(place.chips), x.layout.rows
+    parts = shards(rows * x.ntiles, n)
+
+    def pieces(k):
+        """[(tile, first row, Region of x)] of shard ``k``."""
+        first, size = parts[k]
+        out = []
+        for j in range(x.ntiles):
+            lo, hi = max(first, j * rows), min(first + size, (j + 1) * rows)
+            if lo < hi:
+                out += [(j, r, reg) for r, reg in x.segments(j, lo - j * rows, hi - j * rows)]
+        return out
+
+    def write(g, v, j, r):
+        for r0, reg in y.segments(j, r, r + v.count):
+            g.write(v.part(r0 - r, reg.count) if v.count != reg.count else v, reg)
+
+    me, peers = place.chips.index(place.chip), place.peers
+    for d in peers:  # reduce-scatter: each peer's shard to it
+        for j, r, reg in pieces(place.chips.index(d)):
+            g = b.group(f"{tag}.send")
+            g.send(place.port(d), g.read(reg))
+    for j, r, reg in pieces(me):
+        place.expect(b, *peers)
+        g = b.group(f"{tag}.reduce")
+        recvs = [g.recv(place.port(d), reg.count, reg.dtype) for d in peers]
+        v = g.read(reg)
+        for other in recvs:
+            v = g.vxm("vxm.add", v, other)
+        for d in peers:  # the reduced rows to every peer, from the stream
+            g.send(place.port(d), v)
+        write(g, v, j, r)
+    for d in peers:  # all-gather: the peers' reduced shards
+        for j, r, reg in pieces(place.chips.index(d)):
+            place.expect(b, d)
+            g = b.group(f"{tag}.gather")
+            write(g, g.recv(place.port(d), reg.count, reg.dtype), j, r)
 
 
 def _forward(system: System, path: tuple, c: int, rows: int, dt: DType, arrivals: dict):
@@ -174,59 +259,40 @@ def _forward(system: System, path: tuple, c: int, rows: int, dt: DType, arrivals
 
 def _program(kind, system: System, chips, c: int, rows: int, dt: DType, arrivals: dict):
     cfg = system.config
-    n = len(chips)
-    parts = shards(rows, n)
+    parts = shards(rows, len(chips))
+    place = ChipPlace(system, chips, c, arrivals)
     me = chips.index(c)
-    peers = [d for d in chips if d != c]
-    port = {d: system.links_between(c, d)[0][0] for d in peers}  # c's port to d (and from d)
     b = ProgramBuilder(cfg, f"{kind} chip {c}", loopback=False)
-    x_rows = parts[me][1] if kind == "all_gather" else rows
-    y_rows = parts[me][1] if kind == "reduce_scatter" else rows
-    x = b.input("X", (x_rows, cfg.lanes), dt)
-    y = b.output("Y", (y_rows, cfg.lanes), dt)
+    x = b.input("X", (parts[me][1] if kind == "all_gather" else rows, cfg.lanes), dt)
+    y = b.output("Y", (parts[me][1] if kind == "reduce_scatter" else rows, cfg.lanes), dt)
+    if kind == "all_reduce":
+        emit_all_reduce(b, place, x, y, kind)
+        return b.build()
     xt, yt = x.tile(0), y.tile(0)
-    heard = {d: 0 for d in peers}  # messages received so far from each peer
-
-    def expect(*senders):
-        """The next message from each of ``senders`` arrives when its sender's program
-        says (0 before the first build): before the group that receives them."""
-        for d in senders:
-            times = arrivals.get((c, port[d]), [])
-            b.arrival(port[d], times[heard[d]] if heard[d] < len(times) else 0)
-            heard[d] += 1
-
-    if kind == "all_gather":
-        mine = xt
-    else:
-        for d in peers:  # reduce-scatter: each peer's shard to it
-            first, size = parts[chips.index(d)]
-            g = b.group(f"{kind}.send{d}")
-            g.send(port[d], g.read(xt.rows(first, first + size)))
-        first, size = parts[me]
-        expect(*peers)
+    first, size = parts[me]
+    if kind == "reduce_scatter":
+        for d in place.peers:  # each peer's shard to it
+            a, n = parts[chips.index(d)]
+            g = b.group(f"{kind}.send")
+            g.send(place.port(d), g.read(xt.rows(a, a + n)))
+        place.expect(b, *place.peers)
         g = b.group(f"{kind}.reduce")
-        recvs = {d: g.recv(port[d], size, dt) for d in peers}
+        recvs = [g.recv(place.port(d), size, dt) for d in place.peers]
         v = g.read(xt.rows(first, first + size))
-        for d in peers:
-            v = g.vxm("vxm.add", v, recvs[d])
-        if kind == "reduce_scatter":
-            g.write(v, yt)
-            return b.build()
-        for d in peers:  # all-gather of the reduced shard, from the stream
-            g.send(port[d], v)
-        g.write(v, yt.rows(first, first + size))
-    if kind == "all_gather":
-        first, size = parts[me]
-        g = b.group(f"{kind}.send")
-        v = g.read(mine)
-        for d in peers:
-            g.send(port[d], v)
-        g.write(v, yt.rows(first, first + size))
-    for d in peers:
-        first, size = parts[chips.index(d)]
-        expect(d)
-        g = b.group(f"{kind}.gather{d}")
-        g.write(g.recv(port[d], size, dt), yt.rows(first, first + size))
+        for other in recvs:
+            v = g.vxm("vxm.add", v, other)
+        g.write(v, yt)
+        return b.build()
+    g = b.group(f"{kind}.send")  # all-gather: this chip's shard to every peer, and in place
+    v = g.read(xt)
+    for d in place.peers:
+        g.send(place.port(d), v)
+    g.write(v, yt.rows(first, first + size))
+    for d in place.peers:
+        a, n = parts[chips.index(d)]
+        place.expect(b, d)
+        g = b.group(f"{kind}.gather")
+        g.write(g.recv(place.port(d), n, dt), yt.rows(a, a + n))
     return b.build()
 
 

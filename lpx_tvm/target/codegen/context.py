@@ -105,7 +105,7 @@ class LoweringContext:
         int8 = precision == Precision.INT8
         acc = DType.INT32 if int8 else DType.FP32
         return cls(cfg, str(precision), PRECISION_DTYPE[precision], int8, acc, options, policy, offchip, band_share,
-                   ProgramBuilder(cfg, name), Planes(cfg))
+                   ProgramBuilder(cfg, name, loopback=options.system is None), Planes(cfg))
 
     def mxm_dtype(self, op) -> DType:
         """The dtype an MXM op multiplies in: its input's (int8 or fp8) for a quantized

@@ -49,6 +49,10 @@ class CodegenOptions:
         SRAM held in common with another program of a session (state inputs pinned to
         its lines, its resident weights reused in place: docs/llm.md). Such a region
         compiles on chip or not at all.
+    system : target.collectives.ChipPlace or None
+        The chip of a system this program is for, its group and the arrivals its peers'
+        programs give (``lpx.all_reduce`` needs one; docs/multichip.md). Its links then
+        reach other chips instead of looping back.
     """
 
     weight_budget: float = 0.9
@@ -59,6 +63,7 @@ class CodegenOptions:
     band_shares: tuple = (0.5, 0.25, SMALLEST_BAND_SHARE)
     force_offchip: bool = False
     shared: object = None
+    system: object = None
 
 
 _OPTIONS: contextvars.ContextVar = contextvars.ContextVar("lpx_codegen_options", default=None)

@@ -3,7 +3,7 @@ every lowering in :mod:`..registry`. A new op family is one module here, listed 
 ``FAMILIES``, and its pattern in :mod:`lpx_tvm.relax_passes.patterns`."""
 
 from . import conv2d, data_movement, depthwise, elementwise, int8, matmul, norm, pool, softmax
-from . import argmax, index_put, pad, pixel_rows, qlinear, resize, take
+from . import argmax, collectives, index_put, pad, pixel_rows, qlinear, resize, take
 
 FAMILIES = (conv2d, depthwise, matmul, elementwise, pool, norm, softmax, data_movement, int8)
-FAMILIES += (pixel_rows, resize, pad, argmax, take, index_put, qlinear)
+FAMILIES += (pixel_rows, resize, pad, argmax, take, index_put, qlinear, collectives)

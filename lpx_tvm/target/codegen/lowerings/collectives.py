@@ -1,0 +1,24 @@
+"""``lpx.all_reduce``: the sum of a value over the chips of a group (tensor parallelism's
+partial sums), inside the chip's program: the collective's groups
+(:func:`~lpx_tvm.target.collectives.emit_all_reduce`) on this region's builder, their
+receives timed by the arrivals the peers' programs give (docs/multichip.md)."""
+
+from __future__ import annotations
+
+from ...collectives import emit_all_reduce
+from ..context import LoweringContext
+from ..graph import RegionOp, UnsupportedOnLPX
+from ..registry import register_lowering
+from ..values import new_value
+
+
+@register_lowering("lpx.all_reduce")
+def lower_all_reduce(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    place = ctx.options.system
+    if place is None:
+        raise UnsupportedOnLPX(f"{op.composite}: a program of one chip has no peers to sum with; compile it for a "
+                               "chip of a system (docs/multichip.md)")
+    x = ctx.value(op.main.args[0])
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
+    emit_all_reduce(ctx.builder, place, x.tensor, y.tensor, f"{op.out}.all_reduce")
+    ctx.values[op.out] = y
