@@ -731,6 +731,10 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
                         "rate (--preset lp30)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompt")
     p.add_argument("--report", help="JSON file to write the report to")
+    p.add_argument("--system", help="map the decoder over chips of this system by tensor parallelism: a preset "
+                                     "(groqnode, tsp-rack, tsp-576, lp30-rack) or a system JSON file; replaces "
+                                     "--preset (docs/multichip.md)")
+    p.add_argument("--chips", help="the system's chips to use, comma-separated, pairwise linked (default: all)")
 
 
 def _generate(args) -> int:
@@ -753,18 +757,28 @@ def _generate(args) -> int:
     if args.new_tokens < 1:
         raise LPXError(f"--new-tokens {args.new_tokens}: at least 1")
     context = args.max_context or len(prompt) + args.new_tokens
+    chips = None
+    if args.chips:
+        if not args.system:
+            raise LPXError("--chips needs --system")
+        try:
+            chips = [int(x) for x in args.chips.split(",")]
+        except ValueError:
+            raise LPXError(f"--chips {args.chips!r}: expected comma-separated chip numbers") from None
     t = time.perf_counter()
     session = compile_llm(model, preset=args.preset, precision=args.precision, max_context=context,
-                          batch=args.batch, prompt_len=len(prompt))
+                          batch=args.batch, prompt_len=len(prompt), system=args.system, chips=chips)
     compile_s = time.perf_counter() - t
     tokens = session.generate(np.tile(prompt, (args.batch, 1)), args.new_tokens)
     rep = session.report
-    print(f"{rep['family']} ({rep['parameters']:,} parameters, {rep['layers']} layers) on {rep['preset']} "
+    where = rep["preset"] if "system" not in rep else \
+        f"{rep['tensor_parallel']} chips of {rep['system']} ({rep['preset']}; chips {rep['chips']})"
+    print(f"{rep['family']} ({rep['parameters']:,} parameters, {rep['layers']} layers) on {where} "
           f"({rep['precision']}), batch {rep['batch']}, context {rep['max_context']}: compiled in {compile_s:.1f} s")
     print(f"prompt: {','.join(str(int(x)) for x in prompt)}")
     for b, row in enumerate(tokens):
         print(f"tokens{f' [{b}]' if args.batch > 1 else ''}: {','.join(str(int(x)) for x in row)}")
-    _print_llm_report(rep)
+    _print_llm_report(rep) if "system" not in rep else _print_system_report(rep)
     if args.report:
         with open(args.report, "w") as f:
             json.dump(rep, f, indent=1)
@@ -788,6 +802,19 @@ def _print_llm_report(rep: dict) -> None:
                   f"{sram['weights_bytes'] / 2**20:,.2f} / {sram['kv_cache_bytes'] / 2**20:,.2f} / "
                   f"{sram['working_bytes'] / 2**20:,.2f} MiB of {sram['capacity_bytes'] / 2**20:,.0f}")
     table.add_row("MXM / install utilization", f"{rep['mxm_utilization']:.1%} / {rep['install_utilization']:.1%}")
+    Console().print(table)
+
+
+def _print_system_report(rep: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="LLM decode over chips of a system, tensor parallel (docs/multichip.md)", show_header=False)
+    table.add_row("time to first token", f"{rep['ttft_cycles']:,} cycles")
+    table.add_row("decode, per token", f"{rep['decode_cycles_per_token']:,} cycles")
+    table.add_row("tokens/s per user", f"{rep['tokens_per_s_per_user']:,.0f}")
+    table.add_row("tokens/s per chip", f"{rep['tokens_per_s_per_chip']:,.0f}")
+    table.add_row("link bytes per token", f"{rep['link_bytes_per_token']:,}")
     Console().print(table)
 
 

@@ -29,7 +29,7 @@ by torch is the reference of the 8-bit paths.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -76,6 +76,52 @@ class DecoderSpec:
         """Values held by all the caches."""
         return 2 * self.layers * self.kv_heads * self.cache_rows * self.head_dim
 
+
+
+@dataclass(frozen=True)
+class TensorShard:
+    """Chip ``rank`` of ``size`` in tensor parallelism (docs/multichip.md): its share of
+    the kv heads with their query heads and caches, of the q, k, v (and RoPE's rotated
+    q, k) projections' rows, of the MLP's hidden units (gate and up rows, or GPT-2's fc),
+    and the matching columns of o and down, whose partial products the chips sum
+    (``all_reduce``); rank 0 alone adds o's and down's biases. Norms, the embedding and
+    the LM head are on every chip, so every chip computes the same token."""
+
+    rank: int
+    size: int
+
+
+def shard_spec(spec: DecoderSpec, size: int) -> DecoderSpec:
+    """The spec of one chip's step: ``spec`` with its heads and kv heads over ``size``."""
+    if size < 1 or spec.kv_heads % size or spec.heads % size:
+        raise ModelError(f"{spec.heads} heads over {spec.kv_heads} key/value heads on {size} chips: tensor "
+                         "parallelism gives each chip whole key/value heads (a divisor of the kv heads)")
+    return replace(spec, heads=spec.heads // size, kv_heads=spec.kv_heads // size)
+
+
+def _shard_weights(weights: dict, spec: DecoderSpec, shard: TensorShard) -> dict:
+    """Chip ``shard.rank``'s share of the layers' weights (:class:`TensorShard`)."""
+    k, n, d = shard.rank, shard.size, spec.head_dim
+    q_rows = slice(k * spec.heads // n * d, (k + 1) * spec.heads // n * d)
+    kv_rows = slice(k * spec.kv_heads // n * d, (k + 1) * spec.kv_heads // n * d)
+    layers = []
+    for layer in weights["layers"]:
+        hidden_key = "fc" if "fc" in layer else "gate"
+        units = layer[hidden_key].shape[0]
+        mlp_rows = slice(k * units // n, (k + 1) * units // n)
+        out = dict(layer)
+        for key, rows in (("q", q_rows), ("k", kv_rows), ("v", kv_rows), ("gate", mlp_rows), ("up", mlp_rows),
+                          ("fc", mlp_rows)):
+            for name in (key, f"{key}_bias"):
+                if out.get(name) is not None:
+                    out[name] = out[name][rows].contiguous()
+        out["o"] = layer["o"][:, q_rows].contiguous()
+        out["down"] = layer["down"][:, mlp_rows].contiguous()
+        for name in ("o_bias", "down_bias"):
+            if out.get(name) is not None and k:
+                out[name] = out[name].new_zeros(out[name].shape)  # summed once, from rank 0
+        layers.append(out)
+    return dict(weights, layers=layers)
 
 
 def spec_of(model, max_context: int, batch: int = 1) -> DecoderSpec:
@@ -181,17 +227,26 @@ def _torch():
 
 
 def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = True,
-                 quant: "QuantizedLinears | None" = None, record: "dict | None" = None):
+                 quant: "QuantizedLinears | None" = None, record: "dict | None" = None,
+                 shard: "TensorShard | None" = None):
     """The step of ``steps`` tokens (the prompt length for prefill, 1 for decode) of
     ``model``, a torch module with the weights of ``model`` as constants. Without
     ``embed_in_step`` its first input is the tokens' embedding rows ``[B*T, H]`` (looked
     up by the caller: a table too large to gather from on chip) instead of their ids.
     ``quant``: its dense layers W8A8 (int8 or fp8). ``record``: a dict that every run of the (float)
-    step updates with the largest magnitude seen at each input site (:func:`calibrate`)."""
+    step updates with the largest magnitude seen at each input site (:func:`calibrate`).
+    ``shard``: the step of one chip of a tensor-parallel group (:class:`TensorShard`; its
+    caches those of :func:`shard_spec`'s spec)."""
     torch = _torch()
     if not 1 <= steps <= spec.max_context:
         raise ModelError(f"a step of {steps} tokens in a context of {spec.max_context}")
     weights = _gpt2_weights(model) if spec.family == "gpt2" else _llama_weights(model, spec)
+    if shard is not None:
+        if quant is not None or record is not None:
+            raise ModelError("tensor parallelism of the 8-bit paths is not built yet (docs/multichip.md)")
+        weights = _shard_weights(weights, spec, shard)
+        spec = shard_spec(spec, shard.size)
+    from .collectives import all_reduce  # the sum of the chips' partial products (identity in torch)
 
     class DecoderStep(torch.nn.Module):
         def __init__(self):
@@ -312,20 +367,24 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
                     for r in range(rep):
                         heads[g * rep + r] = a[r * B * T:(r + 1) * B * T] if rep > 1 else a
                 attn = torch.cat(heads, dim=1) if NH > 1 else heads[0]  # [B*T, NH*D]
-                x = x + dense(self.dense_input(attn, f"{i}.o"), "o")
+                x = x + self.summed(dense(self.dense_input(attn, f"{i}.o"), "o"))
                 h = _norm(s.family, x, w["post_norm"], w.get("post_norm_b"), w["eps"])
                 h_in = self.dense_input(h, f"{i}.mlp")
                 if s.family == "gpt2":
                     m = torch.nn.functional.gelu(dense(h_in, "fc"), approximate="tanh")
                 else:
                     m = torch.nn.functional.silu(dense(h_in, "gate")) * dense(h_in, "up")
-                x = x + dense(self.dense_input(m, f"{i}.down"), "down")
+                x = x + self.summed(dense(self.dense_input(m, f"{i}.down"), "down"))
             if T > 1:
                 x = x.reshape(B, T, s.hidden)[:, T - 1:T].reshape(B, s.hidden)  # the last token's rows
             last = _norm(s.family, x, self.norm_w, getattr(self, "norm_b", None), self.eps)  # [B, H]
             logits = self.dense(self.dense_input(last, "head"), "lm_head", None)
             next_ids = logits.argmax(-1, keepdim=True).to(torch.int32)
             return (next_ids, logits, *new_caches)
+
+        def summed(self, partial):
+            """o's or down's output: with tensor parallelism, the chips' partial products summed."""
+            return partial if shard is None else all_reduce(partial)
 
         def dense_input(self, x, site: str):
             """The input of the dense layers at ``site``: ``x``, or (W8A8) its 8-bit values."""

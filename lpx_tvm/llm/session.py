@@ -104,8 +104,9 @@ def load_decoder(model_or_config, seed: int = 0):
 
 
 def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: int = 128, batch: int = 1,
-                prompt_len: "int | None" = None, seed: int = 0, calibration_ids=None) -> "LLMSession":
-    """Compile a decoder LLM for one LPX chip.
+                prompt_len: "int | None" = None, seed: int = 0, calibration_ids=None, system=None,
+                chips=None) -> "LLMSession":
+    """Compile a decoder LLM for one LPX chip, or for chips of a system.
 
     Parameters
     ----------
@@ -127,6 +128,12 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
     calibration_ids : array of token ids [batch, P], optional
         ``int8`` / ``fp8``: the prompt whose float generation sets the activation
         scales (default: random ids, seeded).
+    system : str, path or System, optional
+        Map the decoder over chips of this system by tensor parallelism (its preset
+        replaces ``preset``; docs/multichip.md). Returns a
+        :class:`~lpx_tvm.llm.system_session.SystemLLMSession`.
+    chips : sequence of int, optional
+        The system's chips to use, pairwise linked (default: all of them).
 
     Returns
     -------
@@ -135,6 +142,17 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
     precision = str(precision)
     if precision not in PRECISIONS:
         raise LPXError(f"precision {precision!r}: decoder LLMs compile at {', '.join(PRECISIONS)}")
+    if system is not None:
+        from ..machine.system import load_system
+        from .system_session import SystemLLMSession
+
+        system = load_system(system)
+        model = load_decoder(model_or_config, seed)
+        session = SystemLLMSession(model, decoders.spec_of(model, max_context, batch), system,
+                                   range(system.chips) if chips is None else chips, precision)
+        if prompt_len is not None:
+            session.prefill_step(prompt_len)
+        return session
     cfg = preset if isinstance(preset, LPXConfig) else load_config(preset)
     if precision not in cfg.mxm_cycles_per_vector:
         raise LPXError(f"precision {precision}: the MXM of {cfg.name} does not multiply {precision} "
@@ -263,33 +281,8 @@ class LLMSession:
         # for the decode step too, which keeps the compile from spilling activations.
         with codegen_options(shared=shared or SharedSram()):
             _, regions, offload = lower(imported.mod, self.config, self.float_precision)
-        cpu = dict(offload.cpu) if offload is not None else {}
-        if len(regions) > 1 and not cpu:
-            raise DoesNotFit(f"the {'decode' if tokens == 1 else 'prefill'} step's weights, KV cache and working "
-                             f"space do not fit one {self.config.name} chip's SRAM together (batch {spec.batch}, "
-                             f"context {spec.max_context}; the caches take "
-                             f"{cache_bytes_as_stored(spec, self.config, self.precision) / 2**20:,.1f} MiB as "
-                             "stored): use a smaller batch or "
-                             "context")
-        if len(regions) != 1 or cpu:
-            raise LPXError(f"the {'decode' if tokens == 1 else 'prefill'} step compiled to {len(regions)} LPX "
-                           f"regions with {cpu or 'no ops'} on the CPU; a step must be one LPX program")
-        (region,) = regions.values()
-        # The region's inputs are the step's (torch.export names them after forward's
-        # arguments: input_ids, position, caches_0, ...), in whatever order it uses them.
-        names = {n for n, _ in region.inputs}
-        ids, position = "input_ids", "position"
-        caches = [f"caches_{i}" for i in range(len(spec.cache_names))]
-        if names != {ids, position, *caches}:
-            raise LPXError(f"step inputs {sorted(names)} are not input_ids, position and {len(caches)} caches")
-        layouts = {b.name: b.layout for b in region.program.bindings}
-        kept = {layouts[n] for n in caches}
-        rest = [(n, shape) for n, shape in region.outputs if layouts[n] not in kept]
-        int_out = [n for n, _ in rest if layouts[n].dtype.short == "int32"]
-        float_out = [n for n, _ in rest if layouts[n].dtype.short != "int32"]
-        if len(int_out) != 1 or len(float_out) != 1 or len(region.outputs) != 2 + len(caches):
-            raise LPXError(f"step outputs {region.outputs}: expected next ids, logits and the caches in place")
-        return StepProgram(tokens, region, ids, position, caches, int_out[0], float_out[0])
+        return step_program(regions, offload, spec, tokens, self.config, self.precision)
+
 
     def prefill_step(self, prompt_len: int) -> StepProgram:
         """The prefill program of ``prompt_len`` tokens, compiled against the decode
@@ -393,6 +386,39 @@ class LLMSession:
     def report(self) -> dict:
         """Figures of the decode program and of the last generation (docs/llm.md)."""
         return llm_report(self)
+
+
+def step_program(regions: dict, offload, spec: decoders.DecoderSpec, tokens: int, cfg: LPXConfig,
+                 precision: str) -> StepProgram:
+    """The :class:`StepProgram` of a compiled step (``lower``'s regions and offload), or
+    the error saying why the step is not one LPX program."""
+    cpu = dict(offload.cpu) if offload is not None else {}
+    if len(regions) > 1 and not cpu:
+        raise DoesNotFit(f"the {'decode' if tokens == 1 else 'prefill'} step's weights, KV cache and working "
+                         f"space do not fit one {cfg.name} chip's SRAM together (batch {spec.batch}, "
+                         f"context {spec.max_context}; the caches take "
+                         f"{cache_bytes_as_stored(spec, cfg, precision) / 2**20:,.1f} MiB as "
+                         "stored): use a smaller batch or "
+                         "context")
+    if len(regions) != 1 or cpu:
+        raise LPXError(f"the {'decode' if tokens == 1 else 'prefill'} step compiled to {len(regions)} LPX "
+                       f"regions with {cpu or 'no ops'} on the CPU; a step must be one LPX program")
+    (region,) = regions.values()
+    # The region's inputs are the step's (torch.export names them after forward's
+    # arguments: input_ids, position, caches_0, ...), in whatever order it uses them.
+    names = {n for n, _ in region.inputs}
+    ids, position = "input_ids", "position"
+    caches = [f"caches_{i}" for i in range(len(spec.cache_names))]
+    if names != {ids, position, *caches}:
+        raise LPXError(f"step inputs {sorted(names)} are not input_ids, position and {len(caches)} caches")
+    layouts = {b.name: b.layout for b in region.program.bindings}
+    kept = {layouts[n] for n in caches}
+    rest = [(n, shape) for n, shape in region.outputs if layouts[n] not in kept]
+    int_out = [n for n, _ in rest if layouts[n].dtype.short == "int32"]
+    float_out = [n for n, _ in rest if layouts[n].dtype.short != "int32"]
+    if len(int_out) != 1 or len(float_out) != 1 or len(region.outputs) != 2 + len(caches):
+        raise LPXError(f"step outputs {region.outputs}: expected next ids, logits and the caches in place")
+    return StepProgram(tokens, region, ids, position, caches, int_out[0], float_out[0])
 
 
 def _binding_bytes(cfg: LPXConfig, layout) -> int:

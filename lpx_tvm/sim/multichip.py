@@ -30,7 +30,7 @@ from ..machine.isa import queue_name
 from ..machine.program import Program
 from ..machine.system import System, load_system
 from .checks.c2c import Message
-from .simulator import SimResult, Simulator, _coerce_inputs, _Run
+from .simulator import SimResult, Simulator, _coerce_inputs, _names, _Run
 
 
 @dataclass
@@ -68,17 +68,20 @@ class SystemSimulator:
         return self._chips[c]
 
     def run(self, programs: dict, inputs: "dict | None" = None, *, timing_only: bool = False, workers: int = 0,
-            ray_address: "str | None" = None) -> SystemResult:
+            ray_address: "str | None" = None, keep: "dict | None" = None) -> SystemResult:
         """Run ``programs`` ({chip: Program}; chips without one stay idle) with ``inputs``
         ({chip: {name: array}}). A timing-only run checks every chip; with ``workers``
-        (or ``ray_address``) it checks them in parallel."""
-        inputs = inputs or {}
+        (or ``ray_address``) it checks them in parallel. ``keep``: {chip: names of SRAM
+        inputs} whose lines hold what that chip's previous run left (a KV cache: see
+        :meth:`Simulator.run <lpx_tvm.sim.Simulator.run>`); each chip keeps its SRAM
+        from run to run."""
+        inputs, keep = inputs or {}, keep or {}
         self._check_programs(programs, inputs)
         inbound = self._messages(programs)
         if timing_only:
             results = self._timing(programs, inbound, workers, ray_address)
         else:
-            results = self._functional(programs, inputs, inbound)
+            results = self._functional(programs, inputs, inbound, keep)
         return SystemResult(results, self._link_bytes(programs))
 
     # ---- what each chip receives ------------------------------------------------------
@@ -135,18 +138,20 @@ class SystemSimulator:
         finally:
             pool.shutdown()
 
-    def _functional(self, programs, inputs, inbound) -> dict:
+    def _functional(self, programs, inputs, inbound, keep) -> dict:
         from .executor import Executor
 
         runs, executors = {}, {}
         for c, prog in programs.items():
             sim = self.chip(c)
-            arrays = _coerce_inputs(prog, inputs.get(c, {}), True)
+            names = _names(keep.get(c, ()))
+            kept = sim._kept_lines(prog, names)
+            arrays = _coerce_inputs(prog, inputs.get(c, {}), True, names)
             sim._sram.start_run(True)
             sim._acc_stamps.start_run(False)
             run = _Run(sim.config, prog, False, sim._sram, sim._acc_stamps, sim._timings, loopback=False)
             ex = Executor(sim.config, prog, sim._sram, sim._accs_for_run())
-            ex.load_image(None, {})
+            ex.load_image(None, kept)
             ex.load_inputs(arrays)
             run.ex, executors[c], runs[c] = ex, ex, run
         for (c, link), messages in inbound.items():

@@ -424,6 +424,10 @@ class ProgramBuilder:
         # chip of a system (loopback=False) sends to another chip and receives what
         # arrives from one (:meth:`arrival`).
         self.loopback = loopback
+        # Told when a build starts and of each group's instructions as it is placed (a
+        # system's chips built side by side post their sends' arrivals to each other).
+        self.on_start = None
+        self.on_placed = None
         self._sram = SramAllocator(self.config.mem_slices, self.config.lines_per_slice)
         self._constants = set()
         self._groups = []
@@ -734,9 +738,11 @@ class ProgramBuilder:
         """A barrier: later groups start after everything before it has completed."""
         self._groups.append("sync")
 
-    def arrival(self, link: int, cycle: int):
+    def arrival(self, link: int, cycle):
         """Data arrives on ``link`` from another chip at ``cycle`` (its sender's schedule):
-        a later group's receive on that link issues no earlier."""
+        a later group's receive on that link issues no earlier. ``cycle`` may be a
+        function, asked when the program is built (the sender's program being built
+        beside this one: target.collectives.build_together)."""
         self._groups.append(("arrival", link, cycle))
 
     def nearest_sxm(self, node: Node) -> int:
@@ -749,13 +755,19 @@ class ProgramBuilder:
     def build(self) -> Program:
         placer = Placer(self.config)
         instrs = []
+        if self.on_start is not None:
+            self.on_start()
         for g in self._groups:
             if g == "sync":
                 instrs.append(Instr("icu.sync", placer.sync()))
             elif isinstance(g, tuple):  # ("arrival", link, cycle)
-                placer.res.record([(("link", g[1]), 0, 0, "w", 0, g[2], 0)], 0)
+                cycle = g[2]() if callable(g[2]) else g[2]
+                placer.res.record([(("link", g[1]), 0, 0, "w", 0, cycle, 0)], 0)
             elif g.nodes:
-                instrs.extend(placer.place(g))
+                placed = placer.place(g)
+                instrs.extend(placed)
+                if self.on_placed is not None:
+                    self.on_placed(placed)
         instrs.sort(key=lambda i: (i.cycle, i.op, i.unit))
         return Program(self.config.hash, instrs, sram_init=list(self._images), host_init=bytes(self._host),
                        host_bytes=self._host_end, bindings=list(self._bindings), tables=list(self._tables),

@@ -20,6 +20,8 @@ hand.
 
 from __future__ import annotations
 
+import functools
+import threading
 from dataclasses import dataclass
 
 from ..errors import LPXError
@@ -112,8 +114,7 @@ def collective(kind: str, system, chips, rows: int, dtype="fp32") -> Collective:
         raise LPXError(f"{kind} of {dt.short}: the VXM adds fp32, fp16, bf16 or int32")
     if rows < len(chips):
         raise LPXError(f"{kind} of {rows} rows over {len(chips)} chips: at least one row per chip")
-    return _settle(kind, system, chips, rows, dt,
-                   lambda c, arrivals: _program(kind, system, chips, c, rows, dt, arrivals))
+    return _settle(kind, system, chips, rows, dt, lambda c, place: _program(kind, place, rows, dt))
 
 
 def point_to_point(system, src: int, dst: int, rows: int, dtype="fp16") -> Collective:
@@ -131,23 +132,58 @@ def point_to_point(system, src: int, dst: int, rows: int, dtype="fp16") -> Colle
     if rows < 1:
         raise LPXError(f"a transfer of {rows} rows")
     path = tuple(system.path(src, dst))
-    return _settle("send", system, path, rows, dt, lambda c, arrivals: _forward(system, path, c, rows, dt, arrivals))
+    return _settle("send", system, path, rows, dt, lambda c, place: _forward(place, rows, dt))
 
 
 def _settle(kind, system, chips, rows, dt, build) -> Collective:
-    programs, transfers = settle(system, chips, build, kind)
+    programs, transfers = build_together(system, chips, build, kind)
     return Collective(kind, system, chips, rows, dt, programs, transfers)
+
+
+def build_together(system: System, chips, build, what: str = "programs") -> tuple:
+    """({chip: Program}, [Transfer]): ``build(chip, place)`` (``place`` a
+    :class:`ChipPlace`) for every chip, side by side in threads. A chip's receive is
+    placed once its sender has placed the send (it waits for it), so each program is
+    built once with its messages' true arrivals; programs whose receives wait on each
+    other are refused. The arrivals are checked against the programs' transfers after;
+    a build that placed differently the second time is rebuilt until they agree
+    (:func:`settle`)."""
+    board = ArrivalBoard(system, chips)
+    programs, errors = {}, {}
+
+    def work(c):
+        try:
+            programs[c] = build(c, ChipPlace(system, tuple(chips), c, board=board))
+        except BaseException as e:  # raised in the caller's thread below
+            errors[c] = e
+        finally:
+            board.finish(c)
+
+    threads = [threading.Thread(target=work, args=(c,), name=f"build chip {c}") for c in chips]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        first = next((e for e in errors.values() if not isinstance(e, _Deadlock)), next(iter(errors.values())))
+        raise first
+    transfers = _transfers(system, programs)
+    if board.agrees(transfers):
+        return programs, transfers
+    return settle(system, chips, lambda c, arrivals: build(c, ChipPlace(system, tuple(chips), c, arrivals)), what)
 
 
 def settle(system: System, chips, build, what: str = "programs") -> tuple:
     """({chip: Program}, [Transfer]): ``build(chip, arrivals)`` for every chip, again
     until the arrivals each program assumes (``{(chip, port): [cycles]}``, in the order
     its messages come) are those its senders' programs give. Arrivals only move later,
-    so this ends; a build that depends on them otherwise is refused."""
-    arrivals = {}
-    for _ in range(2 * len(chips) + 4):
+    so this ends: each build fixes at least the earliest message whose arrival was still
+    assumed, so there are at most as many builds as messages."""
+    arrivals, builds, limit = {}, 0, 2
+    while builds < limit:
         programs = {c: build(c, arrivals) for c in chips}
         transfers = _transfers(system, programs)
+        builds, limit = builds + 1, max(limit, len(transfers) + 2)
         seen = {}
         for t in transfers:
             seen.setdefault((t.dst, t.dst_link), []).append(t.arrival)
@@ -157,19 +193,93 @@ def settle(system: System, chips, build, what: str = "programs") -> tuple:
     raise LPXError(f"{what} over {len(chips)} chips: the arrivals did not settle")
 
 
+class _Deadlock(LPXError):
+    pass
+
+
+class ArrivalBoard:
+    """The arrivals of the messages of chips whose programs are being built side by side
+    (:func:`build_together`): each chip's builder posts its sends as it places them, and
+    a receive's placement waits for its message's."""
+
+    def __init__(self, system: System, chips):
+        self.system = system
+        self.cond = threading.Condition()
+        self.posted = {}  # (receiving chip, its port) -> {k: arrival of its k-th message}
+        self.sent = {}  # (sending chip, port) -> messages placed by its current build
+        self.used = {}  # (receiving chip, port) -> {k: the arrival its build used}
+        self.building = set(chips)
+        self.blocked = {}  # chip -> (port, k) its build waits for
+
+    def start(self, chip: int):
+        """``chip``'s builder starts a build: its sends are counted afresh."""
+        with self.cond:
+            for key in [k for k in self.sent if k[0] == chip]:
+                self.sent[key] = 0
+
+    def post(self, chip: int, instrs):
+        with self.cond:
+            for ins in sorted((i for i in instrs if i.op == "c2c.send"), key=lambda i: i.cycle):
+                far = self.system.peer(chip, ins.unit)
+                k = self.sent.get((chip, ins.unit), 0)
+                self.sent[chip, ins.unit] = k + 1
+                self.posted.setdefault(far, {})[k] = tm.timing(self.system.config, ins).done
+            self.cond.notify_all()
+
+    def wait(self, chip: int, port: int, k: int) -> int:
+        """The arrival of the ``k``-th message to ``chip``'s ``port``, once its sender has
+        placed it."""
+        with self.cond:
+            self.blocked[chip] = (port, k)
+            try:
+                while k not in self.posted.get((chip, port), {}):
+                    if self._stuck():
+                        self.cond.notify_all()
+                        raise _Deadlock(f"the programs of chips {sorted(self.building)} wait on each other: chip "
+                                        f"{chip} receives message {k + 1} on link {port} before any program sends "
+                                        "it")
+                    self.cond.wait()
+            finally:
+                del self.blocked[chip]
+            arrival = self.posted[chip, port][k]
+            self.used.setdefault((chip, port), {})[k] = arrival
+            return arrival
+
+    def _stuck(self) -> bool:
+        """Every chip still building waits for a message no one has placed."""
+        return all(c in self.blocked for c in self.building) and \
+            not any(k in self.posted.get((c, p), {}) for c, (p, k) in self.blocked.items())
+
+    def finish(self, chip: int):
+        with self.cond:
+            self.building.discard(chip)
+            self.cond.notify_all()
+
+    def agrees(self, transfers) -> bool:
+        """Whether every arrival a build used is its message's in the final programs."""
+        final = {}
+        for t in sorted(transfers, key=lambda t: t.send_cycle):
+            final.setdefault((t.dst, t.dst_link), []).append(t.arrival)
+        return all(k < len(final.get(key, ())) and final[key][k] == a
+                   for key, used in self.used.items() for k, a in used.items())
+
+
 @dataclass
 class ChipPlace:
     """One chip's place in a group of pairwise linked chips of a system, as a program
-    built for it sees it: ``arrivals`` from the peers' programs (see :func:`settle`)."""
+    built for it sees it: its messages' arrivals come from ``board`` (programs built side
+    by side, :func:`build_together`) or from ``arrivals`` (``{(chip, port): [cycles]}``
+    of a previous build, :func:`settle`)."""
 
     system: System
     chips: tuple  # the group, in rank order
     chip: int
-    arrivals: dict
-    heard: dict = None  # port -> messages received so far by the program being built
+    arrivals: dict = None
+    board: "ArrivalBoard | None" = None
 
     def __post_init__(self):
-        self.heard = {}
+        self.heard = {}  # port -> messages received so far by the program being built
+        self._attached = set()
 
     @property
     def peers(self) -> list:
@@ -179,15 +289,26 @@ class ChipPlace:
         """This chip's port to ``peer`` (and from it)."""
         return self.system.links_between(self.chip, peer)[0][0]
 
+    def attach(self, b: ProgramBuilder):
+        """Let ``b`` post its sends to the board as it places them."""
+        if self.board is not None and id(b) not in self._attached:
+            self._attached.add(id(b))
+            b.on_start = lambda: self.board.start(self.chip)
+            b.on_placed = lambda instrs: self.board.post(self.chip, instrs)
+
     def expect(self, b: ProgramBuilder, *senders):
-        """The next message from each of ``senders`` arrives when its sender's program says
-        (0 before the first build): call before the group that receives them."""
+        """The next message from each of ``senders`` arrives when its sender's program
+        says: call before the group that receives them."""
+        self.attach(b)
         for d in senders:
             p = self.port(d)
             k = self.heard.get(p, 0)
-            times = self.arrivals.get((self.chip, p), [])
-            b.arrival(p, times[k] if k < len(times) else 0)
             self.heard[p] = k + 1
+            if self.board is not None:
+                b.arrival(p, functools.partial(self.board.wait, self.chip, p, k))
+            else:
+                times = (self.arrivals or {}).get((self.chip, p), [])
+                b.arrival(p, times[k] if k < len(times) else 0)
 
 
 def emit_all_reduce(b: ProgramBuilder, place: ChipPlace, x, y, tag: str = "all_reduce"):
@@ -214,6 +335,7 @@ def emit_all_reduce(b: ProgramBuilder, place: ChipPlace, x, y, tag: str = "all_r
             g.write(v.part(r0 - r, reg.count) if v.count != reg.count else v, reg)
 
     me, peers = place.chips.index(place.chip), place.peers
+    place.attach(b)
     for d in peers:  # reduce-scatter: each peer's shard to it
         for j, r, reg in pieces(place.chips.index(d)):
             g = b.group(f"{tag}.send")
@@ -235,34 +357,36 @@ def emit_all_reduce(b: ProgramBuilder, place: ChipPlace, x, y, tag: str = "all_r
             write(g, g.recv(place.port(d), reg.count, reg.dtype), j, r)
 
 
-def _forward(system: System, path: tuple, c: int, rows: int, dt: DType, arrivals: dict):
+def _forward(place: ChipPlace, rows: int, dt: DType):
+    """Chip ``place.chip``'s part of a transfer along the path ``place.chips``."""
+    system, path, c = place.system, place.chips, place.chip
     cfg = system.config
     k = path.index(c)
     b = ProgramBuilder(cfg, f"send chip {c}", loopback=False)
-    g = None
+    place.attach(b)
     if k == 0:
         x = b.input("X", (rows, cfg.lanes), dt)
         g = b.group("send")
         v = g.read(x.tile(0))
     else:
-        came = system.links_between(c, path[k - 1])[0][0]
-        times = arrivals.get((c, came), [])
-        b.arrival(came, times[0] if times else 0)
+        place.expect(b, path[k - 1])
         g = b.group("send.forward" if k < len(path) - 1 else "send.receive")
-        v = g.recv(came, rows, dt)
+        v = g.recv(place.port(path[k - 1]), rows, dt)
     if k < len(path) - 1:
-        g.send(system.links_between(c, path[k + 1])[0][0], v)
+        g.send(place.port(path[k + 1]), v)
     else:
         g.write(v, b.output("Y", (rows, cfg.lanes), dt).tile(0))
     return b.build()
 
 
-def _program(kind, system: System, chips, c: int, rows: int, dt: DType, arrivals: dict):
+def _program(kind, place: ChipPlace, rows: int, dt: DType):
+    """Chip ``place.chip``'s program of collective ``kind`` over ``place.chips``."""
+    system, chips, c = place.system, place.chips, place.chip
     cfg = system.config
     parts = shards(rows, len(chips))
-    place = ChipPlace(system, chips, c, arrivals)
     me = chips.index(c)
     b = ProgramBuilder(cfg, f"{kind} chip {c}", loopback=False)
+    place.attach(b)
     x = b.input("X", (parts[me][1] if kind == "all_gather" else rows, cfg.lanes), dt)
     y = b.output("Y", (parts[me][1] if kind == "reduce_scatter" else rows, cfg.lanes), dt)
     if kind == "all_reduce":

@@ -16,7 +16,7 @@ from lpx_tvm.pipeline import lower  # noqa: E402
 from lpx_tvm.sim.multichip import SystemSimulator  # noqa: E402
 from lpx_tvm.target.codegen.graph import UnsupportedOnLPX  # noqa: E402
 from lpx_tvm.target.codegen.options import codegen_options  # noqa: E402
-from lpx_tvm.target.collectives import ChipPlace, settle  # noqa: E402
+from lpx_tvm.target.collectives import build_together  # noqa: E402
 
 
 class RowShard(torch.nn.Module):
@@ -36,14 +36,14 @@ def _compile(system, chips, modules, inputs, precision="fp32"):
     imported = {c: import_torch(modules[c], (inputs[c],)) for c in chips}
     regions = {}
 
-    def build(c, arrivals):
-        with codegen_options(system=ChipPlace(system, chips, c, arrivals)):
+    def build(c, place):
+        with codegen_options(system=place):
             _, found, offload = lower(imported[c].mod, system.config, precision)
         assert len(found) == 1 and not (offload and offload.cpu), offload
         (regions[c],) = found.values()
         return regions[c].program
 
-    programs, transfers = settle(system, chips, build)
+    programs, transfers = build_together(system, chips, build)
     return programs, transfers, regions
 
 
