@@ -15,7 +15,6 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -29,45 +28,15 @@ from ..runtime.floors import floors_of
 from ..sim import Simulator
 from ..target.builder import SharedSram, chunk_lines
 from ..target.codegen.options import codegen_options
+from .steps import FLOAT_OF, DoesNotFit, StepProgram, cache_bytes_as_stored, float_bytes, step_program
 
 # The precisions a decoder compiles at: float, or an 8-bit path (W8A8 dense layers in
 # int8, or in fp8 e4m3 on a machine whose MXM multiplies fp8; the rest fp16).
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 EIGHT_BIT = ("int8", "fp8")
-# The float precision of what an 8-bit path leaves in float (norms, RoPE, attention, the
-# KV cache, the embedding table).
-FLOAT_OF = {"int8": "fp16", "fp8": "fp16"}
 # Tokens the float model generates to calibrate an 8-bit path's activation scales, after
 # a prompt of random ids (seeded).
 CALIBRATION_PROMPT, CALIBRATION_TOKENS = 16, 8
-
-
-class DoesNotFit(LPXError):
-    """A decoder whose weights and KV cache do not fit one chip's SRAM."""
-
-
-@dataclass
-class StepProgram:
-    """One compiled step (prefill of ``tokens`` tokens, or decode: 1) and the names of its
-    bindings: the token ids and position it reads, the caches it keeps in SRAM, and the
-    next ids and logits it returns."""
-
-    tokens: int
-    region: object  # CompiledRegion
-    ids: str
-    position: str
-    caches: list  # cache input names, in the steps' order (decoders.DecoderSpec.cache_names)
-    next_ids: str
-    logits: str
-    counters: object = None  # of the schedule check (static: every run has these)
-
-    @property
-    def program(self):
-        return self.region.program
-
-    @property
-    def cycles(self) -> int:
-        return self.counters.cycles
 
 
 def load_decoder(model_or_config, seed: int = 0):
@@ -188,11 +157,6 @@ def matrix_parameters(model) -> int:
     return sum(p.numel() for p in mats.values())
 
 
-def float_bytes(precision: str) -> int:
-    """Bytes of a float value (activation, cache, table entry) at ``precision``."""
-    return Precision.parse(FLOAT_OF.get(precision, precision)).value_bytes
-
-
 def matrix_value_bytes(precision: str) -> int:
     """Bytes of a dense layer's weight value at ``precision`` (one for the 8-bit paths)."""
     return 1 if precision in EIGHT_BIT else Precision.parse(precision).value_bytes
@@ -202,13 +166,6 @@ def weight_bytes(spec: decoders.DecoderSpec, precision: str, matrices: int) -> i
     """Bytes of the weights: ``matrices`` values the MXM multiplies by at the precision's
     size, the rest (tables, norms) at its float size."""
     return matrices * matrix_value_bytes(precision) + (spec.parameters - matrices) * float_bytes(precision)
-
-
-def cache_bytes_as_stored(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> int:
-    """Bytes of SRAM the caches take as stored: each row of ``head_dim`` values takes whole
-    vectors of lanes, one line per byte of a value."""
-    return len(spec.cache_names) * spec.cache_rows * -(-spec.head_dim // cfg.lanes) * cfg.lanes * \
-        float_bytes(precision)
 
 
 def fit_problem(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str, matrices: int = 0) -> "str | None":
@@ -386,39 +343,6 @@ class LLMSession:
     def report(self) -> dict:
         """Figures of the decode program and of the last generation (docs/llm.md)."""
         return llm_report(self)
-
-
-def step_program(regions: dict, offload, spec: decoders.DecoderSpec, tokens: int, cfg: LPXConfig,
-                 precision: str) -> StepProgram:
-    """The :class:`StepProgram` of a compiled step (``lower``'s regions and offload), or
-    the error saying why the step is not one LPX program."""
-    cpu = dict(offload.cpu) if offload is not None else {}
-    if len(regions) > 1 and not cpu:
-        raise DoesNotFit(f"the {'decode' if tokens == 1 else 'prefill'} step's weights, KV cache and working "
-                         f"space do not fit one {cfg.name} chip's SRAM together (batch {spec.batch}, "
-                         f"context {spec.max_context}; the caches take "
-                         f"{cache_bytes_as_stored(spec, cfg, precision) / 2**20:,.1f} MiB as "
-                         "stored): use a smaller batch or "
-                         "context")
-    if len(regions) != 1 or cpu:
-        raise LPXError(f"the {'decode' if tokens == 1 else 'prefill'} step compiled to {len(regions)} LPX "
-                       f"regions with {cpu or 'no ops'} on the CPU; a step must be one LPX program")
-    (region,) = regions.values()
-    # The region's inputs are the step's (torch.export names them after forward's
-    # arguments: input_ids, position, caches_0, ...), in whatever order it uses them.
-    names = {n for n, _ in region.inputs}
-    ids, position = "input_ids", "position"
-    caches = [f"caches_{i}" for i in range(len(spec.cache_names))]
-    if names != {ids, position, *caches}:
-        raise LPXError(f"step inputs {sorted(names)} are not input_ids, position and {len(caches)} caches")
-    layouts = {b.name: b.layout for b in region.program.bindings}
-    kept = {layouts[n] for n in caches}
-    rest = [(n, shape) for n, shape in region.outputs if layouts[n] not in kept]
-    int_out = [n for n, _ in rest if layouts[n].dtype.short == "int32"]
-    float_out = [n for n, _ in rest if layouts[n].dtype.short != "int32"]
-    if len(int_out) != 1 or len(float_out) != 1 or len(region.outputs) != 2 + len(caches):
-        raise LPXError(f"step outputs {region.outputs}: expected next ids, logits and the caches in place")
-    return StepProgram(tokens, region, ids, position, caches, int_out[0], float_out[0])
 
 
 def _binding_bytes(cfg: LPXConfig, layout) -> int:

@@ -23,7 +23,7 @@ from ..sim.multichip import SystemSimulator
 from ..target.builder import SharedSram
 from ..target.codegen.options import codegen_options
 from ..target.collectives import build_together
-from .session import StepProgram, float_bytes, step_program
+from .steps import StepProgram, float_bytes, step_program
 
 FLOAT = ("fp32", "fp16", "bf16")
 
