@@ -818,6 +818,60 @@ def _print_system_report(rep: dict) -> None:
     Console().print(table)
 
 
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="a transformers config.json of a Llama, Qwen2, Mistral or GPT-2 "
+                                                   "decoder (random weights: nothing is downloaded)")
+    p.add_argument("--system", required=True, help="a system preset (groqnode, tsp-rack, tsp-576, lp30-rack) or a "
+                                                   "system JSON file")
+    p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16"])
+    p.add_argument("--context", type=int, default=256, help="positions the KV cache holds (default 256)")
+    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens for TTFT (default: context / 2)")
+    p.add_argument("--batches", default="1", help="batch sizes, comma-separated (default 1)")
+    p.add_argument("--slo-tokens-per-s-per-user", type=float, default=0.0,
+                   help="the best mapping is the one with the most tokens/s per chip at or above this")
+    p.add_argument("--max-chips", type=int, default=None, help="the most chips a mapping may use")
+    p.add_argument("--png", default=None, help="write the Pareto figure (tokens/s per user against per chip) here")
+    p.add_argument("--report", default=None, help="write the plan as JSON here")
+
+
+def _plan(args) -> int:
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from .llm.plan import PLAN_COLUMNS, plan, plan_table, save_pareto
+
+    try:
+        batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        raise LPXError(f"--batches {args.batches!r}: expected comma-separated integers") from None
+    p = plan(args.config, args.system, precision=args.precision, context=args.context,
+             prompt_len=args.prompt_len or args.context // 2, batches=batches, max_chips=args.max_chips)
+    table = Table(title=f"{p.model} on {p.system} ({p.precision}, context {p.context}, {p.layers} layers): "
+                        "predicted from simulated layers (docs/multichip.md)")
+    for c in PLAN_COLUMNS:
+        table.add_column(c, justify="right")
+    for row in plan_table(p):
+        table.add_row(*row)
+    console = Console(width=150)
+    console.print(table)
+    best = p.best(args.slo_tokens_per_s_per_user)
+    if best is None:
+        console.print(f"no mapping meets {args.slo_tokens_per_s_per_user:,.0f} tokens/s per user")
+    else:
+        console.print(f"best at >= {args.slo_tokens_per_s_per_user:,.0f} tokens/s per user: tensor parallel "
+                      f"{best.tensor_parallel}, batch {best.batch}: {best.tokens_per_s_per_user:,.0f} tokens/s per "
+                      f"user, {best.tokens_per_s_per_chip:,.0f} per chip on {best.chips} chip(s)")
+    if args.png:
+        save_pareto(p, args.png)
+        console.print(f"Pareto figure: {args.png}")
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(dict(p.to_json(), best=best.to_json() if best else None), f, indent=1)
+    return 0
+
+
 # name -> (help, add_arguments(parser), handler(args) -> exit code)
 COMMANDS = {
     "demo": ("compile a bundled ONNX model for LPX, run it, check it against onnxruntime", _demo_args, _demo),
@@ -828,6 +882,8 @@ COMMANDS = {
     "tune": ("search the MXM schedules of a model on the simulator into a tuning log", _tune_args, _tune),
     "generate": ("compile a decoder LLM (a transformers config) for one chip and generate tokens greedily",
                  _generate_args, _generate),
+    "plan": ("predict the mappings of a decoder LLM onto a system of chips from simulated layers",
+             _plan_args, _plan),
     "kernel": ("build a hand-written kernel into a program binary", _kernel_args, _kernel),
     "disasm": ("print the assembly listing of a program binary", _disasm_args, _disasm),
     "asm": ("assemble a text listing into a program binary", _asm_args, _asm),

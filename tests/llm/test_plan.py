@@ -1,0 +1,58 @@
+"""The planner's predictions (layers simulated on one and two-layer models, composed)
+against the whole model simulated, and its choice of mapping."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import lpx_tvm  # noqa: E402
+from lpx_tvm.cli import main  # noqa: E402
+from lpx_tvm.llm.plan import Mapping, Plan, plan  # noqa: E402
+
+from decoder_models import LLAMA  # noqa: E402
+
+CONFIG = dict(LLAMA, num_hidden_layers=3, model_type="llama")
+
+
+def test_prediction_within_5_percent_of_the_whole_model_simulated():
+    p = plan(CONFIG, "groqnode", precision="fp32", context=32, prompt_len=9, tensor_parallel=[3])
+    (m,) = p.mappings
+    assert m.fits and m.chips == 3 and m.layer_cycles > 2 * 2 * 450  # two all-reduces a layer, two latencies each
+    s = lpx_tvm.compile_llm(CONFIG, precision="fp32", max_context=32, prompt_len=9, system="groqnode",
+                            chips=(0, 1, 2))
+    decode = s.decode_cycles
+    ttft = s.sim.run(s.programs(s.prefill_step(9)), timing_only=True).cycles
+    assert abs(m.decode_cycles_per_token - decode) / decode < 0.05, (m.decode_cycles_per_token, decode)
+    assert abs(m.ttft_cycles - ttft) / ttft < 0.05, (m.ttft_cycles, ttft)
+    assert m.tokens_per_s_per_chip == pytest.approx(m.tokens_per_s_per_user / 3)
+    assert 0 < m.link_utilization < 1
+
+
+def _m(t, b, user, chip, fits=True):
+    return Mapping(t, b, t, 0.5, fits, tokens_per_s_per_user=user, tokens_per_s_per_chip=chip)
+
+
+def test_best_and_pareto():
+    p = Plan("m", "s", "fp16", 64, 2, [_m(1, 1, 100, 100), _m(1, 4, 60, 240), _m(2, 1, 150, 75), _m(2, 4, 50, 100),
+                                        _m(8, 1, 0, 0, fits=False)])
+    assert p.best().batch == 4 and p.best().tensor_parallel == 1
+    assert p.best(120).tensor_parallel == 2
+    assert p.best(1000) is None
+    assert sorted((m.tensor_parallel, m.batch) for m in p.pareto()) == [(1, 1), (1, 4), (2, 1)]
+
+
+def test_plan_cli(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(dict(CONFIG, num_hidden_layers=2)))
+    report = tmp_path / "plan.json"
+    assert main(["plan", "--config", str(cfg), "--system", "groqnode", "--precision", "fp32", "--context", "16",
+                 "--prompt-len", "4", "--batches", "1", "--max-chips", "1", "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "best at >= 0 tokens/s per user: tensor parallel 1, batch 1" in out
+    data = json.loads(report.read_text())
+    assert data["best"]["tensor_parallel"] == 1 and len(data["mappings"]) == 1
+    assert np.isfinite(data["mappings"][0]["decode_cycles_per_token"])
