@@ -28,7 +28,7 @@ from ..runtime.floors import floors_of
 from ..sim import Simulator
 from ..target.builder import SharedSram, chunk_lines
 from ..target.codegen.options import codegen_options
-from .steps import FLOAT_OF, DoesNotFit, StepProgram, cache_bytes_as_stored, float_bytes, step_program
+from .steps import FLOAT_OF, DoesNotFit, StepProgram, cache_bytes_as_stored, float_bytes, prompt_ids, step_program
 
 # The precisions a decoder compiles at: float, or an 8-bit path (W8A8 dense layers in
 # int8, or in fp8 e4m3 on a machine whose MXM multiplies fp8; the rest fp16).
@@ -280,18 +280,8 @@ class LLMSession:
         Returns int64 ids [batch, max_new_tokens]; with ``return_logits`` also the logits
         of every step, [max_new_tokens, batch, vocab] (float32)."""
         spec = self.spec
-        ids = np.asarray(input_ids)
-        if ids.ndim == 1:
-            ids = ids[None]
-        if ids.ndim != 2 or ids.shape[0] != spec.batch:
-            raise ModelError(f"input_ids of shape {ids.shape}: this session decodes a batch of {spec.batch} "
-                             f"([{spec.batch}, prompt length])")
-        if ids.dtype.kind not in "iu" or ids.size and (ids.min() < 0 or ids.max() >= spec.vocab):
-            raise ModelError(f"input_ids must be token ids in 0..{spec.vocab - 1}")
+        ids = prompt_ids(spec, input_ids, max_new_tokens)
         prompt = ids.shape[1]
-        if max_new_tokens < 1 or prompt + max_new_tokens - 1 > spec.max_context:
-            raise ModelError(f"{prompt} prompt tokens and {max_new_tokens} new ones do not fit the context of "
-                             f"{spec.max_context} positions")
         prefill = self.prefill_step(prompt)
         out, all_logits = [], []
         t = time.perf_counter()

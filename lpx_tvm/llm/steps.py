@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import LPXError
 from ..frontends import decoders
 from ..machine.config import LPXConfig
 from ..precision import Precision
+from ..relax_passes.errors import ModelError
 
 
 # The float precision of what an 8-bit path leaves in float (norms, RoPE, attention, the
@@ -88,3 +91,21 @@ def step_program(regions: dict, offload, spec: decoders.DecoderSpec, tokens: int
     if len(int_out) != 1 or len(float_out) != 1 or len(region.outputs) != 2 + len(caches):
         raise LPXError(f"step outputs {region.outputs}: expected next ids, logits and the caches in place")
     return StepProgram(tokens, region, ids, position, caches, int_out[0], float_out[0])
+
+
+def prompt_ids(spec: decoders.DecoderSpec, input_ids, max_new_tokens: int) -> np.ndarray:
+    """``input_ids`` ([batch, P] token ids, or [P] for a batch of one) as a [batch, P]
+    array, checked against the session's batch, vocabulary and context."""
+    ids = np.asarray(input_ids)
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2 or ids.shape[0] != spec.batch:
+        raise ModelError(f"input_ids of shape {ids.shape}: this session decodes a batch of {spec.batch} "
+                         f"([{spec.batch}, prompt length])")
+    if ids.dtype.kind not in "iu" or ids.size and (ids.min() < 0 or ids.max() >= spec.vocab):
+        raise ModelError(f"input_ids must be token ids in 0..{spec.vocab - 1}")
+    prompt = ids.shape[1]
+    if max_new_tokens < 1 or prompt + max_new_tokens - 1 > spec.max_context:
+        raise ModelError(f"{prompt} prompt tokens and {max_new_tokens} new ones do not fit the context of "
+                         f"{spec.max_context} positions")
+    return ids

@@ -23,7 +23,7 @@ from ..sim.multichip import SystemSimulator
 from ..target.builder import SharedSram
 from ..target.codegen.options import codegen_options
 from ..target.collectives import build_together
-from .steps import StepProgram, float_bytes, step_program
+from .steps import StepProgram, float_bytes, prompt_ids, step_program
 
 FLOAT = ("fp32", "fp16", "bf16")
 
@@ -123,17 +123,8 @@ class SystemLLMSession:
     def generate(self, input_ids, max_new_tokens: int, return_logits: bool = False):
         """Greedy tokens after ``input_ids`` ([batch, P] ints, or [P] for a batch of one)."""
         spec = self.spec
-        ids = np.asarray(input_ids)
-        if ids.ndim == 1:
-            ids = ids[None]
-        if ids.ndim != 2 or ids.shape[0] != spec.batch:
-            raise ModelError(f"input_ids of shape {ids.shape}: this session decodes a batch of {spec.batch}")
-        if ids.dtype.kind not in "iu" or ids.size and (ids.min() < 0 or ids.max() >= spec.vocab):
-            raise ModelError(f"input_ids must be token ids in 0..{spec.vocab - 1}")
+        ids = prompt_ids(spec, input_ids, max_new_tokens)
         prompt = ids.shape[1]
-        if max_new_tokens < 1 or prompt + max_new_tokens - 1 > spec.max_context:
-            raise ModelError(f"{prompt} prompt tokens and {max_new_tokens} new ones do not fit the context of "
-                             f"{spec.max_context} positions")
         ttft, next_ids, logits = self._run(self.prefill_step(prompt), ids, 0, True, return_logits)
         out, all_logits = [], []
         for k in range(max_new_tokens):
