@@ -2,8 +2,8 @@
 speed, measured side by side in one run (docs/multichip.md).
 
 - For tensor parallelism over 2, 4 and 8 chips of a GroqNode (and one chip), a small
-  Llama (8 kv heads) is planned (its steps simulated with one and two layers, composed)
-  and then compiled and simulated whole: the relative error of the predicted decode
+  Llama (8 kv heads, 6 layers) is planned (its steps simulated with two and three
+  layers, composed) and then compiled and simulated whole: the relative error of the predicted decode
   cycles per token, and of TTFT.
 - The system simulator's speed on the 8-chip decode step: simulated chip-cycles per wall
   second, functional, and timing-only inline against timing-only in 2 worker processes.
@@ -25,7 +25,7 @@ import time
 import lpx_tvm
 from lpx_tvm.llm.plan import plan
 
-CONFIG = dict(model_type="llama", vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+CONFIG = dict(model_type="llama", vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=6,
               num_attention_heads=8, num_key_value_heads=8, head_dim=32, max_position_embeddings=128)
 
 

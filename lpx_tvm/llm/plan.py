@@ -3,10 +3,10 @@
 
 For each tensor-parallel degree ``t`` (a divisor of the kv heads, ``t`` pairwise linked
 chips) and batch, the decoder's step is compiled and simulated, on ``t`` chips of the
-system with its in-program all-reduces, with one layer and with two: a decode step of
-``L`` layers then takes ``D(1) + (L - 1) (D(2) - D(1))`` cycles (its layers are the same
-program, each with its two all-reduces; ``D(1) - (D(2) - D(1))`` is the embedding, the
-LM head and the argmax), and the prefill likewise. Nothing is a roofline guess: every
+system with its in-program all-reduces, with two layers and with three: a decode step of
+``L`` layers then takes ``D(3) + (L - 3) (D(3) - D(2))`` cycles (its layers are the same
+program, each with its two all-reduces; the first layer overlaps the embedding's work
+and is not a steady one, so the increment is taken past it), and the prefill likewise. Nothing is a roofline guess: every
 cycle is the simulator's. The planner's prediction is checked against the whole model
 simulated (tests/llm/test_plan.py, bench/multichip.py).
 """
@@ -23,6 +23,7 @@ from .session import compile_llm, load_decoder, matrix_parameters
 from .steps import float_bytes
 
 BUDGET = 0.9  # the share of a chip's SRAM weights and caches may take (docs/compiler.md)
+SAMPLED = (2, 3)  # the layer counts simulated; a model of no more layers is simulated whole
 
 
 @dataclass
@@ -99,7 +100,8 @@ def plan(model_or_config, system, precision: str = "fp16", context: int = 256, p
     degrees = tensor_parallel or [t for t in range(1, limit + 1) if spec.kv_heads % t == 0]
     out = Plan(getattr(model.config, "_name_or_path", "") or spec.family, system.name, precision, context,
                spec.layers)
-    small = {n: _with_layers(model, n, seed) for n in (1, 2)}
+    small = {n: _with_layers(model, n, seed) for n in SAMPLED if n < spec.layers} if spec.layers > SAMPLED[-1] \
+        else {}
     for t in degrees:
         if t > len(group):
             raise LPXError(f"tensor parallelism over {t} chips: system {system.name}'s largest pairwise linked "
@@ -134,7 +136,7 @@ def _predict(model, spec, small: dict, system, chips, precision, context, prompt
         m.why = f"{per_chip / 2**20:,.0f} MiB a chip of {cfg.sram_bytes / 2**20:,.0f}"
         return m
     runs = {}
-    for n, layer_model in small.items():
+    for n, layer_model in (small or {spec.layers: model}).items():
         kw = dict(precision=precision, max_context=context, batch=batch, prompt_len=prompt_len)
         s = compile_llm(layer_model, system=system, chips=chips, **kw) if t > 1 else \
             compile_llm(layer_model, preset=cfg, **kw)
@@ -143,16 +145,20 @@ def _predict(model, spec, small: dict, system, chips, precision, context, prompt
         ttft = s.sim.run(s.programs(prefill), timing_only=True).cycles if t > 1 else prefill.cycles
         link = s.report["link_bytes_per_token"] if t > 1 else 0
         runs[n] = (decode, ttft, link)
-    (d1, p1, l1), (d2, p2, l2) = runs[1], runs[2]
     L = spec.layers
-    m.layer_cycles = d2 - d1
-    m.decode_cycles_per_token = d1 + (L - 1) * (d2 - d1)
-    m.ttft_cycles = p1 + (L - 1) * (p2 - p1)
+    if len(runs) == 1:  # simulated whole
+        (d, p, link_bytes), = runs.values()
+        m.layer_cycles, m.decode_cycles_per_token, m.ttft_cycles = None, d, p
+    else:
+        (d2, p2, l2), (d3, p3, l3) = (runs[n] for n in SAMPLED)
+        m.layer_cycles = d3 - d2
+        m.decode_cycles_per_token = d3 + (L - 3) * (d3 - d2)
+        m.ttft_cycles = p3 + (L - 3) * (p3 - p2)
+        link_bytes = l3 + (L - 3) * (l3 - l2)
     per_user = cfg.clock_hz / m.decode_cycles_per_token
     m.tokens_per_s_per_user = per_user
     m.tokens_per_s_per_system = per_user * batch
     m.tokens_per_s_per_chip = per_user * batch / t
-    link_bytes = l1 + (L - 1) * (l2 - l1)
     directed = t * (t - 1)  # links in use, each direction
     m.link_utilization = link_bytes / (directed * cfg.c2c_bytes_per_cycle * m.decode_cycles_per_token) \
         if directed else 0.0

@@ -2,7 +2,13 @@
 
 Reusing lines is always safe for the program: the scheduler orders every write after
 the earlier reads of the same lines (it tracks SRAM line ranges), so a freed tensor's
-lines are overwritten only once its last reader is done.
+lines are overwritten only once its last reader is done. That order is a dependency the
+program did not need, though: a value written into lines just freed waits for their last
+reader, and a decode step, a chain of small values, then runs its ops one after another
+(on tsp a 4-layer Llama's step took 34,308 cycles reusing the latest lines first, 15,914
+this way). So lines freed by the last ``RECENT`` frees are taken last, as long as the
+working space has room in the lower half of each slice under the constants, and among
+equal holes the one freed longest ago.
 """
 
 from __future__ import annotations
@@ -20,7 +26,10 @@ class SramAllocator:
 
     def __init__(self, slices: int, lines: int):
         self.lines = lines
-        self._free = [[(0, lines)] for _ in range(slices)]  # sorted (start, length) per slice
+        # Sorted (start, length, freed) per slice; ``freed``: when the hole's lines were last
+        # freed (a count of frees; 0: never used).
+        self._free = [[(0, lines, 0)] for _ in range(slices)]
+        self._frees = 0
         self.used = [0] * slices
         self.peak = 0
         self.floor = [lines] * slices  # constants occupy [floor, lines) of each slice
@@ -34,9 +43,9 @@ class SramAllocator:
             holes = self._free[s]
             # Never lines that working space has used: the image is in place from cycle 0.
             if holes and holes[-1][0] + holes[-1][1] == self.floor[s] and self.floor[s] - lines >= self.high[s]:
-                start, length = holes.pop()
+                start, length, freed = holes.pop()
                 if length > lines:
-                    holes.append((start, length - lines))
+                    holes.append((start, length - lines, freed))
                 self.used[s] += lines
                 self.floor[s] -= lines
                 self.peak = max(self.peak, sum(self.used))
@@ -51,14 +60,21 @@ class SramAllocator:
         candidates = [slice] if slice is not None else [s for s in range(len(self._free)) if s not in avoid]
         best, best_key = None, None
         for s in candidates:
-            start = next((a for a, length in self._free[s] if length >= lines), None)
-            if start is None:
-                continue
-            key = (max(self.high[s], start + lines), self.used[s], s)
-            if best_key is None or key < best_key:
-                best, best_key = (s, start), key
+            for a, length, freed in self._free[s]:
+                if length < lines:
+                    continue
+                # First lines not freed by the last RECENT frees (their readers may still be
+                # at work), as long as the working space stays in the lower half of the
+                # room under the constants; then recent lines below the mark; then the
+                # least raise of the mark. Among equals, the hole freed longest ago.
+                mark = max(self.high[s], a + lines)
+                raises = mark > max(self.high[s], self.floor[s] // 2)
+                recent = freed > self._frees - self.RECENT
+                key = (2 if raises else int(recent), mark, freed, self.used[s], s, a)
+                if best_key is None or key < best_key:
+                    best, best_key = (s, a), key
         if best is None:
-            if slice is None and any(length >= lines for s in avoid for _, length in self._free[s]):
+            if slice is None and any(length >= lines for s in avoid for _, length, _ in self._free[s]):
                 raise SramFull(f"SRAM full: {lines} free lines in one piece only on slices to keep clear of "
                                f"({sorted(set(avoid))}; {sum(self.used)} of "
                                f"{len(self._free) * self.lines} lines in use)")
@@ -67,10 +83,10 @@ class SramAllocator:
                                   f"({sum(self.used)} of {len(self._free) * self.lines} lines in use)")
         s, start = best
         holes = self._free[s]
-        i = next(k for k, (a, _) in enumerate(holes) if a == start)
-        a, length = holes.pop(i)
+        i = next(k for k, (a, _, _) in enumerate(holes) if a == start)
+        a, length, freed = holes.pop(i)
         if length > lines:
-            holes.insert(i, (a + lines, length - lines))
+            holes.insert(i, (a + lines, length - lines, freed))
         self.used[s] += lines
         self.high[s] = max(self.high[s], a + lines)
         self.peak = max(self.peak, sum(self.used))
@@ -81,11 +97,11 @@ class SramAllocator:
         program of the session holds: pinned state, shared weights). ``constant``: they
         join the constants at the slice's top, which must reach down to them."""
         holes = self._free[slice]
-        i = next((k for k, (a, n) in enumerate(holes) if a <= addr and addr + lines <= a + n), None)
+        i = next((k for k, (a, n, _) in enumerate(holes) if a <= addr and addr + lines <= a + n), None)
         if i is None:
             raise SramFull(f"lines {addr}..{addr + lines - 1} of slice {slice} are not free to reserve")
-        a, n = holes.pop(i)
-        for piece in ((addr + lines, a + n - addr - lines), (a, addr - a)):
+        a, n, freed = holes.pop(i)
+        for piece in ((addr + lines, a + n - addr - lines, freed), (a, addr - a, freed)):
             if piece[1] > 0:
                 holes.insert(i, piece)
         self.used[slice] += lines
@@ -98,13 +114,18 @@ class SramAllocator:
         else:
             self.high[slice] = max(self.high[slice], addr + lines)
 
+    RECENT = 64
+
     def free(self, slice: int, addr: int, lines: int):
+        self._frees += 1
         holes = self._free[slice]
-        i = bisect.bisect_left(holes, (addr, 0))
-        holes.insert(i, (addr, lines))
-        # Merge with the neighbours.
+        i = bisect.bisect_left(holes, (addr, 0, 0))
+        holes.insert(i, (addr, lines, self._frees))
+        # Merge with the neighbours (the merged hole counts as freed now: its newest part).
         if i + 1 < len(holes) and holes[i][0] + holes[i][1] == holes[i + 1][0]:
-            holes[i] = (holes[i][0], holes[i][1] + holes.pop(i + 1)[1])
+            nxt = holes.pop(i + 1)
+            holes[i] = (holes[i][0], holes[i][1] + nxt[1], self._frees)
         if i > 0 and holes[i - 1][0] + holes[i - 1][1] == holes[i][0]:
-            holes[i - 1] = (holes[i - 1][0], holes[i - 1][1] + holes.pop(i)[1])
+            cur = holes.pop(i)
+            holes[i - 1] = (holes[i - 1][0], holes[i - 1][1] + cur[1], self._frees)
         self.used[slice] -= lines
