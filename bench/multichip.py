@@ -22,6 +22,8 @@ import argparse
 import json
 import time
 
+import numpy as np
+
 import lpx_tvm
 from lpx_tvm.llm.plan import plan
 
@@ -35,7 +37,7 @@ def simulated(chips: int, context: int, prompt: int, precision: str):
         return s, s.decode.cycles, s.prefill_step(prompt).cycles
     s = lpx_tvm.compile_llm(CONFIG, precision=precision, max_context=context, prompt_len=prompt, system="groqnode",
                             chips=range(chips))
-    return s, s.decode_cycles, s.sim.run(s.programs(s.prefill_step(prompt)), timing_only=True).cycles
+    return s, s.decode_cycles, s.prefill_cycles(prompt)
 
 
 def main() -> None:
@@ -69,7 +71,7 @@ def main() -> None:
         n = len(progs)
         feed = {c: {s.ids: [0], s.position: [args.prompt_len]} for c, s in last.decode.items()}
         for c, s in last.decode.items():
-            feed[c].update({name: __import__("numpy").zeros((last.local.cache_rows, last.local.head_dim), "float32")
+            feed[c].update({name: np.zeros((last.local.cache_rows, last.local.head_dim), np.float32)
                             for name in s.caches})
         t = time.perf_counter()
         r = last.sim.run(progs, feed)

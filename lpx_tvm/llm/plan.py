@@ -13,16 +13,14 @@ simulated (tests/llm/test_plan.py, bench/multichip.py).
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import LPXError
 from ..frontends import decoders
 from ..machine.system import load_system
-from .session import compile_llm, load_decoder, matrix_parameters
-from .steps import float_bytes
+from .session import compile_llm, load_decoder, matrix_parameters, matrix_value_bytes
+from .steps import WEIGHT_BUDGET, cache_bytes_as_stored, float_bytes
 
-BUDGET = 0.9  # the share of a chip's SRAM weights and caches may take (docs/compiler.md)
 SAMPLED = (2, 3)  # the layer counts simulated; a model of no more layers is simulated whole
 
 
@@ -125,13 +123,12 @@ def _linked_group(system) -> list:
 
 def _predict(model, spec, small: dict, system, chips, precision, context, prompt_len, batch) -> Mapping:
     cfg, t = system.config, len(chips)
-    wide = spec.parameters - matrix_parameters(model)  # tables and norms: on every chip
-    per_chip = (matrix_parameters(model) / t * (1 if precision in ("int8", "fp8") else float_bytes(precision))
-                + wide * float_bytes(precision)
-                + 2 * spec.layers * spec.kv_heads // t * batch * context * math.ceil(spec.head_dim / cfg.lanes)
-                * cfg.lanes * float_bytes(precision))
+    matrices = matrix_parameters(model)
+    # A chip's share of the matrices, the tables and norms whole, its kv heads' caches.
+    per_chip = (matrices / t * matrix_value_bytes(precision) + (spec.parameters - matrices) * float_bytes(precision)
+                + cache_bytes_as_stored(decoders.shard_spec(replace(spec, batch=batch), t), cfg, precision))
     fill = per_chip / cfg.sram_bytes
-    m = Mapping(t, batch, t, fill, fill <= BUDGET)
+    m = Mapping(t, batch, t, fill, fill <= WEIGHT_BUDGET)
     if not m.fits:
         m.why = f"{per_chip / 2**20:,.0f} MiB a chip of {cfg.sram_bytes / 2**20:,.0f}"
         return m
@@ -140,11 +137,10 @@ def _predict(model, spec, small: dict, system, chips, precision, context, prompt
         kw = dict(precision=precision, max_context=context, batch=batch, prompt_len=prompt_len)
         s = compile_llm(layer_model, system=system, chips=chips, **kw) if t > 1 else \
             compile_llm(layer_model, preset=cfg, **kw)
-        decode = s.decode_cycles if t > 1 else s.decode.cycles
-        prefill = s.prefill_step(prompt_len)
-        ttft = s.sim.run(s.programs(prefill), timing_only=True).cycles if t > 1 else prefill.cycles
-        link = s.report["link_bytes_per_token"] if t > 1 else 0
-        runs[n] = (decode, ttft, link)
+        if t > 1:
+            runs[n] = (s.decode_cycles, s.prefill_cycles(prompt_len), s.decode_link_bytes)
+        else:
+            runs[n] = (s.decode.cycles, s.prefill_step(prompt_len).cycles, 0)
     L = spec.layers
     if len(runs) == 1:  # simulated whole
         (d, p, link_bytes), = runs.values()

@@ -28,7 +28,8 @@ from ..runtime.floors import floors_of
 from ..sim import Simulator
 from ..target.builder import SharedSram, chunk_lines
 from ..target.codegen.options import codegen_options
-from .steps import FLOAT_OF, DoesNotFit, StepProgram, cache_bytes_as_stored, float_bytes, prompt_ids, step_program
+from .steps import (FLOAT_OF, WEIGHT_BUDGET, DoesNotFit, StepProgram, cache_bytes_as_stored, float_bytes, prompt_ids, shared_with,
+                    step_program)
 
 # The precisions a decoder compiles at: float, or an 8-bit path (W8A8 dense layers in
 # int8, or in fp8 e4m3 on a machine whose MXM multiplies fp8; the rest fp16).
@@ -176,9 +177,7 @@ def fit_problem(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str, matr
     weights = weight_bytes(spec, precision, matrices)
     kv = cache_bytes_as_stored(spec, cfg, precision)
     need = weights + kv
-    # Working space and the tiling's padding take a share of the rest: resident weights
-    # may take 90% of the SRAM (docs/compiler.md, the weight budget).
-    budget = int(0.9 * cfg.sram_bytes)
+    budget = int(WEIGHT_BUDGET * cfg.sram_bytes)
     if need <= budget:
         return None
     chips = math.ceil(need / budget)
@@ -249,11 +248,7 @@ class LLMSession:
                              f"prompts take 1 to {self.spec.max_context - 1} tokens")
         step = self._prefill.get(prompt_len)
         if step is None:
-            d = self.decode.program
-            layouts = {b.name: b.layout for b in d.bindings if b.role == "input"}
-            shared = SharedSram(inputs=tuple((n, layouts[n]) for n in self.decode.caches),
-                                images=tuple(d.sram_init), constants=self.decode.region.constants)
-            step = self._compile(prompt_len, shared)
+            step = self._compile(prompt_len, shared_with(self.decode))
             step.counters = self.chip.verify(step.program).counters
             self._prefill[prompt_len] = step
         return step

@@ -13,8 +13,12 @@ from ..frontends import decoders
 from ..machine.config import LPXConfig
 from ..precision import Precision
 from ..relax_passes.errors import ModelError
+from ..target.builder import SharedSram
 
 
+# The share of a chip's SRAM a decoder's weights and caches may take; working space and
+# the tiling's padding take the rest (docs/compiler.md, the weight budget).
+WEIGHT_BUDGET = 0.9
 # The float precision of what an 8-bit path leaves in float (norms, RoPE, attention, the
 # KV cache, the embedding table).
 FLOAT_OF = {"int8": "fp16", "fp8": "fp16"}
@@ -109,3 +113,12 @@ def prompt_ids(spec: decoders.DecoderSpec, input_ids, max_new_tokens: int) -> np
         raise ModelError(f"{prompt} prompt tokens and {max_new_tokens} new ones do not fit the context of "
                          f"{spec.max_context} positions")
     return ids
+
+
+def shared_with(decode: StepProgram) -> SharedSram:
+    """What a prefill program shares with the decode program of its chip: the caches
+    pinned to the decode program's lines, its resident weights reused in place."""
+    d = decode.program
+    layouts = {b.name: b.layout for b in d.bindings if b.role == "input"}
+    return SharedSram(inputs=tuple((n, layouts[n]) for n in decode.caches), images=tuple(d.sram_init),
+                      constants=decode.region.constants)

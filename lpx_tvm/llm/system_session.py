@@ -23,7 +23,7 @@ from ..sim.multichip import SystemSimulator
 from ..target.builder import SharedSram
 from ..target.codegen.options import codegen_options
 from ..target.collectives import build_together
-from .steps import StepProgram, float_bytes, prompt_ids, step_program
+from .steps import float_bytes, prompt_ids, shared_with, step_program
 
 FLOAT = ("fp32", "fp16", "bf16")
 
@@ -58,8 +58,9 @@ class SystemLLMSession:
             model.get_input_embeddings().weight.detach().float().numpy()
         self.sim = SystemSimulator(system)
         self.decode = self._compile(1, None)
-        self.decode_cycles = self.sim.run(self.programs(self.decode), timing_only=True).cycles
-        self._prefill = {}
+        timed = self.sim.run(self.programs(self.decode), timing_only=True)  # static: every step's
+        self.decode_cycles, self.decode_link_bytes = timed.cycles, sum(timed.link_bytes.values())
+        self._prefill = {}  # prompt length -> ({chip: StepProgram}, cycles)
         self._last = {}
 
     @staticmethod
@@ -92,13 +93,14 @@ class SystemLLMSession:
             raise ModelError(f"a prompt of {prompt_len} tokens in a context of {self.spec.max_context}: "
                              f"prompts take 1 to {self.spec.max_context - 1} tokens")
         if prompt_len not in self._prefill:
-            shared = {}
-            for c, d in self.decode.items():
-                layouts = {b.name: b.layout for b in d.program.bindings if b.role == "input"}
-                shared[c] = SharedSram(inputs=tuple((n, layouts[n]) for n in d.caches),
-                                       images=tuple(d.program.sram_init), constants=d.region.constants)
-            self._prefill[prompt_len] = self._compile(prompt_len, shared)
-        return self._prefill[prompt_len]
+            steps = self._compile(prompt_len, {c: shared_with(d) for c, d in self.decode.items()})
+            self._prefill[prompt_len] = steps, self.sim.run(self.programs(steps), timing_only=True).cycles
+        return self._prefill[prompt_len][0]
+
+    def prefill_cycles(self, prompt_len: int) -> int:
+        """The system's cycles for the prefill of ``prompt_len`` tokens (the TTFT)."""
+        self.prefill_step(prompt_len)
+        return self._prefill[prompt_len][1]
 
     def _run(self, steps: dict, ids: np.ndarray, position: int, fresh: bool, logits: bool):
         ids = ids.astype(np.int32).reshape(-1)
@@ -141,14 +143,13 @@ class SystemLLMSession:
     def report(self) -> dict:
         cfg, spec = self.config, self.spec
         per_user = cfg.clock_hz / self.decode_cycles
-        link = self.sim.run(self.programs(self.decode), timing_only=True).link_bytes
         return dict(system=self.system.name, chips=list(self.chips), tensor_parallel=len(self.chips),
                     preset=cfg.name, precision=self.precision, family=spec.family, parameters=spec.parameters,
                     layers=spec.layers,
                     batch=spec.batch, max_context=spec.max_context, ttft_cycles=self._last.get("ttft_cycles"),
                     decode_cycles_per_token=self.decode_cycles, tokens_per_s_per_user=per_user,
                     tokens_per_s_per_chip=per_user * spec.batch / len(self.chips),
-                    link_bytes_per_token=sum(link.values()))
+                    link_bytes_per_token=self.decode_link_bytes)
 
 
-__all__ = ["SystemLLMSession", "StepProgram"]
+__all__ = ["SystemLLMSession"]

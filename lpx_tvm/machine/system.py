@@ -27,9 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from . import timing as tm
 from .config import LPXConfig, load_config
-from .isa import DType
 
 
 @dataclass(frozen=True)
@@ -120,11 +118,6 @@ class System:
     @property
     def diameter(self) -> int:
         return max(max(self.distances(a)) for a in range(self.chips))
-
-    # ---- link timing -----------------------------------------------------------------
-    def link_cycles_per_vector(self, dtype) -> int:
-        """Cycles a link's transmit port is held per vector of ``dtype``."""
-        return tm.c2c_cycles_per_vector(self.config, DType.parse(dtype))
 
     @property
     def sram_bytes(self) -> int:

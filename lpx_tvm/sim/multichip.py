@@ -44,10 +44,6 @@ class SystemResult:
     def cycles(self) -> int:
         return max((r.cycles for r in self.chips.values()), default=0)
 
-    @property
-    def outputs(self) -> dict:
-        return {c: r.outputs for c, r in self.chips.items()}
-
 
 class SystemSimulator:
     """Run one program per chip of ``system`` (a :class:`~lpx_tvm.machine.system.System` or a

@@ -48,10 +48,6 @@ class Transfer:
     send_cycle: int
     arrival: int
 
-    @property
-    def nbytes(self) -> int:
-        return self.vectors * self.dtype.itemsize  # per lane; times lanes in bytes_moved
-
 
 @dataclass
 class Collective:
@@ -341,12 +337,7 @@ def emit_all_reduce(b: ProgramBuilder, place: ChipPlace, x, y, tag: str = "all_r
             g = b.group(f"{tag}.send")
             g.send(place.port(d), g.read(reg))
     for j, r, reg in pieces(me):
-        place.expect(b, *peers)
-        g = b.group(f"{tag}.reduce")
-        recvs = [g.recv(place.port(d), reg.count, reg.dtype) for d in peers]
-        v = g.read(reg)
-        for other in recvs:
-            v = g.vxm("vxm.add", v, other)
+        g, v = _reduced(b, place, reg, tag)
         for d in peers:  # the reduced rows to every peer, from the stream
             g.send(place.port(d), v)
         write(g, v, j, r)
@@ -355,6 +346,19 @@ def emit_all_reduce(b: ProgramBuilder, place: ChipPlace, x, y, tag: str = "all_r
             place.expect(b, d)
             g = b.group(f"{tag}.gather")
             write(g, g.recv(place.port(d), reg.count, reg.dtype), j, r)
+
+
+def _reduced(b: ProgramBuilder, place: ChipPlace, reg, tag: str) -> tuple:
+    """(group, value): this chip's rows ``reg`` plus each peer's copy of them as it
+    arrives, its own first and then its peers' in ascending order (the order every chip
+    adds in)."""
+    place.expect(b, *place.peers)
+    g = b.group(f"{tag}.reduce")
+    recvs = [g.recv(place.port(d), reg.count, reg.dtype) for d in place.peers]
+    v = g.read(reg)
+    for other in recvs:
+        v = g.vxm("vxm.add", v, other)
+    return g, v
 
 
 def _forward(place: ChipPlace, rows: int, dt: DType):
@@ -399,12 +403,7 @@ def _program(kind, place: ChipPlace, rows: int, dt: DType):
             a, n = parts[chips.index(d)]
             g = b.group(f"{kind}.send")
             g.send(place.port(d), g.read(xt.rows(a, a + n)))
-        place.expect(b, *place.peers)
-        g = b.group(f"{kind}.reduce")
-        recvs = [g.recv(place.port(d), size, dt) for d in place.peers]
-        v = g.read(xt.rows(first, first + size))
-        for other in recvs:
-            v = g.vxm("vxm.add", v, other)
+        g, v = _reduced(b, place, xt.rows(first, first + size), kind)
         g.write(v, yt)
         return b.build()
     g = b.group(f"{kind}.send")  # all-gather: this chip's shard to every peer, and in place
