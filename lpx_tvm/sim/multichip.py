@@ -143,9 +143,7 @@ class SystemSimulator:
             names = _names(keep.get(c, ()))
             kept = sim._kept_lines(prog, names)
             arrays = _coerce_inputs(prog, inputs.get(c, {}), True, names)
-            sim._sram.start_run(True)
-            sim._acc_stamps.start_run(False)
-            run = _Run(sim.config, prog, False, sim._sram, sim._acc_stamps, sim._timings, loopback=False)
+            run = _chip_run(sim, prog, functional=True)
             ex = Executor(sim.config, prog, sim._sram, sim._accs_for_run())
             ex.load_image(None, kept)
             ex.load_inputs(arrays)
@@ -201,14 +199,18 @@ def _link_queues(cfg, messages: dict) -> list:
     return queues
 
 
+def _chip_run(sim: Simulator, program: Program, functional: bool) -> _Run:
+    """A schedule check of ``program`` on ``sim``'s state, its links reaching other chips."""
+    sim._sram.start_run(functional)
+    sim._acc_stamps.start_run(False)
+    return _Run(sim.config, program, False, sim._sram, sim._acc_stamps, sim._timings, loopback=False)
+
+
 def _check_chip(cfg, program: Program, chip: int, messages: dict) -> SimResult:
     """One chip's timing-only check against the messages that reach it (a worker's job)."""
     messages = {link: [Message(m.arrival, m.dtype, m.count, m.sender, chip=m.chip) for m in ms]
                 for link, ms in messages.items()}  # fresh: the check consumes them
-    sim = Simulator(cfg)
-    sim._sram.start_run(False)
-    sim._acc_stamps.start_run(False)
-    run = _Run(cfg, program, False, sim._sram, sim._acc_stamps, sim._timings, loopback=False)
+    run = _chip_run(Simulator(cfg), program, functional=False)
     run.links = _link_queues(cfg, messages)
     try:
         run.execute()

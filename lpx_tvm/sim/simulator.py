@@ -391,7 +391,7 @@ class _Run:
         """Check the instructions in issue order (with an executor ``self.ex``: and
         compute), yielding each one's cycle before it issues: a system of chips
         interleaves its chips' runs by cycle (sim/multichip.py)."""
-        cfg, prog = self.cfg, self.program
+        cfg, prog, ex = self.cfg, self.program, self.ex
         instrs = prog.instrs
         valid = self.timings  # instructions that passed validate: a pure function of them and the config
         for i, ins in enumerate(instrs):
@@ -403,7 +403,6 @@ class _Run:
         c = self.counters
         max_done, done_before, current = 0, 0, -1
         for n, i in enumerate(order):
-            ex = self.ex
             ins = instrs[i]
             yield ins.cycle
             if ins.cycle != current:

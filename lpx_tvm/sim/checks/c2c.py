@@ -31,8 +31,8 @@ class Message:
 
 
 def links(cfg) -> list:
-    """Every link's messages in flight: [deque of _Message]."""
-    return [deque() for _ in range(cfg.c2c_links)]  # of Message
+    """Every link's messages in flight: [deque of Message]."""
+    return [deque() for _ in range(cfg.c2c_links)]
 
 
 def c2c_send(run, i, ins, t, _):
