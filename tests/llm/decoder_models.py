@@ -47,3 +47,45 @@ def torch_logits(model, spec, ids, tokens, quant=None):
                                         torch.tensor([ids.shape[1] + k], dtype=torch.int32), *caches)
             out.append(logits.float().numpy())
     return np.stack(out)
+
+
+def rel_err(got, want) -> float:
+    """Relative L2 error of ``got`` against ``want``."""
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def assert_tokens_where_clear(tokens, want, margin: float):
+    """``tokens`` ([B]) are ``want``'s argmax ([B, V] logits) wherever its top-2 gap exceeds
+    ``margin`` times its largest |logit| (elsewhere an error that size may swap them)."""
+    top2 = np.sort(want, axis=-1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > margin * np.abs(want).max(axis=-1)
+    np.testing.assert_array_equal(tokens[clear], want.argmax(-1)[clear])
+
+
+def check_8bit_layers(session, model, ids, new_tokens: int):
+    """A session with fp32 around its 8-bit layers against the torch steps with the same
+    scales: the logits far closer to that reference (under a tenth) than the reference
+    is to the float model, the tokens equal wherever the margin is clear. Returns the
+    tokens."""
+    tokens, logits = session.generate(ids, new_tokens, return_logits=True)
+    want = torch_logits(model, session.spec, ids, tokens, session.quantization)
+    flt = torch_logits(model, session.spec, ids, tokens)
+    errs = [rel_err(logits[k], want[k]) for k in range(len(want))]
+    quant_errs = [rel_err(flt[k], want[k]) for k in range(len(want))]
+    assert max(errs) < 0.1 * np.median(quant_errs), (errs, quant_errs)
+    for k in range(len(want)):
+        assert_tokens_where_clear(tokens[:, k], want[k], 2 * errs[k])
+    return tokens
+
+
+def check_8bit_session(session, model, ids, new_tokens: int):
+    """A compiled 8-bit session (fp16 around its 8-bit layers) against the torch steps with
+    the same scales: each step's logits within the reference's own distance from the float
+    model (or 1e-2), the tokens equal wherever the margin exceeds that distance."""
+    tokens, logits = session.generate(ids, new_tokens, return_logits=True)
+    want = torch_logits(model, session.spec, ids, tokens, session.quantization)
+    flt = torch_logits(model, session.spec, ids, tokens)
+    for k in range(len(want)):
+        err, quant_err = rel_err(logits[k], want[k]), rel_err(flt[k], want[k])
+        assert err < max(1e-2, quant_err), (k, err, quant_err)
+        assert_tokens_where_clear(tokens[:, k], want[k], 2 * quant_err)
