@@ -731,10 +731,13 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
                         "rate (--preset lp30)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompt")
     p.add_argument("--report", help="JSON file to write the report to")
-    p.add_argument("--system", help="map the decoder over chips of this system by tensor parallelism: a preset "
-                                     "(groqnode, tsp-rack, tsp-576, lp30-rack) or a system JSON file; replaces "
-                                     "--preset (docs/multichip.md)")
-    p.add_argument("--chips", help="the system's chips to use, comma-separated, pairwise linked (default: all)")
+    p.add_argument("--system", help="map the decoder over chips of this system by tensor and pipeline parallelism: "
+                                     "a preset (groqnode, tsp-rack, tsp-576, lp30-rack) or a system JSON file; "
+                                     "replaces --preset (docs/multichip.md)")
+    p.add_argument("--chips", help="the system's chips to use, comma-separated, in pipeline stages of "
+                                    "--tensor-parallel chips (default: all)")
+    p.add_argument("--tensor-parallel", type=int, default=None,
+                   help="chips per pipeline stage, pairwise linked (default: all the chips, one stage)")
 
 
 def _generate(args) -> int:
@@ -765,14 +768,18 @@ def _generate(args) -> int:
             chips = [int(x) for x in args.chips.split(",")]
         except ValueError:
             raise LPXError(f"--chips {args.chips!r}: expected comma-separated chip numbers") from None
+    if args.tensor_parallel is not None and not args.system:
+        raise LPXError("--tensor-parallel needs --system")
     t = time.perf_counter()
     session = compile_llm(model, preset=args.preset, precision=args.precision, max_context=context,
-                          batch=args.batch, prompt_len=len(prompt), system=args.system, chips=chips)
+                          batch=args.batch, prompt_len=len(prompt), system=args.system, chips=chips,
+                          tensor_parallel=args.tensor_parallel)
     compile_s = time.perf_counter() - t
     tokens = session.generate(np.tile(prompt, (args.batch, 1)), args.new_tokens)
     rep = session.report
     where = rep["preset"] if "system" not in rep else \
-        f"{rep['tensor_parallel']} chips of {rep['system']} ({rep['preset']}; chips {rep['chips']})"
+        f"{len(rep['chips'])} chips of {rep['system']} ({rep['preset']}; {rep['pipeline_stages']} stage(s) of " \
+        f"{rep['tensor_parallel']}; chips {rep['chips']})"
     print(f"{rep['family']} ({rep['parameters']:,} parameters, {rep['layers']} layers) on {where} "
           f"({rep['precision']}), batch {rep['batch']}, context {rep['max_context']}: compiled in {compile_s:.1f} s")
     print(f"prompt: {','.join(str(int(x)) for x in prompt)}")
@@ -809,7 +816,9 @@ def _print_system_report(rep: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="LLM decode over chips of a system, tensor parallel (docs/multichip.md)", show_header=False)
+    table = Table(title="LLM decode over chips of a system (docs/multichip.md)", show_header=False)
+    table.add_row("mapping", f"{rep['pipeline_stages']} pipeline stage(s) of {rep['tensor_parallel']} chip(s); "
+                             f"layers per stage {rep['stage_layers']}")
     table.add_row("time to first token", f"{rep['ttft_cycles']:,} cycles")
     table.add_row("decode, per token", f"{rep['decode_cycles_per_token']:,} cycles")
     table.add_row("tokens/s per user", f"{rep['tokens_per_s_per_user']:,.0f}")

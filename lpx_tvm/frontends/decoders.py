@@ -91,6 +91,49 @@ class TensorShard:
     size: int
 
 
+@dataclass(frozen=True)
+class PipelineStage:
+    """Layers ``start .. stop - 1`` of the model, one stage of a pipeline
+    (docs/multichip.md): the first stage embeds the tokens, the last applies the final
+    norm, the LM head and the argmax; every other stage's step takes the hidden rows
+    ``[B*T, H]`` the stage before it computed (its first input, received over a link) and
+    returns its own instead of the next ids and logits. Its caches are its layers'."""
+
+    start: int
+    stop: int
+    layers: int  # of the whole model
+
+    def __post_init__(self):
+        if not 0 <= self.start < self.stop <= self.layers:
+            raise ModelError(f"a pipeline stage of layers {self.start}..{self.stop - 1} of a model of {self.layers}")
+
+    @property
+    def first(self) -> bool:
+        return self.start == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stop == self.layers
+
+
+def stages_of(layers: int, count: int) -> list:
+    """``count`` :class:`PipelineStage` of contiguous layers, as even as they go (the
+    first stages take one more where they do not divide)."""
+    if not 1 <= count <= layers:
+        raise ModelError(f"{count} pipeline stages of a model of {layers} layers: a stage holds at least one layer")
+    out, start = [], 0
+    for k in range(count):
+        n = layers // count + (k < layers % count)
+        out.append(PipelineStage(start, start + n, layers))
+        start += n
+    return out
+
+
+def stage_spec(spec: DecoderSpec, stage: "PipelineStage | None") -> DecoderSpec:
+    """The spec of a stage's step: its layers (and so its caches) only."""
+    return spec if stage is None else replace(spec, layers=stage.stop - stage.start)
+
+
 def shard_spec(spec: DecoderSpec, size: int) -> DecoderSpec:
     """The spec of one chip's step: ``spec`` with its heads and kv heads over ``size``."""
     if size < 1 or spec.kv_heads % size or spec.heads % size:
@@ -228,7 +271,7 @@ def _torch():
 
 def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = True,
                  quant: "QuantizedLinears | None" = None, record: "dict | None" = None,
-                 shard: "TensorShard | None" = None):
+                 shard: "TensorShard | None" = None, stage: "PipelineStage | None" = None):
     """The step of ``steps`` tokens (the prompt length for prefill, 1 for decode) of
     ``model``, a torch module with the weights of ``model`` as constants. Without
     ``embed_in_step`` its first input is the tokens' embedding rows ``[B*T, H]`` (looked
@@ -236,16 +279,27 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
     ``quant``: its dense layers W8A8 (int8 or fp8). ``record``: a dict that every run of the (float)
     step updates with the largest magnitude seen at each input site (:func:`calibrate`).
     ``shard``: the step of one chip of a tensor-parallel group (:class:`TensorShard`; its
-    caches those of :func:`shard_spec`'s spec)."""
+    caches those of :func:`shard_spec`'s spec); with ``quant`` its share of each weight
+    is quantized on its own (the same per-channel scales for row-split layers, o's and
+    down's from the chip's columns), and its activation scales are the whole model's. ``stage``: the step of one pipeline stage
+    (:class:`PipelineStage`; its caches those of :func:`stage_spec`'s spec)."""
     torch = _torch()
     if not 1 <= steps <= spec.max_context:
         raise ModelError(f"a step of {steps} tokens in a context of {spec.max_context}")
     weights = _gpt2_weights(model) if spec.family == "gpt2" else _llama_weights(model, spec)
     if shard is not None:
-        if quant is not None or record is not None:
-            raise ModelError("tensor parallelism of the 8-bit paths is not built yet (docs/multichip.md)")
+        if record is not None:
+            raise ModelError("calibration records the whole model's step, not a chip's share")
         weights = _shard_weights(weights, spec, shard)
         spec = shard_spec(spec, shard.size)
+    if stage is not None:
+        if stage.layers != spec.layers:
+            raise ModelError(f"a pipeline stage of a model of {stage.layers} layers for one of {spec.layers}")
+        weights = dict(weights, layers=weights["layers"][stage.start:stage.stop])
+        spec = stage_spec(spec, stage)
+    is_first = stage is None or stage.first
+    is_last = stage is None or stage.last
+    first_layer = 0 if stage is None else stage.start  # the model's index of the step's first layer
     from .collectives import all_reduce  # the sum of the chips' partial products (identity in torch)
 
     class DecoderStep(torch.nn.Module):
@@ -279,7 +333,8 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
                     self.register_buffer(f"cos_{key}", weights["cos"].repeat(1, heads))
                     self.register_buffer(f"sin_{key}", weights["sin"].repeat(1, heads))
             for key in ("embed", "lm_head", "norm_w", "norm_b", "positions"):
-                if key == "embed" and not embed_in_step:
+                if key == "embed" and not embed_in_step or not is_first and key in ("embed", "positions") or \
+                        not is_last and key in ("lm_head", "norm_w", "norm_b"):
                     continue
                 if weights.get(key) is not None:
                     self.register_buffer(key, weights[key])
@@ -287,9 +342,9 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
             if quant is not None:
                 # Each dense layer's 8-bit values ([K, N]) and s_x * s_w per channel.
                 buffers = dict(self.named_buffers())
-                dense = [(f"layer{i}_{key}", f"{i}.{site}") for i in range(len(self.layers))
+                dense = [(f"layer{i}_{key}", f"{first_layer + i}.{site}") for i in range(len(self.layers))
                          for key, site in LAYER_DENSE.items() if f"layer{i}_{key}" in buffers]
-                for name, site in dense + [("lm_head", "head")]:
+                for name, site in dense + ([("lm_head", "head")] if is_last else []):
                     q, s_w = quantize_weight(getattr(self, name), quant.fmt)
                     self.register_buffer(f"{name}_q", q)
                     self.register_buffer(f"{name}_scale", (s_w * quant.act_scales[site]).float())
@@ -321,11 +376,13 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
             s, T = self.spec, self.steps
             B, NH, KVH, D = s.batch, s.heads, s.kv_heads, s.head_dim
             rep = NH // KVH
-            # [B*T, H]: the ids' rows, or the rows themselves
-            x = self.embed.index_select(0, input_ids) if embed_in_step else input_ids
+            # [B*T, H]: the ids' rows, or the rows themselves (a later pipeline stage's: the
+            # hidden rows of the stage before)
+            x = self.embed.index_select(0, input_ids) if embed_in_step and is_first else input_ids
             pos_rows = position + self.token_offsets  # [B*T] int32
             if s.family == "gpt2":
-                x = x + self.positions.index_select(0, pos_rows)
+                if is_first:
+                    x = x + self.positions.index_select(0, pos_rows)
             else:  # [B*T, heads*D]
                 cos_q, sin_q = self.cos_q.index_select(0, pos_rows), self.sin_q.index_select(0, pos_rows)
                 cos_k, sin_k = self.cos_k.index_select(0, pos_rows), self.sin_k.index_select(0, pos_rows)
@@ -341,7 +398,7 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
                     return self.dense(x_in, f"layer{i}_{key}", w.get(bias or f"{key}_bias"))
 
                 h = _norm(s.family, x, w["input_norm"], w.get("input_norm_b"), w["eps"])
-                h_in = self.dense_input(h, f"{i}.attn")
+                h_in = self.dense_input(h, f"{first_layer + i}.attn")
                 q_all = dense(h_in, "q")  # [B*T, NH*D]
                 k_all = dense(h_in, "k")  # [B*T, KVH*D]
                 if s.family != "gpt2":
@@ -367,14 +424,16 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
                     for r in range(rep):
                         heads[g * rep + r] = a[r * B * T:(r + 1) * B * T] if rep > 1 else a
                 attn = torch.cat(heads, dim=1) if NH > 1 else heads[0]  # [B*T, NH*D]
-                x = x + self.summed(dense(self.dense_input(attn, f"{i}.o"), "o"))
+                x = x + self.summed(dense(self.dense_input(attn, f"{first_layer + i}.o"), "o"))
                 h = _norm(s.family, x, w["post_norm"], w.get("post_norm_b"), w["eps"])
-                h_in = self.dense_input(h, f"{i}.mlp")
+                h_in = self.dense_input(h, f"{first_layer + i}.mlp")
                 if s.family == "gpt2":
                     m = torch.nn.functional.gelu(dense(h_in, "fc"), approximate="tanh")
                 else:
                     m = torch.nn.functional.silu(dense(h_in, "gate")) * dense(h_in, "up")
-                x = x + self.summed(dense(self.dense_input(m, f"{i}.down"), "down"))
+                x = x + self.summed(dense(self.dense_input(m, f"{first_layer + i}.down"), "down"))
+            if not is_last:  # the hidden rows, every token's, to the next stage
+                return (x, *new_caches)
             if T > 1:
                 x = x.reshape(B, T, s.hidden)[:, T - 1:T].reshape(B, s.hidden)  # the last token's rows
             last = _norm(s.family, x, self.norm_w, getattr(self, "norm_b", None), self.eps)  # [B, H]

@@ -75,7 +75,7 @@ def load_decoder(model_or_config, seed: int = 0):
 
 def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: int = 128, batch: int = 1,
                 prompt_len: "int | None" = None, seed: int = 0, calibration_ids=None, system=None,
-                chips=None) -> "LLMSession":
+                chips=None, tensor_parallel: "int | None" = None) -> "LLMSession":
     """Compile a decoder LLM for one LPX chip, or for chips of a system.
 
     Parameters
@@ -99,11 +99,15 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
         ``int8`` / ``fp8``: the prompt whose float generation sets the activation
         scales (default: random ids, seeded).
     system : str, path or System, optional
-        Map the decoder over chips of this system by tensor parallelism (its preset
-        replaces ``preset``; docs/multichip.md). Returns a
+        Map the decoder over chips of this system by tensor and pipeline parallelism
+        (its preset replaces ``preset``; docs/multichip.md). Returns a
         :class:`~lpx_tvm.llm.system_session.SystemLLMSession`.
     chips : sequence of int, optional
-        The system's chips to use, pairwise linked (default: all of them).
+        The system's chips to use (default: all of them), in pipeline stages of
+        ``tensor_parallel`` chips, in order.
+    tensor_parallel : int, optional
+        Chips per pipeline stage, pairwise linked (default: all ``chips``, one stage);
+        each stage's chip of rank ``r`` is linked to the next stage's.
 
     Returns
     -------
@@ -114,16 +118,11 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
         raise LPXError(f"precision {precision!r}: decoder LLMs compile at {', '.join(PRECISIONS)}")
     if system is not None:
         from ..machine.system import load_system
-        from .system_session import SystemLLMSession
 
         system = load_system(system)
-        model = load_decoder(model_or_config, seed)
-        session = SystemLLMSession(model, decoders.spec_of(model, max_context, batch), system,
-                                   range(system.chips) if chips is None else chips, precision)
-        if prompt_len is not None:
-            session.prefill_step(prompt_len)
-        return session
-    cfg = preset if isinstance(preset, LPXConfig) else load_config(preset)
+        cfg = system.config
+    else:
+        cfg = preset if isinstance(preset, LPXConfig) else load_config(preset)
     if precision not in cfg.mxm_cycles_per_vector:
         raise LPXError(f"precision {precision}: the MXM of {cfg.name} does not multiply {precision} "
                        f"(its rates: {', '.join(cfg.mxm_cycles_per_vector)}); fp8 runs on lp30")
@@ -131,13 +130,21 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
     spec = decoders.spec_of(model, max_context, batch)
     quant = None
     if precision in EIGHT_BIT:
-        problem = fit_problem(spec, cfg, str(precision), matrix_parameters(model))
+        problem = None if system is not None else fit_problem(spec, cfg, str(precision), matrix_parameters(model))
         if problem:  # before calibrating
             raise DoesNotFit(problem)
         if calibration_ids is None:
             prompt = min(CALIBRATION_PROMPT, max_context - 1)
             calibration_ids = np.random.default_rng(seed).integers(0, spec.vocab, (batch, prompt))
         quant = decoders.calibrate(model, spec, calibration_ids, CALIBRATION_TOKENS, precision)
+    if system is not None:
+        from .system_session import SystemLLMSession
+
+        session = SystemLLMSession(model, spec, system, range(system.chips) if chips is None else chips, precision,
+                                   tensor_parallel, quant)
+        if prompt_len is not None:
+            session.prefill_step(prompt_len)
+        return session
     session = LLMSession(model, spec, cfg, precision, quant)
     if prompt_len is not None:
         session.prefill_step(prompt_len)

@@ -32,16 +32,18 @@ class DoesNotFit(LPXError):
 class StepProgram:
     """One compiled step (prefill of ``tokens`` tokens, or decode: 1) and the names of its
     bindings: the token ids and position it reads, the caches it keeps in SRAM, and the
-    next ids and logits it returns."""
+    next ids and logits it returns (or, a pipeline stage before the last, the ``hidden``
+    rows it also sends on)."""
 
     tokens: int
     region: object  # CompiledRegion
     ids: str
     position: str
     caches: list  # cache input names, in the steps' order (decoders.DecoderSpec.cache_names)
-    next_ids: str
-    logits: str
+    next_ids: "str | None"
+    logits: "str | None"
     counters: object = None  # of the schedule check (static: every run has these)
+    hidden: "str | None" = None
 
     @property
     def program(self):
@@ -65,9 +67,10 @@ def cache_bytes_as_stored(spec: decoders.DecoderSpec, cfg: LPXConfig, precision:
 
 
 def step_program(regions: dict, offload, spec: decoders.DecoderSpec, tokens: int, cfg: LPXConfig,
-                 precision: str) -> StepProgram:
+                 precision: str, last: bool = True) -> StepProgram:
     """The :class:`StepProgram` of a compiled step (``lower``'s regions and offload), or
-    the error saying why the step is not one LPX program."""
+    the error saying why the step is not one LPX program. ``last=False``: a pipeline
+    stage before the last, which returns hidden rows instead of next ids and logits."""
     cpu = dict(offload.cpu) if offload is not None else {}
     if len(regions) > 1 and not cpu:
         raise DoesNotFit(f"the {'decode' if tokens == 1 else 'prefill'} step's weights, KV cache and working "
@@ -92,6 +95,10 @@ def step_program(regions: dict, offload, spec: decoders.DecoderSpec, tokens: int
     rest = [(n, shape) for n, shape in region.outputs if layouts[n] not in kept]
     int_out = [n for n, _ in rest if layouts[n].dtype.short == "int32"]
     float_out = [n for n, _ in rest if layouts[n].dtype.short != "int32"]
+    if not last:
+        if int_out or len(float_out) != 1 or len(region.outputs) != 1 + len(caches):
+            raise LPXError(f"step outputs {region.outputs}: expected hidden rows and the caches in place")
+        return StepProgram(tokens, region, ids, position, caches, None, None, hidden=float_out[0])
     if len(int_out) != 1 or len(float_out) != 1 or len(region.outputs) != 2 + len(caches):
         raise LPXError(f"step outputs {region.outputs}: expected next ids, logits and the caches in place")
     return StepProgram(tokens, region, ids, position, caches, int_out[0], float_out[0])

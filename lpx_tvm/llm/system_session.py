@@ -1,10 +1,16 @@
-"""A decoder LLM over the chips of a system by tensor parallelism (docs/multichip.md).
+"""A decoder LLM over the chips of a system by tensor and pipeline parallelism
+(docs/multichip.md).
 
-Each chip of the group runs its own prefill and decode programs: its share of the kv
-heads (their query heads and caches) and of the MLP, the partial products of o and down
-summed over the links by an all-reduce inside the program
-(:class:`~lpx_tvm.frontends.decoders.TensorShard`). Norms, the embedding and the LM head
-are on every chip, so every chip computes the same next token. The chips' programs are
+The chips are cut into pipeline stages of ``tensor_parallel`` chips each, in order; each
+stage holds contiguous layers (:func:`~lpx_tvm.frontends.decoders.stages_of`). Within a
+stage each chip runs its own prefill and decode programs: its share of the kv heads
+(their query heads and caches) and of the MLP, the partial products of o and down summed
+over the links by an all-reduce inside the program
+(:class:`~lpx_tvm.frontends.decoders.TensorShard`). The first stage embeds the tokens;
+each stage's chip of rank ``r`` sends its hidden rows to the next stage's chip of rank
+``r`` over their link as its program ends, and that chip's program receives them as it
+starts; the last stage's norm, LM head and argmax are on each of its chips, so every one
+computes the same next token. The chips' programs are
 built side by side, each receive placed at its message's arrival from the peer's program
 (:func:`~lpx_tvm.target.collectives.build_together`), and run together on the system simulator,
 each chip keeping its caches in its SRAM between runs.
@@ -23,35 +29,61 @@ from ..sim.multichip import SystemSimulator
 from ..target.builder import SharedSram
 from ..target.codegen.options import codegen_options
 from ..target.collectives import build_together
-from .steps import float_bytes, prompt_ids, shared_with, step_program
+from .steps import FLOAT_OF, float_bytes, prompt_ids, shared_with, step_program
 
-FLOAT = ("fp32", "fp16", "bf16")
+EIGHT_BIT = ("int8", "fp8")
 
 
 class SystemLLMSession:
-    """A decoder compiled for ``chips`` of ``system`` (tensor parallelism over all of them).
+    """A decoder compiled for ``chips`` of ``system``: pipeline stages of
+    ``tensor_parallel`` chips (default: one stage of all of them).
 
     ``generate(input_ids, max_new_tokens)`` as :class:`~lpx_tvm.llm.LLMSession`'s;
     ``report`` holds the decode step's cycles on the system."""
 
-    def __init__(self, model, spec: decoders.DecoderSpec, system: System, chips, precision: str):
-        if precision not in FLOAT:
-            raise LPXError(f"precision {precision}: tensor parallelism runs {', '.join(FLOAT)} so far "
-                           "(docs/multichip.md)")
+    def __init__(self, model, spec: decoders.DecoderSpec, system: System, chips, precision: str,
+                 tensor_parallel: "int | None" = None, quantization: "decoders.QuantizedLinears | None" = None,
+                 float_precision: "str | None" = None):
+        cfg = system.config
         self.model, self.spec, self.system, self.precision = model, spec, system, precision
+        # int8 / fp8: W8A8 dense layers with the whole model's activation scales (each chip
+        # quantizes its share of the weights); the rest at the float precision.
+        self.quantization = quantization
+        if (precision in EIGHT_BIT) != (quantization is not None):
+            raise LPXError(f"precision {precision} with {'no' if quantization is None else quantization.fmt} "
+                           "activation scales")
+        self.float_precision = float_precision or FLOAT_OF.get(precision, precision)
         self.chips = tuple(chips)
         bad = [c for c in self.chips if not 0 <= c < system.chips]
         if bad or not self.chips or len(set(self.chips)) != len(self.chips):
             raise LPXError(f"chips {list(self.chips)}: expected distinct chips of system {system.name} "
                            f"(0..{system.chips - 1})")
-        for a in self.chips:
-            for b in self.chips:
-                if a != b and not system.links_between(a, b):
-                    raise LPXError(f"chips {a} and {b} of system {system.name} are not linked: a tensor-parallel "
-                                   "group is pairwise linked")
-        self.local = decoders.shard_spec(spec, len(self.chips))
-        self.shards = {c: decoders.TensorShard(k, len(self.chips)) for k, c in enumerate(self.chips)}
-        cfg = system.config
+        t = tensor_parallel or len(self.chips)
+        if t < 1 or len(self.chips) % t:
+            raise LPXError(f"tensor parallelism over {t} chips: {len(self.chips)} chips are not whole stages of {t}")
+        self.tensor_parallel = t
+        self.groups = [self.chips[k:k + t] for k in range(0, len(self.chips), t)]
+        self.stages = decoders.stages_of(spec.layers, len(self.groups))
+        for group in self.groups:
+            for a in group:
+                for b in group:
+                    if a != b and not system.links_between(a, b):
+                        raise LPXError(f"chips {a} and {b} of system {system.name} are not linked: a "
+                                       "tensor-parallel group is pairwise linked")
+        for g0, g1 in zip(self.groups, self.groups[1:]):
+            for a, b in zip(g0, g1):
+                if not system.links_between(a, b):
+                    raise LPXError(f"chips {a} and {b} of system {system.name} are not linked: a pipeline stage's "
+                                   "chip hands its rows to the next stage's chip of its rank over a link")
+        self.local = decoders.shard_spec(spec, t)
+        self.roles = {}  # chip -> (its TensorShard or None, its PipelineStage or None, its ChipPlace roles)
+        for k, group in enumerate(self.groups):
+            stage = self.stages[k] if len(self.groups) > 1 else None
+            for r, c in enumerate(group):
+                place = dict(chips=group, upstream=self.groups[k - 1][r] if k else None,
+                             downstream=self.groups[k + 1][r] if k + 1 < len(self.groups) else None,
+                             received=("input_ids",) if k else ())
+                self.roles[c] = (decoders.TensorShard(r, t) if t > 1 else None, stage, place)
         self.config = cfg
         self.embed_on_chip = spec.vocab * float_bytes(precision) <= cfg.lines_per_slice
         self._embed_rows = None if self.embed_on_chip else \
@@ -71,19 +103,25 @@ class SystemLLMSession:
         """{chip: StepProgram} of the step of ``tokens`` tokens."""
         from ..pipeline import lower
 
-        imported = {c: import_torch(decoders.decoder_step(self.model, self.spec, tokens, self.embed_on_chip,
-                                                          shard=self.shards[c]),
-                                    decoders.example_inputs(self.local, tokens, embed_in_step=self.embed_on_chip))
-                    for c in self.chips}
+        imported = {}
+        for c, (shard, stage, _) in self.roles.items():
+            embeds = self.embed_on_chip and (stage is None or stage.first)
+            step = decoders.decoder_step(self.model, self.spec, tokens, self.embed_on_chip, quant=self.quantization,
+                                         shard=shard, stage=stage)
+            imported[c] = import_torch(step, decoders.example_inputs(decoders.stage_spec(self.local, stage), tokens,
+                                                                     embed_in_step=embeds))
         steps = {}
 
         def build(c, place):
+            shard, stage, _ = self.roles[c]
             with codegen_options(shared=(shared or {}).get(c) or SharedSram(), system=place):
-                _, regions, offload = lower(imported[c].mod, self.config, self.precision)
-            steps[c] = step_program(regions, offload, self.local, tokens, self.config, self.precision)
+                _, regions, offload = lower(imported[c].mod, self.config, self.float_precision)
+            steps[c] = step_program(regions, offload, decoders.stage_spec(self.local, stage), tokens, self.config,
+                                    self.precision, last=stage is None or stage.last)
             return steps[c].program
 
-        build_together(self.system, self.chips, build, f"the {'decode' if tokens == 1 else 'prefill'} step")
+        build_together(self.system, self.chips, build, f"the {'decode' if tokens == 1 else 'prefill'} step",
+                       roles={c: role[2] for c, role in self.roles.items()})
         return dict(steps)
 
     def prefill_step(self, prompt_len: int) -> dict:
@@ -107,16 +145,18 @@ class SystemLLMSession:
         tokens = ids if self._embed_rows is None else self._embed_rows[ids]
         feed, keep = {}, {}
         for c, step in steps.items():
-            feed[c] = {step.ids: tokens, step.position: np.array([position], np.int32)}
+            feed[c] = {step.position: np.array([position], np.int32)}
+            if c in self.groups[0]:  # the later stages receive their rows from the stage before
+                feed[c][step.ids] = tokens
             if fresh:  # a new request: its prefill starts from empty caches
                 zeros = np.zeros((self.local.cache_rows, self.local.head_dim), np.float32)
                 feed[c].update({n: zeros for n in step.caches})
             else:
                 keep[c] = step.caches
         r = self.sim.run(self.programs(steps), feed, keep=keep)
-        first = self.chips[0]
+        first, *rest = self.groups[-1]
         next_ids = r.chips[first].outputs[steps[first].next_ids]
-        for c in self.chips[1:]:
+        for c in rest:
             if not np.array_equal(r.chips[c].outputs[steps[c].next_ids], next_ids):
                 raise LPXError(f"chips {first} and {c} chose different tokens: their programs disagree")
         out = r.chips[first].outputs[steps[first].logits] if logits else None
@@ -143,7 +183,8 @@ class SystemLLMSession:
     def report(self) -> dict:
         cfg, spec = self.config, self.spec
         per_user = cfg.clock_hz / self.decode_cycles
-        return dict(system=self.system.name, chips=list(self.chips), tensor_parallel=len(self.chips),
+        return dict(system=self.system.name, chips=list(self.chips), tensor_parallel=self.tensor_parallel,
+                    pipeline_stages=len(self.stages), stage_layers=[st.stop - st.start for st in self.stages],
                     preset=cfg.name, precision=self.precision, family=spec.family, parameters=spec.parameters,
                     layers=spec.layers,
                     batch=spec.batch, max_context=spec.max_context, ttft_cycles=self._last.get("ttft_cycles"),

@@ -136,20 +136,23 @@ def _settle(kind, system, chips, rows, dt, build) -> Collective:
     return Collective(kind, system, chips, rows, dt, programs, transfers)
 
 
-def build_together(system: System, chips, build, what: str = "programs") -> tuple:
+def build_together(system: System, chips, build, what: str = "programs", roles: "dict | None" = None) -> tuple:
     """({chip: Program}, [Transfer]): ``build(chip, place)`` (``place`` a
     :class:`ChipPlace`) for every chip, side by side in threads. A chip's receive is
     placed once its sender has placed the send (it waits for it), so each program is
     built once with its messages' true arrivals; programs whose receives wait on each
     other are refused. The arrivals are checked against the programs' transfers after;
     a build that placed differently the second time is rebuilt until they agree
-    (:func:`settle`)."""
+    (:func:`settle`). ``roles``: ``{chip: {field: value}}`` of each chip's
+    :class:`ChipPlace` past the default (all ``chips`` one group): its group
+    (``chips``), ``upstream``, ``downstream``, ``received``."""
     board = ArrivalBoard(system, chips)
     programs, errors = {}, {}
+    roles = {c: {"chips": tuple(chips), **(roles or {}).get(c, {})} for c in chips}
 
     def work(c):
         try:
-            programs[c] = build(c, ChipPlace(system, tuple(chips), c, board=board))
+            programs[c] = build(c, ChipPlace(system, chip=c, board=board, **roles[c]))
         except BaseException as e:  # raised in the caller's thread below
             errors[c] = e
         finally:
@@ -166,7 +169,8 @@ def build_together(system: System, chips, build, what: str = "programs") -> tupl
     transfers = _transfers(system, programs)
     if board.agrees(transfers):
         return programs, transfers
-    return settle(system, chips, lambda c, arrivals: build(c, ChipPlace(system, tuple(chips), c, arrivals)), what)
+    return settle(system, chips, lambda c, arrivals: build(c, ChipPlace(system, chip=c, arrivals=arrivals,
+                                                                         **roles[c])), what)
 
 
 def settle(system: System, chips, build, what: str = "programs") -> tuple:
@@ -265,13 +269,18 @@ class ChipPlace:
     """One chip's place in a group of pairwise linked chips of a system, as a program
     built for it sees it: its messages' arrivals come from ``board`` (programs built side
     by side, :func:`build_together`) or from ``arrivals`` (``{(chip, port): [cycles]}``
-    of a previous build, :func:`settle`)."""
+    of a previous build, :func:`settle`). In a pipeline the chip also receives the inputs
+    named ``received`` from chip ``upstream`` and sends its outputs (those not updated in
+    place) to chip ``downstream`` (:func:`emit_receive`, :func:`emit_send`)."""
 
     system: System
     chips: tuple  # the group, in rank order
     chip: int
     arrivals: dict = None
     board: "ArrivalBoard | None" = None
+    upstream: "int | None" = None
+    downstream: "int | None" = None
+    received: tuple = ()
 
     def __post_init__(self):
         self.heard = {}  # port -> messages received so far by the program being built
@@ -346,6 +355,30 @@ def emit_all_reduce(b: ProgramBuilder, place: ChipPlace, x, y, tag: str = "all_r
             place.expect(b, d)
             g = b.group(f"{tag}.gather")
             write(g, g.recv(place.port(d), reg.count, reg.dtype), j, r)
+
+
+def emit_receive(b: ProgramBuilder, place: ChipPlace, t, tag: str = "handoff"):
+    """Groups of ``b`` that write SRAM tensor ``t`` with the rows ``place.upstream``
+    sends (:func:`emit_send` of a tensor of the same layout): one message per SRAM chunk
+    of each column tile, in order."""
+    port = place.port(place.upstream)
+    place.attach(b)
+    for j in range(t.ntiles):
+        for _, reg in t.segments(j, 0, t.layout.rows):
+            place.expect(b, place.upstream)
+            g = b.group(f"{tag}.recv")
+            g.write(g.recv(port, reg.count, reg.dtype), reg)
+
+
+def emit_send(b: ProgramBuilder, place: ChipPlace, t, tag: str = "handoff"):
+    """Groups of ``b`` that send SRAM tensor ``t`` to ``place.downstream``, as
+    :func:`emit_receive` takes it."""
+    port = place.port(place.downstream)
+    place.attach(b)
+    for j in range(t.ntiles):
+        for _, reg in t.segments(j, 0, t.layout.rows):
+            g = b.group(f"{tag}.send")
+            g.send(port, g.read(reg))
 
 
 def _reduced(b: ProgramBuilder, place: ChipPlace, reg, tag: str) -> tuple:

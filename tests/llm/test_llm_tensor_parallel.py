@@ -39,5 +39,5 @@ def test_tensor_parallel_refusals():
         lpx_tvm.compile_llm(model, precision="fp32", max_context=32, system="groqnode", chips=(0, 1))
     with pytest.raises(LPXError, match="expected distinct chips of system groqnode"):
         lpx_tvm.compile_llm(model, precision="fp32", max_context=32, system="groqnode", chips=(0, 9, 1))
-    with pytest.raises(LPXError, match="tensor parallelism runs fp32, fp16, bf16 so far"):
-        lpx_tvm.compile_llm(model, precision="int8", max_context=32, system="groqnode", chips=(0, 1, 2))
+    with pytest.raises(LPXError, match="the MXM of tsp does not multiply fp8"):
+        lpx_tvm.compile_llm(model, precision="fp8", max_context=32, system="groqnode", chips=(0, 1, 2))

@@ -27,6 +27,7 @@ from ...machine.config import LPXConfig
 from ...machine.isa import DType
 from ...precision import Precision
 from ...runtime.region import CompiledRegion
+from ..collectives import emit_receive, emit_send
 from .context import LoweringContext, check_precision
 from .graph import Region, read_region
 from .im2col import float_image_stems, int8_image_stems
@@ -123,6 +124,8 @@ def _compile(ctx: LoweringContext, region: Region) -> CompiledRegion:
         inputs, values = int8_image_stems(ctx.cfg, region)
         ctx.input_transforms.update(inputs)
         ctx.im2col_values.update(values)
+    place = ctx.options.system
+    received = {}  # input name -> tensor its rows arrive in, from the chip before (a pipeline stage's)
     for p in region.params:
         if ctx.offchip:
             if p.dtype == "int32":  # indices: the band lowerings have no gather or scatter
@@ -135,6 +138,10 @@ def _compile(ctx: LoweringContext, region: Region) -> CompiledRegion:
         # Integer inputs (token ids, positions, int8 activations) and fp8 ones keep their dtype; other
         # float ones are stored at the precision (an int8 build's inputs are its quantized integers).
         dtype = relax_dtype(p.dtype) if ctx.int8 or p.dtype in ("int32", "int8", "float8_e4m3fn") else ctx.dtype
+        if place is not None and p.name in place.received:
+            received[p.name] = b.tensor(p.name, shape, dtype, row_align=row_align(p.shape))
+            ctx.values[p.name] = Stored(received[p.name], p.shape)
+            continue
         pinned = b.pinned(p.name)
         if pinned is not None:
             if tuple(pinned.shape) != tuple(shape) or pinned.dtype != DType.parse(dtype):
@@ -158,6 +165,8 @@ def _compile(ctx: LoweringContext, region: Region) -> CompiledRegion:
     # Constants go first: the initial image must sit in lines that working space never
     # touches, which the allocator can only promise for space it has not handed out yet.
     ctx.weights = {op.out: place_weights(ctx, op) for op in region.ops}
+    for name, t in received.items():
+        emit_receive(b, place, t, f"{name}.handoff")
     for i, op in enumerate(region.ops):
         ctx.op_index = i
         for s in [op.main] + op.epilogue:
@@ -170,6 +179,8 @@ def _compile(ctx: LoweringContext, region: Region) -> CompiledRegion:
         for v in dead:
             release(ctx, v)
     outputs = _bind_outputs(ctx, region)
+    if place is not None and place.downstream is not None:
+        _send_outputs(ctx, region, place)
     prog = b.build()
     weights = [w for w in ctx.weights.values() if w is not None]
     streamed = sum(w.nbytes for w in weights if isinstance(w, StreamedWeights))
@@ -178,6 +189,21 @@ def _compile(ctx: LoweringContext, region: Region) -> CompiledRegion:
     return CompiledRegion(region.name, prog, [(p.name, p.shape) for p in region.params], outputs, ctx.macs,
                           ctx.op_counts, resident + streamed, streamed, ctx.input_transforms,
                           constants=b.shareable_constants, sram_lines=b.peak_lines)
+
+
+def _send_outputs(ctx: LoweringContext, region: Region, place) -> None:
+    """Send the region's outputs (but state updated in place) to the next chip of a
+    pipeline, as its program receives them (a later stage's ``received`` inputs)."""
+    if ctx.offchip:
+        raise SramFull(f"region {region.name}: its activations do not fit on chip, and a pipeline stage hands its "
+                       "outputs on from SRAM")
+    for name in region.outputs:
+        if name in ctx.updated_in_place:
+            continue
+        st = ctx.values[name]
+        if tuple(st.tensor.layout.shape) != stored_shape(st.shape):
+            st = copy_value(ctx, st, f"{name}.handoff")
+        emit_send(ctx.builder, place, st.tensor, f"{name}.handoff")
 
 
 def _bind_outputs(ctx: LoweringContext, region: Region) -> list:

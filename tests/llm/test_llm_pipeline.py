@@ -1,0 +1,110 @@
+"""Decoders over chips of a system by pipeline parallelism, alone and with tensor
+parallelism: each stage's chips hold contiguous layers, and a stage hands its hidden rows
+to the next over a link inside the programs (docs/multichip.md). In fp32 the chips
+generate transformers' greedy tokens, as one chip does; in fp16 and int8 the logits keep
+one chip's tolerances."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import lpx_tvm  # noqa: E402
+from lpx_tvm.errors import LPXError  # noqa: E402
+from lpx_tvm.frontends import decoders  # noqa: E402
+from lpx_tvm.relax_passes.errors import ModelError  # noqa: E402
+
+from decoder_models import (assert_tokens_where_clear, check_8bit_session, random_decoder as _model,  # noqa: E402
+                            rel_err, torch_logits as _torch_logits)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_stages_compose_to_the_whole_step(kind):
+    """The stages' torch steps, run one after the other, are the whole step: same logits,
+    same ids, same caches, bit for bit."""
+    model = _model(kind, 3, 2.0)
+    spec = decoders.spec_of(model, 32)
+    ids = torch.as_tensor(np.random.default_rng(0).integers(0, 320, 5), dtype=torch.int32)
+    _, position, *caches = decoders.example_inputs(spec, 5)
+    want = decoders.decoder_step(model, spec, 5)(ids, position, *caches)
+    x, got_caches = ids, []
+    for stage in decoders.stages_of(spec.layers, 2):
+        _, _, *mine = decoders.example_inputs(decoders.stage_spec(spec, stage), 5)
+        x, *rest = decoders.decoder_step(model, spec, 5, stage=stage)(x, position, *mine)
+        if stage.last:
+            logits, *rest = rest
+            torch.testing.assert_close(logits, want[1], rtol=0, atol=0)
+        got_caches += rest
+    assert torch.equal(x, want[0])
+    assert all(torch.equal(a, b) for a, b in zip(got_caches, want[2:], strict=True))
+
+
+def test_stages_of_split_layers_evenly():
+    assert [(s.start, s.stop) for s in decoders.stages_of(7, 3)] == [(0, 3), (3, 5), (5, 7)]
+    with pytest.raises(ModelError, match="a stage holds at least one layer"):
+        decoders.stages_of(2, 3)
+
+
+@pytest.mark.parametrize("kind, chips, tensor_parallel", [("llama", (0, 1), 1), ("gpt2", (4, 6, 1, 7), 2)])
+def test_pipeline_tokens_equal_transformers(kind, chips, tensor_parallel):
+    model = _model(kind, 3, 2.0 if kind == "llama" else 4.0)
+    ids = np.random.default_rng(1).integers(0, 320, (1, 13))
+    session = lpx_tvm.compile_llm(model, precision="fp32", max_context=32, system="groqnode", chips=chips,
+                                  tensor_parallel=tensor_parallel)
+    tokens, logits = session.generate(ids, 8, return_logits=True)
+    want = model.generate(torch.as_tensor(ids), max_new_tokens=8, do_sample=False)[:, 13:].numpy()
+    np.testing.assert_array_equal(tokens, want)
+    ref = _torch_logits(model, session.spec, ids, tokens)
+    errs = [rel_err(logits[k], ref[k]) for k in range(len(ref))]
+    assert max(errs) < 1e-5, errs
+    rep = session.report
+    assert rep["pipeline_stages"] == 2 and rep["stage_layers"] == [1, 1]
+    assert rep["tensor_parallel"] == tensor_parallel
+    if tensor_parallel == 1:
+        # The one hand-off a token: its hidden state (240 fp32 values), one vector of 320
+        # lanes on the link.
+        assert rep["link_bytes_per_token"] == 320 * 4
+        one_chip = lpx_tvm.compile_llm(model, precision="fp32", max_context=32)
+        # Two chips run the same work one after the other, plus the hand-off: its link
+        # latency at least (and little more: the second chip installs its weights while
+        # it waits).
+        cfg = session.config
+        extra = rep["decode_cycles_per_token"] - one_chip.decode.cycles
+        assert cfg.c2c_latency <= extra < 3 * cfg.c2c_latency, extra
+
+
+def test_pipeline_half_precision_and_int8():
+    """Llama over two stages at fp16 (one chip's 1e-2 tolerance), GPT-2 over two stages of
+    two chips in int8 (one chip's: within its own reference's distance from float)."""
+    model = _model("llama", 3, 2.0)
+    ids = np.random.default_rng(4).integers(0, 320, (1, 9))
+    session = lpx_tvm.compile_llm(model, precision="fp16", max_context=32, system="groqnode", chips=(2, 3),
+                                  tensor_parallel=1)
+    tokens, logits = session.generate(ids, 8, return_logits=True)
+    want = _torch_logits(model, session.spec, ids, tokens)
+    half = _torch_logits(_model("llama", 3, 2.0).half(), session.spec, ids, tokens)
+    for k in range(len(want)):
+        err, torch_err = rel_err(logits[k], want[k]), rel_err(half[k], want[k])
+        assert err < max(1e-2, torch_err), (k, err, torch_err)
+        assert_tokens_where_clear(tokens[:, k], want[k], 1e-2)
+    gpt2 = _model("gpt2", 3, 4.0)
+    session = lpx_tvm.compile_llm(gpt2, precision="int8", max_context=32, system="groqnode", chips=(0, 1, 2, 3),
+                                  tensor_parallel=2)
+    check_8bit_session(session, gpt2, ids, 6)
+
+
+def test_pipeline_refusals():
+    model = _model("llama", 3, 2.0)
+    with pytest.raises(LPXError, match="are not whole stages of 2"):
+        lpx_tvm.compile_llm(model, precision="fp32", max_context=32, system="groqnode", chips=(0, 1, 2),
+                            tensor_parallel=2)
+    with pytest.raises(ModelError, match="a stage holds at least one layer"):
+        lpx_tvm.compile_llm(model, precision="fp32", max_context=32, system="groqnode", chips=(0, 1, 2),
+                            tensor_parallel=1)
+    # tsp-rack: chips of different nodes are linked only through their nodes' global ports
+    system = lpx_tvm.machine.system.load_system("tsp-rack")
+    far = next(c for c in range(1, system.chips) if not system.links_between(0, c))
+    with pytest.raises(LPXError, match=f"chips 0 and {far} of system tsp-rack are not linked: a pipeline stage"):
+        lpx_tvm.compile_llm(model, precision="fp32", max_context=32, system="tsp-rack", chips=(0, far),
+                            tensor_parallel=1)
