@@ -832,13 +832,17 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
                                                    "decoder (random weights: nothing is downloaded)")
     p.add_argument("--system", required=True, help="a system preset (groqnode, tsp-rack, tsp-576, lp30-rack) or a "
                                                    "system JSON file")
-    p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16"])
+    p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "int8", "fp8"])
     p.add_argument("--context", type=int, default=256, help="positions the KV cache holds (default 256)")
     p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens for TTFT (default: context / 2)")
     p.add_argument("--batches", default="1", help="batch sizes, comma-separated (default 1)")
     p.add_argument("--slo-tokens-per-s-per-user", type=float, default=0.0,
                    help="the best mapping is the one with the most tokens/s per chip at or above this")
     p.add_argument("--max-chips", type=int, default=None, help="the most chips a mapping may use")
+    p.add_argument("--tensor-parallel", default=None,
+                   help="tensor-parallel degrees, comma-separated (default: the kv heads' divisors that fit a group)")
+    p.add_argument("--pipeline", default=None,
+                   help="pipeline depths, comma-separated (default: 1, 2, 4, ... up to the layers, and the layers)")
     p.add_argument("--png", default=None, help="write the Pareto figure (tokens/s per user against per chip) here")
     p.add_argument("--report", default=None, help="write the plan as JSON here")
 
@@ -851,12 +855,16 @@ def _plan(args) -> int:
 
     from .llm.plan import PLAN_COLUMNS, plan, plan_table, save_pareto
 
-    try:
-        batches = [int(b) for b in args.batches.split(",")]
-    except ValueError:
-        raise LPXError(f"--batches {args.batches!r}: expected comma-separated integers") from None
+    def ints(flag, text):
+        try:
+            return [int(b) for b in text.split(",")] if text else None
+        except ValueError:
+            raise LPXError(f"--{flag} {text!r}: expected comma-separated integers") from None
+
     p = plan(args.config, args.system, precision=args.precision, context=args.context,
-             prompt_len=args.prompt_len or args.context // 2, batches=batches, max_chips=args.max_chips)
+             prompt_len=args.prompt_len or args.context // 2, batches=ints("batches", args.batches),
+             tensor_parallel=ints("tensor-parallel", args.tensor_parallel), pipeline=ints("pipeline", args.pipeline),
+             max_chips=args.max_chips)
     table = Table(title=f"{p.model} on {p.system} ({p.precision}, context {p.context}, {p.layers} layers): "
                         "predicted from simulated layers (docs/multichip.md)")
     for c in PLAN_COLUMNS:
@@ -870,7 +878,7 @@ def _plan(args) -> int:
         console.print(f"no mapping meets {args.slo_tokens_per_s_per_user:,.0f} tokens/s per user")
     else:
         console.print(f"best at >= {args.slo_tokens_per_s_per_user:,.0f} tokens/s per user: tensor parallel "
-                      f"{best.tensor_parallel}, batch {best.batch}: {best.tokens_per_s_per_user:,.0f} tokens/s per "
+                      f"{best.tensor_parallel}, {best.pipeline_stages} stage(s), batch {best.batch}: {best.tokens_per_s_per_user:,.0f} tokens/s per "
                       f"user, {best.tokens_per_s_per_chip:,.0f} per chip on {best.chips} chip(s)")
     if args.png:
         save_pareto(p, args.png)
@@ -889,7 +897,8 @@ COMMANDS = {
     "profile": ("run a model once and write its whole-model trace, per-layer floors and roofline figure",
                 _profile_args, _profile),
     "tune": ("search the MXM schedules of a model on the simulator into a tuning log", _tune_args, _tune),
-    "generate": ("compile a decoder LLM (a transformers config) for one chip and generate tokens greedily",
+    "generate": ("compile a decoder LLM (a transformers config) for one chip or a system and generate tokens "
+                 "greedily",
                  _generate_args, _generate),
     "plan": ("predict the mappings of a decoder LLM onto a system of chips from simulated layers",
              _plan_args, _plan),

@@ -1,38 +1,57 @@
 """Capacity planning: how a decoder maps onto a system, predicted from simulation
 (docs/multichip.md, "Planning").
 
-For each tensor-parallel degree ``t`` (a divisor of the kv heads, ``t`` pairwise linked
-chips) and batch, the decoder's step is compiled and simulated, on ``t`` chips of the
-system with its in-program all-reduces, with two layers and with three: a decode step of
-``L`` layers then takes ``D(3) + (L - 3) (D(3) - D(2))`` cycles (its layers are the same
-program, each with its two all-reduces; the first layer overlaps the embedding's work
-and is not a steady one, so the increment is taken past it), and the prefill likewise. Nothing is a roofline guess: every
-cycle is the simulator's. The planner's prediction is checked against the whole model
-simulated (tests/llm/test_plan.py, bench/multichip.py).
+A mapping is ``t`` chips of tensor parallelism per pipeline stage (``t`` a divisor of the
+kv heads, pairwise linked chips), ``S`` pipeline stages of contiguous layers (the chips
+:meth:`~lpx_tvm.machine.system.System.stage_groups` picks) and a batch. For each ``t``
+and batch the decoder's step is compiled and simulated on ``t`` chips with two layers
+and with three: a step of ``L`` layers on one stage takes ``D(3) + (L - 3) (D(3) - D(2))``
+cycles (its layers are the same program, each with its two all-reduces; the first layer
+overlaps the embedding's work and is not a steady one, so the increment ``l = D(3) -
+D(2)`` is taken past it). For ``S > 1`` a model of ``2k`` layers is also simulated as ``k``
+stages of two layers (``k`` = 3, or 2 where the system has no third group): the cycle
+each stage ends gives the span of a first stage (embedding, its layers, the hand-off
+out), of a middle one (from its rows' arrival) and of the last (to the argmax), each
+with two layers; a stage of ``n`` layers adds ``(n - 2) l``, and a boundary the topology
+puts more than one link apart adds what the longer path adds to a point-to-point
+transfer of the hidden rows (:func:`~lpx_tvm.target.collectives.point_to_point`,
+simulated). Prefill likewise. Nothing is a roofline guess: every cycle is the
+simulator's.
+
+Throughput: a pipeline of ``S`` stages keeps ``S`` micro-batches of ``batch`` users in
+flight, each stage on a different one; a user's next token waits for its previous one
+(``D`` cycles) and for the first stage to come round (``S`` stage intervals, the slowest
+stage's layers, the embedding and head's work and a hand-off). Each stage holds all
+``S`` micro-batches' caches, which the SRAM fill counts. The planner's prediction is
+checked against the whole mapping simulated (tests/llm/test_plan.py, bench/multichip.py);
+micro-batching itself is planned, not compiled (a session runs one micro-batch).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..errors import LPXError
+from ..errors import ConfigError, LPXError
 from ..frontends import decoders
 from ..machine.system import load_system
+from ..target.collectives import point_to_point
 from .session import compile_llm, load_decoder, matrix_parameters, matrix_value_bytes
 from .steps import WEIGHT_BUDGET, cache_bytes_as_stored, float_bytes
 
-SAMPLED = (2, 3)  # the layer counts simulated; a model of no more layers is simulated whole
+SAMPLED = (2, 3)  # the layer counts simulated
 
 
 @dataclass
 class Mapping:
-    """One tensor-parallel degree and batch, predicted."""
+    """One tensor-parallel degree, pipeline depth and batch, predicted."""
 
     tensor_parallel: int
     batch: int
     chips: int
     sram_fill: float  # the fullest chip's weights and caches over its SRAM
     fits: bool
+    pipeline_stages: int = 1
+    micro_batches: int = 1  # in flight: one per stage
     ttft_cycles: "int | None" = None
     decode_cycles_per_token: "int | None" = None
     tokens_per_s_per_user: "float | None" = None
@@ -40,6 +59,8 @@ class Mapping:
     tokens_per_s_per_system: "float | None" = None
     link_utilization: "float | None" = None  # link bytes a token over what its links carry meanwhile
     layer_cycles: "int | None" = None  # one layer of the decode step, its all-reduces included
+    handoff_cycles: "int | None" = None  # what a stage boundary adds to the decode step, against one stage
+    stage_interval_cycles: "int | None" = None  # the slowest stage's share of a decode step
     why: str = ""
 
     def to_json(self) -> dict:
@@ -83,81 +104,171 @@ def _with_layers(model, layers: int, seed: int):
 
 
 def plan(model_or_config, system, precision: str = "fp16", context: int = 256, prompt_len: int = 128,
-         batches=(1,), tensor_parallel=None, max_chips: "int | None" = None, seed: int = 0) -> Plan:
-    """Predict every tensor-parallel degree x batch of a decoder on ``system``.
+         batches=(1,), tensor_parallel=None, pipeline=None, max_chips: "int | None" = None, seed: int = 0) -> Plan:
+    """Predict every tensor-parallel degree x pipeline depth x batch of a decoder on
+    ``system``.
 
     ``tensor_parallel``: the degrees to try (default: the divisors of the kv heads that
-    fit a pairwise linked group of the system, up to ``max_chips``)."""
+    fit an aligned pairwise linked group of the system). ``pipeline``: the depths
+    (default: 1, 2, 4, ... up to the layers, and the layers). Mappings of more than
+    ``max_chips`` chips (default: the system's) are left out."""
     system = load_system(system)
     model = load_decoder(model_or_config, seed)
     spec = decoders.spec_of(model, context)
     if not 1 <= prompt_len < context:
         raise LPXError(f"a prompt of {prompt_len} tokens in a context of {context}")
-    group = _linked_group(system)
-    limit = min(len(group), max_chips or system.chips)
-    degrees = tensor_parallel or [t for t in range(1, limit + 1) if spec.kv_heads % t == 0]
+    limit = min(system.chips, max_chips or system.chips)
+    degrees = tensor_parallel or [t for t in range(1, limit + 1) if spec.kv_heads % t == 0 and _groups(system, t, 1)]
+    depths = pipeline or sorted({2 ** k for k in range(spec.layers.bit_length()) if 2 ** k <= spec.layers} |
+                                {spec.layers})
     out = Plan(getattr(model.config, "_name_or_path", "") or spec.family, system.name, precision, context,
                spec.layers)
-    small = {n: _with_layers(model, n, seed) for n in SAMPLED if n < spec.layers} if spec.layers > SAMPLED[-1] \
-        else {}
+    small = {n: model if n == spec.layers else _with_layers(model, n, seed) for n in SAMPLED}
+    runs = _Runs(model, small, system, precision, context, prompt_len, seed)
     for t in degrees:
-        if t > len(group):
-            raise LPXError(f"tensor parallelism over {t} chips: system {system.name}'s largest pairwise linked "
-                           f"group starting at chip 0 has {len(group)}")
-        for batch in batches:
-            out.mappings.append(_predict(model, spec, small, system, group[:t], precision, context, prompt_len,
-                                         batch))
+        if not _groups(system, t, 1):
+            raise LPXError(f"tensor parallelism over {t} chips: system {system.name} has no aligned group of {t} "
+                           "pairwise linked chips")
+        for stages in depths:
+            if t * stages > limit:
+                continue
+            for batch in batches:
+                out.mappings.append(_predict(spec, runs, t, stages, batch))
     return out
 
 
-def _linked_group(system) -> list:
-    """Chips 0, 1, ... as long as each is linked to all before it."""
-    group = [0]
-    for c in range(1, system.chips):
-        if all(system.links_between(c, d) for d in group):
-            group.append(c)
-        else:
-            break
-    return group
+def _groups(system, t: int, stages: int) -> "list | None":
+    try:
+        return system.stage_groups(t, stages)
+    except ConfigError:
+        return None
 
 
-def _predict(model, spec, small: dict, system, chips, precision, context, prompt_len, batch) -> Mapping:
-    cfg, t = system.config, len(chips)
-    matrices = matrix_parameters(model)
-    # A chip's share of the matrices, the tables and norms whole, its kv heads' caches.
-    per_chip = (matrices / t * matrix_value_bytes(precision) + (spec.parameters - matrices) * float_bytes(precision)
-                + cache_bytes_as_stored(decoders.shard_spec(replace(spec, batch=batch), t), cfg, precision))
-    fill = per_chip / cfg.sram_bytes
-    m = Mapping(t, batch, t, fill, fill <= WEIGHT_BUDGET)
-    if not m.fits:
-        m.why = f"{per_chip / 2**20:,.0f} MiB a chip of {cfg.sram_bytes / 2**20:,.0f}"
-        return m
-    runs = {}
-    for n, layer_model in (small or {spec.layers: model}).items():
-        kw = dict(precision=precision, max_context=context, batch=batch, prompt_len=prompt_len)
-        s = compile_llm(layer_model, system=system, chips=chips, **kw) if t > 1 else \
-            compile_llm(layer_model, preset=cfg, **kw)
-        if t > 1:
-            runs[n] = (s.decode_cycles, s.prefill_cycles(prompt_len), s.decode_link_bytes)
-        else:
-            runs[n] = (s.decode.cycles, s.prefill_step(prompt_len).cycles, 0)
+class _Runs:
+    """The simulations a plan composes, each run once: the sampled steps on one stage of
+    ``t`` chips, the two-stage hand-off, and point-to-point transfers."""
+
+    def __init__(self, model, small, system, precision, context, prompt_len, seed):
+        self.model, self.small, self.system = model, small, system
+        self.kw = dict(precision=precision, max_context=context, prompt_len=prompt_len)
+        self.prompt_len, self.matrices = prompt_len, matrix_parameters(model)
+        self.seed = seed
+        self._stage, self._pipeline, self._p2p = {}, {}, {}
+
+    def stage(self, t: int, batch: int) -> dict:
+        """{layers: (decode cycles, prefill cycles, link bytes)} of the sampled steps on one stage."""
+        key = (t, batch)
+        if key not in self._stage:
+            self._stage[key] = {n: self._run(m, t, 1, batch) for n, m in self.small.items()}
+        return self._stage[key]
+
+    def pipeline(self, t: int, batch: int, stages: int) -> tuple:
+        """(decode spans, prefill spans, link bytes of a hand-off): a model of two layers a
+        stage over ``min(3, stages)`` stages simulated whole, the span of its first,
+        middle (with three) and last stage."""
+        k = min(3, stages)
+        key = (t, batch, k)
+        if key not in self._pipeline:
+            model = _with_layers(self.model, 2 * k, self.seed)
+            s = compile_llm(model, system=self.system, tensor_parallel=t, pipeline_stages=k,
+                            **dict(self.kw, batch=batch))
+            spans = [[b - a for a, b in zip([0] + ends, ends)]
+                     for ends in (s.decode_stage_ends, s.prefill_stage_ends(self.prompt_len))]
+            handoff = (s.decode_link_bytes - self.stage(t, batch)[2][2] * k) / (k - 1)  # a boundary's, all ranks
+            self._pipeline[key] = (*spans, handoff)
+        return self._pipeline[key]
+
+    def _run(self, model, t, stages, batch) -> tuple:
+        system, kw = self.system, dict(self.kw, batch=batch)
+        if t == 1 and stages == 1:
+            s = compile_llm(model, preset=system.config, **kw)
+            return s.decode.cycles, s.prefill_step(self.prompt_len).cycles, 0
+        s = compile_llm(model, system=system, tensor_parallel=t, pipeline_stages=stages, **kw)
+        return s.decode_cycles, s.prefill_cycles(self.prompt_len), s.decode_link_bytes
+
+    def path_extra(self, a: int, b: int, vectors: int, dtype: str) -> int:
+        """Cycles a point-to-point transfer of ``vectors`` rows from chip ``a`` to chip
+        ``b`` takes past one between linked chips."""
+        hops = self.system.hops(a, b)
+        if hops <= 1:
+            return 0
+        key = (hops, vectors, dtype)
+        if key not in self._p2p:
+            near = self.system.neighbours(a)[0]
+            self._p2p[key] = point_to_point(self.system, a, b, vectors, dtype).cycles - \
+                point_to_point(self.system, a, near, vectors, dtype).cycles
+        return self._p2p[key]
+
+
+def _predict(spec, runs: _Runs, t: int, stages: int, batch: int) -> Mapping:
+    system = runs.system
+    cfg, precision = system.config, runs.kw["precision"]
+    chips = t * stages
+    m = Mapping(t, batch, chips, 0.0, False, pipeline_stages=stages, micro_batches=stages)
     L = spec.layers
-    if len(runs) == 1:  # simulated whole
-        (d, p, link_bytes), = runs.values()
-        m.layer_cycles, m.decode_cycles_per_token, m.ttft_cycles = None, d, p
-    else:
-        (d2, p2, l2), (d3, p3, l3) = (runs[n] for n in SAMPLED)
-        m.layer_cycles = d3 - d2
-        m.decode_cycles_per_token = d3 + (L - 3) * (d3 - d2)
-        m.ttft_cycles = p3 + (L - 3) * (p3 - p2)
+    if stages > L:
+        m.why = f"{stages} stages of {L} layers"
+        return m
+    groups = _groups(system, t, stages)
+    if groups is None:
+        m.why = f"no {stages} aligned groups of {t} pairwise linked chips"
+        return m
+    parts = decoders.stages_of(L, stages)
+    # The fullest chip: its stage's share of the layers' matrices (the LM head whole on
+    # the last stage; the tables and norms counted on the first), and the caches of every
+    # micro-batch in flight.
+    head = spec.vocab * spec.hidden
+    layer_matrices = (runs.matrices - head) / L
+    mb, fb = matrix_value_bytes(precision), float_bytes(precision)
+    local = decoders.shard_spec(replace(spec, batch=batch * stages), t)
+    per_chip = []
+    for st in parts:
+        n = st.stop - st.start
+        per_chip.append(n * layer_matrices / t * mb + (spec.parameters - runs.matrices) * fb * st.first +
+                        head * mb * st.last + cache_bytes_as_stored(replace(local, layers=n), cfg, precision))
+    m.sram_fill = max(per_chip) / cfg.sram_bytes
+    m.fits = m.sram_fill <= WEIGHT_BUDGET
+    if not m.fits:
+        m.why = f"{max(per_chip) / 2**20:,.0f} MiB a chip of {cfg.sram_bytes / 2**20:,.0f}"
+        return m
+    sampled = runs.stage(t, batch)
+    (d2, p2, l2), (d3, p3, l3) = (sampled[n] for n in SAMPLED)
+    layer = d3 - d2
+    m.layer_cycles = layer
+    decode = d3 + (L - 3) * layer
+    ttft = p3 + (L - 3) * (p3 - p2)
+    link_bytes = l3 + (L - 3) * (l3 - l2)
+    directed = stages * t * (t - 1)  # links in use, each direction
+    interval = decode
+    if stages > 1:
+        dspans, pspans, handoff_bytes = runs.pipeline(t, batch, stages)
+        sizes = [st.stop - st.start for st in parts]
+        middle_d, middle_p = (dspans[1], pspans[1]) if len(dspans) == 3 else (None, None)
+        spans_d = [dspans[0]] + [middle_d] * (stages - 2) + [dspans[-1]]
+        spans_p = [pspans[0]] + [middle_p] * (stages - 2) + [pspans[-1]]
+        ttft_layer = p3 - p2
+        stage_d = [sp + (n - 2) * layer for sp, n in zip(spans_d, sizes)]
+        decode = sum(stage_d)
+        ttft = sum(sp + (n - 2) * ttft_layer for sp, n in zip(spans_p, sizes))
         link_bytes = l3 + (L - 3) * (l3 - l2)
-    per_user = cfg.clock_hz / m.decode_cycles_per_token
+        tiles = -(-spec.hidden // cfg.lanes)
+        dtype = "fp32" if precision == "fp32" else "fp16"
+        for g, h in zip(groups, groups[1:]):
+            a, b = max(zip(g, h), key=lambda ab: system.hops(*ab))
+            hops = system.hops(a, b)
+            decode += runs.path_extra(a, b, batch * tiles, dtype)
+            ttft += runs.path_extra(a, b, batch * runs.prompt_len * tiles, dtype)
+            link_bytes += handoff_bytes * hops
+            directed += t * hops
+        m.handoff_cycles = round((decode - (d3 + (L - 3) * layer)) / (stages - 1))  # against one stage
+        interval = max(stage_d)
+    m.stage_interval_cycles = interval
+    m.decode_cycles_per_token, m.ttft_cycles = decode, ttft
+    per_user = cfg.clock_hz / max(decode, stages * interval)
     m.tokens_per_s_per_user = per_user
-    m.tokens_per_s_per_system = per_user * batch
-    m.tokens_per_s_per_chip = per_user * batch / t
-    directed = t * (t - 1)  # links in use, each direction
-    m.link_utilization = link_bytes / (directed * cfg.c2c_bytes_per_cycle * m.decode_cycles_per_token) \
-        if directed else 0.0
+    m.tokens_per_s_per_system = per_user * batch * stages
+    m.tokens_per_s_per_chip = m.tokens_per_s_per_system / chips
+    m.link_utilization = link_bytes / (directed * cfg.c2c_bytes_per_cycle * decode) if directed else 0.0
     return m
 
 
@@ -166,17 +277,17 @@ def plan_table(p: Plan) -> list:
     rows = []
     for m in p.mappings:
         if not m.fits:
-            rows.append([str(m.tensor_parallel), str(m.batch), str(m.chips), f"{m.sram_fill:.0%}", "does not fit",
-                         "", "", "", "", ""])
+            rows.append([str(m.tensor_parallel), str(m.pipeline_stages), str(m.batch), str(m.chips),
+                         f"{m.sram_fill:.0%}", m.why or "does not fit", "", "", "", "", ""])
             continue
-        rows.append([str(m.tensor_parallel), str(m.batch), str(m.chips), f"{m.sram_fill:.0%}",
+        rows.append([str(m.tensor_parallel), str(m.pipeline_stages), str(m.batch), str(m.chips), f"{m.sram_fill:.0%}",
                      f"{m.ttft_cycles:,}", f"{m.decode_cycles_per_token:,}", f"{m.tokens_per_s_per_user:,.0f}",
                      f"{m.tokens_per_s_per_chip:,.0f}", f"{m.tokens_per_s_per_system:,.0f}",
                      f"{m.link_utilization:.1%}"])
     return rows
 
 
-PLAN_COLUMNS = ["TP", "batch", "chips", "SRAM fill", "TTFT cycles", "decode cycles/token", "tokens/s/user",
+PLAN_COLUMNS = ["TP", "PP", "batch", "chips", "SRAM fill", "TTFT cycles", "decode cycles/token", "tokens/s/user",
                 "tokens/s/chip", "tokens/s/system", "link use"]
 
 
@@ -196,7 +307,7 @@ def save_pareto(p: Plan, path: str) -> None:
     front.sort(key=lambda m: m.tokens_per_s_per_chip)
     ax.plot([m.tokens_per_s_per_chip for m in front], [m.tokens_per_s_per_user for m in front], "o-", c="C0")
     for m in ok:
-        ax.annotate(f"TP{m.tensor_parallel} b{m.batch}", (m.tokens_per_s_per_chip, m.tokens_per_s_per_user),
+        ax.annotate(f"TP{m.tensor_parallel} PP{m.pipeline_stages} b{m.batch}", (m.tokens_per_s_per_chip, m.tokens_per_s_per_user),
                     fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("tokens/s per chip")
     ax.set_ylabel("tokens/s per user")

@@ -75,7 +75,8 @@ def load_decoder(model_or_config, seed: int = 0):
 
 def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: int = 128, batch: int = 1,
                 prompt_len: "int | None" = None, seed: int = 0, calibration_ids=None, system=None,
-                chips=None, tensor_parallel: "int | None" = None) -> "LLMSession":
+                chips=None, tensor_parallel: "int | None" = None,
+                pipeline_stages: "int | None" = None) -> "LLMSession":
     """Compile a decoder LLM for one LPX chip, or for chips of a system.
 
     Parameters
@@ -108,6 +109,8 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
     tensor_parallel : int, optional
         Chips per pipeline stage, pairwise linked (default: all ``chips``, one stage);
         each stage's chip of rank ``r`` is linked to the next stage's.
+    pipeline_stages : int, optional
+        Without ``chips``: the stages, on the chips :meth:`System.stage_groups` picks.
 
     Returns
     -------
@@ -140,8 +143,12 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
     if system is not None:
         from .system_session import SystemLLMSession
 
-        session = SystemLLMSession(model, spec, system, range(system.chips) if chips is None else chips, precision,
-                                   tensor_parallel, quant)
+        if chips is None:
+            chips = range(system.chips) if pipeline_stages is None else \
+                [c for g in system.stage_groups(tensor_parallel or 1, pipeline_stages) for c in g]
+        elif pipeline_stages is not None:
+            raise LPXError("give chips or pipeline_stages, not both")
+        session = SystemLLMSession(model, spec, system, chips, precision, tensor_parallel, quant)
         if prompt_len is not None:
             session.prefill_step(prompt_len)
         return session

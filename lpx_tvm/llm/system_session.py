@@ -92,6 +92,7 @@ class SystemLLMSession:
         self.decode = self._compile(1, None)
         timed = self.sim.run(self.programs(self.decode), timing_only=True)  # static: every step's
         self.decode_cycles, self.decode_link_bytes = timed.cycles, sum(timed.link_bytes.values())
+        self.decode_stage_ends = self._stage_ends(timed)
         self._prefill = {}  # prompt length -> ({chip: StepProgram}, cycles)
         self._last = {}
 
@@ -132,13 +133,23 @@ class SystemLLMSession:
                              f"prompts take 1 to {self.spec.max_context - 1} tokens")
         if prompt_len not in self._prefill:
             steps = self._compile(prompt_len, {c: shared_with(d) for c, d in self.decode.items()})
-            self._prefill[prompt_len] = steps, self.sim.run(self.programs(steps), timing_only=True).cycles
+            timed = self.sim.run(self.programs(steps), timing_only=True)
+            self._prefill[prompt_len] = steps, timed.cycles, self._stage_ends(timed)
         return self._prefill[prompt_len][0]
 
     def prefill_cycles(self, prompt_len: int) -> int:
         """The system's cycles for the prefill of ``prompt_len`` tokens (the TTFT)."""
         self.prefill_step(prompt_len)
         return self._prefill[prompt_len][1]
+
+    def prefill_stage_ends(self, prompt_len: int) -> list:
+        """The cycle each pipeline stage's prefill of ``prompt_len`` tokens ends (its
+        chips' last)."""
+        self.prefill_step(prompt_len)
+        return self._prefill[prompt_len][2]
+
+    def _stage_ends(self, timed) -> list:
+        return [max(timed.chips[c].cycles for c in g) for g in self.groups]
 
     def _run(self, steps: dict, ids: np.ndarray, position: int, fresh: bool, logits: bool):
         ids = ids.astype(np.int32).reshape(-1)

@@ -115,6 +115,36 @@ class System:
             raise ConfigError(f"system {self.name}: chip {dist.index(-1)} cannot be reached from chip {a}")
         return dist
 
+    def stage_groups(self, size: int, stages: int) -> list:
+        """Chips for a pipeline of ``stages`` stages of ``size`` (tensor parallel) chips:
+        [tuple of chips] in stage order, each group pairwise linked, the ranks of
+        consecutive groups as few links apart as the topology allows (directly linked
+        where it can: inside a node, or across nodes through the links joining the chips
+        of one index). The groups are aligned blocks of ``size`` chips, walked greedily
+        from chip 0: each next group is the unused one nearest the last (the lowest chips
+        where they tie), which snakes through the nodes of a two-level system."""
+        if size < 1 or stages < 1:
+            raise ConfigError(f"{stages} stages of {size} chips")
+        blocks = [tuple(range(c, c + size)) for c in range(0, self.chips - size + 1, size)]
+        blocks = [g for g in blocks if all(self._between.get((a, b)) for a in g for b in g if a != b)]
+        if len(blocks) < stages:
+            raise ConfigError(f"system {self.name} has {len(blocks)} aligned groups of {size} pairwise linked chips; "
+                              f"a pipeline of {stages} stages needs {stages}")
+        dist = {}  # chip -> its distances to every chip
+
+        def apart(g, h):
+            for a in g:
+                if a not in dist:
+                    dist[a] = self.distances(a)
+            return max(dist[a][b] for a, b in zip(g, h))
+
+        out, free = [blocks[0]], blocks[1:]
+        while len(out) < stages:
+            nxt = min(free, key=lambda g: (apart(out[-1], g), g))
+            out.append(nxt)
+            free.remove(nxt)
+        return out
+
     @property
     def diameter(self) -> int:
         return max(max(self.distances(a)) for a in range(self.chips))

@@ -19,18 +19,27 @@ CONFIG = dict(LLAMA, num_hidden_layers=5, model_type="llama")
 
 
 def test_prediction_within_5_percent_of_the_whole_model_simulated():
-    p = plan(CONFIG, "groqnode", precision="fp32", context=32, prompt_len=9, tensor_parallel=[3])
-    (m,) = p.mappings
-    assert m.fits and m.chips == 3 and m.layer_cycles > 2 * 2 * 450  # two all-reduces a layer, two latencies each
-    # (predicted from the 2- and 3-layer steps; the model has 5 layers)
-    s = lpx_tvm.compile_llm(CONFIG, precision="fp32", max_context=32, prompt_len=9, system="groqnode",
-                            chips=(0, 1, 2))
-    decode = s.decode_cycles
-    ttft = s.prefill_cycles(9)
-    assert abs(m.decode_cycles_per_token - decode) / decode < 0.05, (m.decode_cycles_per_token, decode)
-    assert abs(m.ttft_cycles - ttft) / ttft < 0.05, (m.ttft_cycles, ttft)
-    assert m.tokens_per_s_per_chip == pytest.approx(m.tokens_per_s_per_user / 3)
-    assert 0 < m.link_utilization < 1
+    """Tensor parallelism over 3 chips, alone and in two pipeline stages (6 chips): the
+    predictions, from 2- and 3-layer steps and a 4-layer model in two stages, within 5%
+    of the 5-layer model simulated whole."""
+    p = plan(CONFIG, "groqnode", precision="fp32", context=32, prompt_len=9, tensor_parallel=[3], pipeline=[1, 2])
+    one, two = p.mappings
+    assert one.fits and one.chips == 3 and one.layer_cycles > 2 * 2 * 450  # two all-reduces a layer, two latencies each
+    assert two.fits and two.chips == 6 and two.pipeline_stages == two.micro_batches == 2
+    for m in (one, two):
+        s = lpx_tvm.compile_llm(CONFIG, precision="fp32", max_context=32, prompt_len=9, system="groqnode",
+                                tensor_parallel=3, pipeline_stages=m.pipeline_stages)
+        decode, ttft = s.decode_cycles, s.prefill_cycles(9)
+        assert abs(m.decode_cycles_per_token - decode) / decode < 0.05, (m, decode)
+        assert abs(m.ttft_cycles - ttft) / ttft < 0.05, (m, ttft)
+        assert 0 < m.link_utilization < 1
+    assert one.tokens_per_s_per_chip == pytest.approx(one.tokens_per_s_per_user / 3)
+    # Two micro-batches in flight: each user waits for the slowest stage to come round twice.
+    assert two.tokens_per_s_per_user == pytest.approx(
+        two.tokens_per_s_per_system / 2) and two.stage_interval_cycles < two.decode_cycles_per_token
+    assert two.tokens_per_s_per_system == pytest.approx(
+        2 * 900e6 / max(two.decode_cycles_per_token, 2 * two.stage_interval_cycles))
+    assert two.sram_fill < one.sram_fill  # each stage holds fewer layers
 
 
 def _m(t, b, user, chip, fits=True):
@@ -53,7 +62,7 @@ def test_plan_cli(tmp_path, capsys):
     assert main(["plan", "--config", str(cfg), "--system", "groqnode", "--precision", "fp32", "--context", "16",
                  "--prompt-len", "4", "--batches", "1", "--max-chips", "1", "--report", str(report)]) == 0
     out = capsys.readouterr().out
-    assert "best at >= 0 tokens/s per user: tensor parallel 1, batch 1" in out
+    assert "best at >= 0 tokens/s per user: tensor parallel 1, 1 stage(s), batch 1" in out
     data = json.loads(report.read_text())
     assert data["best"]["tensor_parallel"] == 1 and len(data["mappings"]) == 1
     assert np.isfinite(data["mappings"][0]["decode_cycles_per_token"])
