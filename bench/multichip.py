@@ -1,19 +1,22 @@
-"""Many chips: the planner against the whole model simulated, and the system simulator's
-speed, measured side by side in one run (docs/multichip.md).
+"""Many chips: the planner against the whole mapping simulated, the large models planned,
+and the system simulator's speed, measured side by side in one run (docs/multichip.md).
 
-- For tensor parallelism over 2, 4 and 8 chips of a GroqNode (and one chip), a small
-  Llama (8 kv heads, 6 layers) is planned (its steps simulated with two and three
-  layers, composed) and then compiled and simulated whole: the relative error of the predicted decode
-  cycles per token, and of TTFT.
-- The system simulator's speed on the 8-chip decode step: simulated chip-cycles per wall
+- A small Llama (8 kv heads, 8 layers) on a TSP rack, on 1 chip and on 2 to 16 by tensor
+  parallelism and pipeline stages (1, 2, 4, 8, 8 and 16 chips): the planner's prediction
+  (steps of two and three layers, a pipeline of two-layer stages, composed) against the
+  whole mapping compiled and simulated; the relative error of decode cycles per token and
+  of TTFT.
+- Llama-2-70B in int8 on TSP systems of up to 576 chips, and Llama-3-70B and -8B in fp8 on
+  an LP30 rack, planned from their published configs (random weights): the best mapping,
+  or, where none fits, what binds.
+- The system simulator's speed on the 16-chip decode step: simulated chip-cycles per wall
   second, functional, and timing-only inline against timing-only in 2 worker processes.
 
 The last line printed is JSON with ``planner_max_error`` (the largest relative error of
-predicted against simulated decode cycles per token over the cases) and the keys of the
-large-model targets, ``llama2_70b_tokens_per_s_per_user``, ``llama2_70b_chips`` and
-``lp30_llama3_70b_tokens_per_s_per_user``: null until the mapping they need (the LM head
-split by vocabulary, pipeline parallelism, 8-bit tensor parallelism) is built; the
-reason is printed beside them.
+predicted against simulated decode cycles per token over the 2- to 16-chip cases),
+``llama2_70b_tokens_per_s_per_user``, ``llama2_70b_chips`` and
+``lp30_llama3_70b_tokens_per_s_per_user`` (null where no mapping fits, the reason beside
+them).
 """
 
 from __future__ import annotations
@@ -27,49 +30,88 @@ import numpy as np
 import lpx_tvm
 from lpx_tvm.llm.plan import plan
 
-CONFIG = dict(model_type="llama", vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=6,
+SYSTEM = "tsp-rack"
+CONFIG = dict(model_type="llama", vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
               num_attention_heads=8, num_key_value_heads=8, head_dim=32, max_position_embeddings=128)
+# (tensor parallel, pipeline stages): 1, 2, 4, 8, 8 and 16 chips
+CASES = [(1, 1), (2, 1), (2, 2), (4, 2), (2, 4), (4, 4)]
+
+# Published configs (Hugging Face config.json of meta-llama/Llama-2-70b-hf, Meta-Llama-3-70B, Meta-Llama-3-8B).
+LLAMA2_70B = dict(model_type="llama", vocab_size=32000, hidden_size=8192, intermediate_size=28672,
+                  num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=4096,
+                  rms_norm_eps=1e-5)
+LLAMA3_70B = dict(LLAMA2_70B, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0)
+LLAMA3_8B = dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                 num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                 rope_theta=500000.0, rms_norm_eps=1e-5)
 
 
-def simulated(chips: int, context: int, prompt: int, precision: str):
-    if chips == 1:
+def simulated(t: int, stages: int, context: int, prompt: int, precision: str):
+    if t * stages == 1:
         s = lpx_tvm.compile_llm(CONFIG, preset="tsp", precision=precision, max_context=context, prompt_len=prompt)
         return s, s.decode.cycles, s.prefill_step(prompt).cycles
-    s = lpx_tvm.compile_llm(CONFIG, precision=precision, max_context=context, prompt_len=prompt, system="groqnode",
-                            chips=range(chips))
+    s = lpx_tvm.compile_llm(CONFIG, precision=precision, max_context=context, prompt_len=prompt, system=SYSTEM,
+                            tensor_parallel=t, pipeline_stages=stages)
     return s, s.decode_cycles, s.prefill_cycles(prompt)
+
+
+def large(name, config, system, precision, context, batches, max_chips, pipeline):
+    """The best mapping of a large model (most tokens/s per user; planned, not run), or
+    why none fits."""
+    t = time.perf_counter()
+    p = plan(config, system, precision=precision, context=context, prompt_len=context // 2, batches=batches,
+             tensor_parallel=[1, 2, 4, 8], pipeline=pipeline, max_chips=max_chips)
+    fits = [m for m in p.mappings if m.fits]
+    out = dict(model=name, system=system, precision=precision, context=context, plan_s=time.perf_counter() - t,
+               mappings=len(p.mappings), fitting=len(fits))
+    if fits:
+        best = max(fits, key=lambda m: m.tokens_per_s_per_user)
+        out.update(best=best.to_json())
+        print(f"{name} on {system} ({precision}, context {context}): best TP{best.tensor_parallel} x "
+              f"PP{best.pipeline_stages}, {best.chips} chips: {best.tokens_per_s_per_user:,.0f} tokens/s per user",
+              flush=True)
+        return out
+    least = min(p.mappings, key=lambda m: m.sram_fill)
+    out.update(why=f"no mapping of up to {max_chips} chips fits: the emptiest is TP{least.tensor_parallel} x "
+                   f"PP{least.pipeline_stages} ({least.chips} chips), {least.why}")
+    print(f"{name} on {system} ({precision}, context {context}): {out['why']}", flush=True)
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--chips", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--precision", default="fp32")
     args = p.parse_args()
     t0 = time.perf_counter()
-    predicted = plan(CONFIG, "groqnode", precision=args.precision, context=args.context,
-                     prompt_len=args.prompt_len, tensor_parallel=args.chips)
+    predicted = plan(CONFIG, SYSTEM, precision=args.precision, context=args.context, prompt_len=args.prompt_len,
+                     tensor_parallel=sorted({t for t, _ in CASES}), pipeline=sorted({s for _, s in CASES}))
     plan_s = time.perf_counter() - t0
     cases, last = [], None
-    for m in predicted.mappings:
-        t = time.perf_counter()
-        session, decode, ttft = simulated(m.tensor_parallel, args.context, args.prompt_len, args.precision)
-        case = dict(chips=m.tensor_parallel, predicted_decode=m.decode_cycles_per_token, simulated_decode=decode,
+    for t, stages in CASES:
+        (m,) = [m for m in predicted.mappings if (m.tensor_parallel, m.pipeline_stages, m.micro_batches) ==
+                (t, stages, 1)]
+        start = time.perf_counter()
+        session, decode, ttft = simulated(t, stages, args.context, args.prompt_len, args.precision)
+        case = dict(chips=t * stages, tensor_parallel=t, pipeline_stages=stages,
+                    predicted_decode=m.decode_cycles_per_token, simulated_decode=decode,
                     decode_error=(m.decode_cycles_per_token - decode) / decode, predicted_ttft=m.ttft_cycles,
                     simulated_ttft=ttft, ttft_error=(m.ttft_cycles - ttft) / ttft, layer_cycles=m.layer_cycles,
-                    tokens_per_s_per_user=m.tokens_per_s_per_user, link_utilization=m.link_utilization,
-                    compile_s=time.perf_counter() - t)
+                    handoff_cycles=m.handoff_cycles, tokens_per_s_per_user=m.tokens_per_s_per_user,
+                    link_utilization=m.link_utilization, compile_s=time.perf_counter() - start)
         cases.append(case)
-        print(f"{m.tensor_parallel} chip(s): decode predicted {m.decode_cycles_per_token:,} simulated {decode:,} "
-              f"({case['decode_error']:+.1%}); TTFT predicted {m.ttft_cycles:,} simulated {ttft:,} "
+        print(f"TP{t} x PP{stages} ({t * stages} chips): decode predicted {m.decode_cycles_per_token:,} simulated "
+              f"{decode:,} ({case['decode_error']:+.1%}); TTFT predicted {m.ttft_cycles:,} simulated {ttft:,} "
               f"({case['ttft_error']:+.1%}); a layer {m.layer_cycles:,} cycles", flush=True)
         last = session
     speed = {}
     if last is not None and hasattr(last, "sim"):
         progs = last.programs(last.decode)
         n = len(progs)
-        feed = {c: {s.ids: [0], s.position: [args.prompt_len]} for c, s in last.decode.items()}
+        feed = {c: {s.position: [args.prompt_len]} for c, s in last.decode.items()}
+        for c in last.groups[0]:
+            feed[c][last.decode[c].ids] = [0]
         for c, s in last.decode.items():
             feed[c].update({name: np.zeros((last.local.cache_rows, last.local.head_dim), np.float32)
                             for name in s.caches})
@@ -89,13 +131,19 @@ def main() -> None:
               f"{speed['functional_chip_cycles_per_s']:,.0f} chip-cycles/s, timing-only "
               f"{speed['timing_chip_cycles_per_s']:,.0f}; 2 worker processes take {pooled / inline:.2f}x the "
               "inline time (process start-up included)", flush=True)
-    missing = ("the 70B mappings need the LM head split by vocabulary (it is on every chip today), pipeline "
-               "parallelism and 8-bit tensor parallelism: not built yet (docs/multichip.md, Status)")
-    print(f"llama2_70b / lp30_llama3_70b: {missing}")
-    print(json.dumps(dict(planner_max_error=max(abs(c["decode_error"]) for c in cases),
-                          planner_max_ttft_error=max(abs(c["ttft_error"]) for c in cases),
-                          llama2_70b_tokens_per_s_per_user=None, llama2_70b_chips=None,
-                          lp30_llama3_70b_tokens_per_s_per_user=None, missing=missing, plan_s=plan_s,
+    llama2 = large("Llama-2-70B", LLAMA2_70B, "tsp-576", "int8", 4096, [1], 576, [8, 16, 36, 40, 72, 80])
+    llama3 = large("Llama-3-70B", LLAMA3_70B, "lp30-rack", "fp8", 4096, [1, 8, 32], 256, [8, 16, 32, 40, 80])
+    llama3_8b = large("Llama-3-8B", LLAMA3_8B, "lp30-rack", "fp8", 4096, [1, 8, 32], 256, [1, 2, 4, 8, 16, 32])
+    big = [c for c in cases if c["chips"] >= 2]
+    l2 = llama2.get("best")
+    l3 = llama3.get("best")
+    print(json.dumps(dict(planner_max_error=max(abs(c["decode_error"]) for c in big),
+                          planner_max_ttft_error=max(abs(c["ttft_error"]) for c in big),
+                          one_chip_decode_error=next(c["decode_error"] for c in cases if c["chips"] == 1),
+                          llama2_70b_tokens_per_s_per_user=l2 and l2["tokens_per_s_per_user"],
+                          llama2_70b_chips=l2 and l2["chips"],
+                          lp30_llama3_70b_tokens_per_s_per_user=l3 and l3["tokens_per_s_per_user"],
+                          llama2_70b=llama2, lp30_llama3_70b=llama3, lp30_llama3_8b=llama3_8b, plan_s=plan_s,
                           cases=cases, simulator=speed)))
 
 

@@ -18,11 +18,11 @@ transfer of the hidden rows (:func:`~lpx_tvm.target.collectives.point_to_point`,
 simulated). Prefill likewise. Nothing is a roofline guess: every cycle is the
 simulator's.
 
-Throughput: a pipeline of ``S`` stages keeps ``S`` micro-batches of ``batch`` users in
-flight, each stage on a different one; a user's next token waits for its previous one
-(``D`` cycles) and for the first stage to come round (``S`` stage intervals, the slowest
-stage's layers, the embedding and head's work and a hand-off). Each stage holds all
-``S`` micro-batches' caches, which the SRAM fill counts. The planner's prediction is
+Throughput: a pipeline of ``S`` stages keeps one micro-batch of ``batch`` users in flight
+(the lowest latency: each stage idle while the others work), or ``S``, each stage on a
+different one; a user's next token waits for its previous one (``D`` cycles) and for the
+first stage to come round (``m`` stage intervals, the slowest stage's span). Each stage
+holds every micro-batch's caches, which the SRAM fill counts. The planner's prediction is
 checked against the whole mapping simulated (tests/llm/test_plan.py, bench/multichip.py);
 micro-batching itself is planned, not compiled (a session runs one micro-batch).
 """
@@ -51,7 +51,7 @@ class Mapping:
     sram_fill: float  # the fullest chip's weights and caches over its SRAM
     fits: bool
     pipeline_stages: int = 1
-    micro_batches: int = 1  # in flight: one per stage
+    micro_batches: int = 1  # in flight, each of ``batch`` users: 1, or one per stage
     ttft_cycles: "int | None" = None
     decode_cycles_per_token: "int | None" = None
     tokens_per_s_per_user: "float | None" = None
@@ -95,6 +95,22 @@ class Plan:
                     layers=self.layers, mappings=[m.to_json() for m in self.mappings])
 
 
+def _shape_only(model_or_config, seed: int):
+    """The model, or for a config one with its shapes and no weights (on torch's meta
+    device: a 70B config plans without 280 GB of random weights); the sampled models get
+    real ones."""
+    import torch
+
+    if isinstance(model_or_config, torch.nn.Module):
+        return load_decoder(model_or_config, seed)
+    with torch.device("meta"):
+        return load_decoder(model_or_config, seed)
+
+
+def _on_meta(model) -> bool:
+    return next(model.parameters()).device.type == "meta"
+
+
 def _with_layers(model, layers: int, seed: int):
     """The model's config with ``layers`` layers, random weights (seeded)."""
     cfg = model.config.to_dict()
@@ -113,7 +129,7 @@ def plan(model_or_config, system, precision: str = "fp16", context: int = 256, p
     (default: 1, 2, 4, ... up to the layers, and the layers). Mappings of more than
     ``max_chips`` chips (default: the system's) are left out."""
     system = load_system(system)
-    model = load_decoder(model_or_config, seed)
+    model = _shape_only(model_or_config, seed)
     spec = decoders.spec_of(model, context)
     if not 1 <= prompt_len < context:
         raise LPXError(f"a prompt of {prompt_len} tokens in a context of {context}")
@@ -123,8 +139,7 @@ def plan(model_or_config, system, precision: str = "fp16", context: int = 256, p
                                 {spec.layers})
     out = Plan(getattr(model.config, "_name_or_path", "") or spec.family, system.name, precision, context,
                spec.layers)
-    small = {n: model if n == spec.layers else _with_layers(model, n, seed) for n in SAMPLED}
-    runs = _Runs(model, small, system, precision, context, prompt_len, seed)
+    runs = _Runs(model, system, precision, context, prompt_len, seed)
     for t in degrees:
         if not _groups(system, t, 1):
             raise LPXError(f"tensor parallelism over {t} chips: system {system.name} has no aligned group of {t} "
@@ -132,8 +147,9 @@ def plan(model_or_config, system, precision: str = "fp16", context: int = 256, p
         for stages in depths:
             if t * stages > limit:
                 continue
-            for batch in batches:
-                out.mappings.append(_predict(spec, runs, t, stages, batch))
+            for micro in sorted({1, stages}):
+                for batch in batches:
+                    out.mappings.append(_predict(spec, runs, t, stages, batch, micro))
     return out
 
 
@@ -148,8 +164,8 @@ class _Runs:
     """The simulations a plan composes, each run once: the sampled steps on one stage of
     ``t`` chips, the two-stage hand-off, and point-to-point transfers."""
 
-    def __init__(self, model, small, system, precision, context, prompt_len, seed):
-        self.model, self.small, self.system = model, small, system
+    def __init__(self, model, system, precision, context, prompt_len, seed):
+        self.model, self.system = model, system
         self.kw = dict(precision=precision, max_context=context, prompt_len=prompt_len)
         self.prompt_len, self.matrices = prompt_len, matrix_parameters(model)
         self.seed = seed
@@ -159,7 +175,7 @@ class _Runs:
         """{layers: (decode cycles, prefill cycles, link bytes)} of the sampled steps on one stage."""
         key = (t, batch)
         if key not in self._stage:
-            self._stage[key] = {n: self._run(m, t, 1, batch) for n, m in self.small.items()}
+            self._stage[key] = {n: self._run(self.sampled(n), t, 1, batch) for n in SAMPLED}
         return self._stage[key]
 
     def pipeline(self, t: int, batch: int, stages: int) -> tuple:
@@ -169,14 +185,20 @@ class _Runs:
         k = min(3, stages)
         key = (t, batch, k)
         if key not in self._pipeline:
-            model = _with_layers(self.model, 2 * k, self.seed)
-            s = compile_llm(model, system=self.system, tensor_parallel=t, pipeline_stages=k,
+            s = compile_llm(self.sampled(2 * k), system=self.system, tensor_parallel=t, pipeline_stages=k,
                             **dict(self.kw, batch=batch))
             spans = [[b - a for a, b in zip([0] + ends, ends)]
                      for ends in (s.decode_stage_ends, s.prefill_stage_ends(self.prompt_len))]
             handoff = (s.decode_link_bytes - self.stage(t, batch)[2][2] * k) / (k - 1)  # a boundary's, all ranks
             self._pipeline[key] = (*spans, handoff)
         return self._pipeline[key]
+
+    def sampled(self, layers: int):
+        """The model with ``layers`` layers: the model itself, or its config with random
+        weights (seeded)."""
+        if layers == decoders.spec_of(self.model, 1).layers and not _on_meta(self.model):
+            return self.model
+        return _with_layers(self.model, layers, self.seed)
 
     def _run(self, model, t, stages, batch) -> tuple:
         system, kw = self.system, dict(self.kw, batch=batch)
@@ -200,11 +222,11 @@ class _Runs:
         return self._p2p[key]
 
 
-def _predict(spec, runs: _Runs, t: int, stages: int, batch: int) -> Mapping:
+def _predict(spec, runs: _Runs, t: int, stages: int, batch: int, micro: int) -> Mapping:
     system = runs.system
     cfg, precision = system.config, runs.kw["precision"]
     chips = t * stages
-    m = Mapping(t, batch, chips, 0.0, False, pipeline_stages=stages, micro_batches=stages)
+    m = Mapping(t, batch, chips, 0.0, False, pipeline_stages=stages, micro_batches=micro)
     L = spec.layers
     if stages > L:
         m.why = f"{stages} stages of {L} layers"
@@ -220,16 +242,21 @@ def _predict(spec, runs: _Runs, t: int, stages: int, batch: int) -> Mapping:
     head = spec.vocab * spec.hidden
     layer_matrices = (runs.matrices - head) / L
     mb, fb = matrix_value_bytes(precision), float_bytes(precision)
-    local = decoders.shard_spec(replace(spec, batch=batch * stages), t)
+    # The tables (and norms) on the first stage when the embedding is gathered on chip (a
+    # lane tile of it fits a slice), else the host looks its rows up.
+    tables = (spec.parameters - runs.matrices) * fb if spec.vocab * fb <= cfg.lines_per_slice else 0
+    local = decoders.shard_spec(replace(spec, batch=batch * micro), t)
     per_chip = []
     for st in parts:
         n = st.stop - st.start
-        per_chip.append(n * layer_matrices / t * mb + (spec.parameters - runs.matrices) * fb * st.first +
-                        head * mb * st.last + cache_bytes_as_stored(replace(local, layers=n), cfg, precision))
+        per_chip.append(n * layer_matrices / t * mb + tables * st.first + head * mb * st.last +
+                        cache_bytes_as_stored(replace(local, layers=n), cfg, precision))
     m.sram_fill = max(per_chip) / cfg.sram_bytes
     m.fits = m.sram_fill <= WEIGHT_BUDGET
     if not m.fits:
         m.why = f"{max(per_chip) / 2**20:,.0f} MiB a chip of {cfg.sram_bytes / 2**20:,.0f}"
+        if head * mb > WEIGHT_BUDGET * cfg.sram_bytes:
+            m.why += f" (the LM head alone {head * mb / 2**20:,.0f} MiB, on each last-stage chip)"
         return m
     sampled = runs.stage(t, batch)
     (d2, p2, l2), (d3, p3, l3) = (sampled[n] for n in SAMPLED)
@@ -264,9 +291,9 @@ def _predict(spec, runs: _Runs, t: int, stages: int, batch: int) -> Mapping:
         interval = max(stage_d)
     m.stage_interval_cycles = interval
     m.decode_cycles_per_token, m.ttft_cycles = decode, ttft
-    per_user = cfg.clock_hz / max(decode, stages * interval)
+    per_user = cfg.clock_hz / max(decode, micro * interval)
     m.tokens_per_s_per_user = per_user
-    m.tokens_per_s_per_system = per_user * batch * stages
+    m.tokens_per_s_per_system = per_user * batch * micro
     m.tokens_per_s_per_chip = m.tokens_per_s_per_system / chips
     m.link_utilization = link_bytes / (directed * cfg.c2c_bytes_per_cycle * decode) if directed else 0.0
     return m
@@ -277,17 +304,18 @@ def plan_table(p: Plan) -> list:
     rows = []
     for m in p.mappings:
         if not m.fits:
-            rows.append([str(m.tensor_parallel), str(m.pipeline_stages), str(m.batch), str(m.chips),
-                         f"{m.sram_fill:.0%}", m.why or "does not fit", "", "", "", "", ""])
+            rows.append([str(m.tensor_parallel), str(m.pipeline_stages), str(m.micro_batches), str(m.batch),
+                         str(m.chips), f"{m.sram_fill:.0%}", m.why or "does not fit", "", "", "", "", ""])
             continue
-        rows.append([str(m.tensor_parallel), str(m.pipeline_stages), str(m.batch), str(m.chips), f"{m.sram_fill:.0%}",
+        rows.append([str(m.tensor_parallel), str(m.pipeline_stages), str(m.micro_batches), str(m.batch), str(m.chips),
+                     f"{m.sram_fill:.0%}",
                      f"{m.ttft_cycles:,}", f"{m.decode_cycles_per_token:,}", f"{m.tokens_per_s_per_user:,.0f}",
                      f"{m.tokens_per_s_per_chip:,.0f}", f"{m.tokens_per_s_per_system:,.0f}",
                      f"{m.link_utilization:.1%}"])
     return rows
 
 
-PLAN_COLUMNS = ["TP", "PP", "batch", "chips", "SRAM fill", "TTFT cycles", "decode cycles/token", "tokens/s/user",
+PLAN_COLUMNS = ["TP", "PP", "micro-batches", "batch", "chips", "SRAM fill", "TTFT cycles", "decode cycles/token", "tokens/s/user",
                 "tokens/s/chip", "tokens/s/system", "link use"]
 
 
@@ -307,7 +335,7 @@ def save_pareto(p: Plan, path: str) -> None:
     front.sort(key=lambda m: m.tokens_per_s_per_chip)
     ax.plot([m.tokens_per_s_per_chip for m in front], [m.tokens_per_s_per_user for m in front], "o-", c="C0")
     for m in ok:
-        ax.annotate(f"TP{m.tensor_parallel} PP{m.pipeline_stages} b{m.batch}", (m.tokens_per_s_per_chip, m.tokens_per_s_per_user),
+        ax.annotate(f"TP{m.tensor_parallel} PP{m.pipeline_stages}x{m.micro_batches} b{m.batch}", (m.tokens_per_s_per_chip, m.tokens_per_s_per_user),
                     fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("tokens/s per chip")
     ax.set_ylabel("tokens/s per user")

@@ -23,7 +23,10 @@ def test_prediction_within_5_percent_of_the_whole_model_simulated():
     predictions, from 2- and 3-layer steps and a 4-layer model in two stages, within 5%
     of the 5-layer model simulated whole."""
     p = plan(CONFIG, "groqnode", precision="fp32", context=32, prompt_len=9, tensor_parallel=[3], pipeline=[1, 2])
-    one, two = p.mappings
+    one, lone, two = p.mappings  # one stage; two stages with one micro-batch in flight, and with two
+    assert (lone.pipeline_stages, lone.micro_batches) == (2, 1)
+    assert lone.decode_cycles_per_token == two.decode_cycles_per_token
+    assert lone.tokens_per_s_per_user == pytest.approx(900e6 / lone.decode_cycles_per_token)
     assert one.fits and one.chips == 3 and one.layer_cycles > 2 * 2 * 450  # two all-reduces a layer, two latencies each
     assert two.fits and two.chips == 6 and two.pipeline_stages == two.micro_batches == 2
     for m in (one, two):

@@ -100,3 +100,23 @@ def test_disconnected_system_refused_when_asked_for_paths():
     with pytest.raises(ConfigError, match="chip 2 cannot be reached from chip 0"):
         s.hops(0, 2)
     assert set(SYSTEM_PRESETS) == {"groqnode", "tsp-rack", "tsp-576", "lp30-rack"}
+
+
+def test_stage_groups_snake_through_the_nodes():
+    """Pipeline stages of 4 chips on a TSP rack: nodes are chips 8n..8n+7, all-to-all,
+    and chip 8n+i is linked to chip 8m+i. From chips 0-3 the next group of the node
+    (4-7) is one link away rank for rank; from 4-7 the groups 12-15 (the same indices,
+    node 1) are, while 8-11 (node 1, indices 0-3) are two; and so on."""
+    rack = load_system("tsp-rack")
+    groups = rack.stage_groups(4, 4)
+    assert groups == [(0, 1, 2, 3), (4, 5, 6, 7), (12, 13, 14, 15), (8, 9, 10, 11)]
+    for g, h in zip(groups, groups[1:]):
+        assert all(rack.links_between(a, b) for a, b in zip(g, h))
+    # 8 a stage: a node each, linked index by index
+    assert rack.stage_groups(8, 9) == [tuple(range(8 * n, 8 * n + 8)) for n in range(9)]
+    with pytest.raises(ConfigError, match="has 9 aligned groups of 8 pairwise linked chips; a pipeline of 10"):
+        rack.stage_groups(8, 10)
+    # groups of 3 straddling a node are not pairwise linked: 2 a node, 18 in all
+    assert len(rack.stage_groups(3, 18)) == 18
+    with pytest.raises(ConfigError, match="has 18 aligned groups of 3"):
+        rack.stage_groups(3, 19)
