@@ -843,6 +843,9 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
                    help="tensor-parallel degrees, comma-separated (default: the kv heads' divisors that fit a group)")
     p.add_argument("--pipeline", default=None,
                    help="pipeline depths, comma-separated (default: 1, 2, 4, ... up to the layers, and the layers)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="compile and simulate the sampled models in this many worker processes (default 0: inline)")
+    p.add_argument("--ray", default=None, metavar="ADDRESS", help="run them on the Ray cluster at ADDRESS")
     p.add_argument("--png", default=None, help="write the Pareto figure (tokens/s per user against per chip) here")
     p.add_argument("--report", default=None, help="write the plan as JSON here")
 
@@ -864,7 +867,7 @@ def _plan(args) -> int:
     p = plan(args.config, args.system, precision=args.precision, context=args.context,
              prompt_len=args.prompt_len or args.context // 2, batches=ints("batches", args.batches),
              tensor_parallel=ints("tensor-parallel", args.tensor_parallel), pipeline=ints("pipeline", args.pipeline),
-             max_chips=args.max_chips)
+             max_chips=args.max_chips, workers=args.workers, ray_address=args.ray)
     table = Table(title=f"{p.model} on {p.system} ({p.precision}, context {p.context}, {p.layers} layers): "
                         "predicted from simulated layers (docs/multichip.md)")
     for c in PLAN_COLUMNS:

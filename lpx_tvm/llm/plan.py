@@ -107,27 +107,18 @@ def _shape_only(model_or_config, seed: int):
         return load_decoder(model_or_config, seed)
 
 
-def _on_meta(model) -> bool:
-    return next(model.parameters()).device.type == "meta"
-
-
-def _with_layers(model, layers: int, seed: int):
-    """The model's config with ``layers`` layers, random weights (seeded)."""
-    cfg = model.config.to_dict()
-    key = "n_layer" if cfg.get("model_type") == "gpt2" else "num_hidden_layers"
-    cfg[key] = layers
-    return load_decoder(cfg, seed)
-
-
 def plan(model_or_config, system, precision: str = "fp16", context: int = 256, prompt_len: int = 128,
-         batches=(1,), tensor_parallel=None, pipeline=None, max_chips: "int | None" = None, seed: int = 0) -> Plan:
+         batches=(1,), tensor_parallel=None, pipeline=None, max_chips: "int | None" = None, seed: int = 0,
+         workers: int = 0, ray_address: "str | None" = None) -> Plan:
     """Predict every tensor-parallel degree x pipeline depth x batch of a decoder on
     ``system``.
 
     ``tensor_parallel``: the degrees to try (default: the divisors of the kv heads that
     fit an aligned pairwise linked group of the system). ``pipeline``: the depths
     (default: 1, 2, 4, ... up to the layers, and the layers). Mappings of more than
-    ``max_chips`` chips (default: the system's) are left out."""
+    ``max_chips`` chips (default: the system's) are left out. The sampled models are
+    compiled and simulated in ``workers`` processes, or on Ray at ``ray_address`` (the
+    pools tuning uses, ``sim/workers.py``); 0: in this process."""
     system = load_system(system)
     model = _shape_only(model_or_config, seed)
     spec = decoders.spec_of(model, context)
@@ -140,6 +131,7 @@ def plan(model_or_config, system, precision: str = "fp16", context: int = 256, p
     out = Plan(getattr(model.config, "_name_or_path", "") or spec.family, system.name, precision, context,
                spec.layers)
     runs = _Runs(model, system, precision, context, prompt_len, seed)
+    sized = []
     for t in degrees:
         if not _groups(system, t, 1):
             raise LPXError(f"tensor parallelism over {t} chips: system {system.name} has no aligned group of {t} "
@@ -149,8 +141,35 @@ def plan(model_or_config, system, precision: str = "fp16", context: int = 256, p
                 continue
             for micro in sorted({1, stages}):
                 for batch in batches:
-                    out.mappings.append(_predict(spec, runs, t, stages, batch, micro))
+                    sized.append(_sized(spec, runs, t, stages, batch, micro))
+    runs.prefetch([job for m, _ in sized if m.fits for job in _jobs(m)], workers, ray_address)
+    for m, groups in sized:
+        out.mappings.append(_composed(m, spec, runs, groups) if m.fits else m)
     return out
+
+
+def _jobs(m: Mapping) -> list:
+    """The sampled simulations a fitting mapping composes: (t, batch, layers, stages)."""
+    jobs = [(m.tensor_parallel, m.batch, n, 1) for n in SAMPLED]
+    if m.pipeline_stages > 1:
+        k = min(3, m.pipeline_stages)
+        jobs.append((m.tensor_parallel, m.batch, 2 * k, k))
+    return jobs
+
+
+def _sample(config: dict, seed: int, system, t: int, stages: int, batch: int, kw: dict, prompt_len: int) -> tuple:
+    """(decode cycles, prefill cycles, link bytes a token, decode stage ends, prefill stage
+    ends) of the decoder of ``config`` (random weights, seeded) on ``stages`` stages of
+    ``t`` chips of ``system``: a job a worker runs."""
+    model = load_decoder(config, seed)
+    kw = dict(kw, batch=batch, prompt_len=prompt_len)
+    if t == 1 and stages == 1:
+        s = compile_llm(model, preset=system.config, **kw)
+        d, p = s.decode.cycles, s.prefill_step(prompt_len).cycles
+        return d, p, 0, [d], [p]
+    s = compile_llm(model, system=system, tensor_parallel=t, pipeline_stages=stages, **kw)
+    return (s.decode_cycles, s.prefill_cycles(prompt_len), s.decode_link_bytes, s.decode_stage_ends,
+            s.prefill_stage_ends(prompt_len))
 
 
 def _groups(system, t: int, stages: int) -> "list | None":
@@ -166,47 +185,55 @@ class _Runs:
 
     def __init__(self, model, system, precision, context, prompt_len, seed):
         self.model, self.system = model, system
-        self.kw = dict(precision=precision, max_context=context, prompt_len=prompt_len)
+        self.kw = dict(precision=precision, max_context=context)
         self.prompt_len, self.matrices = prompt_len, matrix_parameters(model)
         self.seed = seed
-        self._stage, self._pipeline, self._p2p = {}, {}, {}
+        self._done, self._p2p = {}, {}  # sampled simulations, point-to-point extras
+
+    def prefetch(self, jobs, workers: int = 0, ray_address: "str | None" = None):
+        """Run the sampled simulations ``jobs`` ((t, batch, layers, stages)) not run yet,
+        through a pool (:func:`~lpx_tvm.sim.workers.make_pool`)."""
+        todo = sorted({j for j in jobs if j not in self._done})
+        if not todo:
+            return
+        from ..sim.workers import make_pool
+
+        pool = make_pool(workers if len(todo) > 1 else 0, ray_address)
+        try:
+            futures = {j: pool.submit(*self._job(j)) for j in todo}
+            for j, f in futures.items():
+                self._done[j] = f.result()
+        finally:
+            pool.shutdown()
+
+    def _job(self, key) -> tuple:
+        t, batch, layers, stages = key
+        return (_sample, self._config(layers), self.seed, self.system, t, stages, batch, self.kw, self.prompt_len)
+
+    def _config(self, layers: int) -> dict:
+        cfg = self.model.config.to_dict()
+        cfg["n_layer" if cfg.get("model_type") == "gpt2" else "num_hidden_layers"] = layers
+        return cfg
+
+    def result(self, key) -> tuple:
+        if key not in self._done:
+            fn, *args = self._job(key)
+            self._done[key] = fn(*args)
+        return self._done[key]
 
     def stage(self, t: int, batch: int) -> dict:
         """{layers: (decode cycles, prefill cycles, link bytes)} of the sampled steps on one stage."""
-        key = (t, batch)
-        if key not in self._stage:
-            self._stage[key] = {n: self._run(self.sampled(n), t, 1, batch) for n in SAMPLED}
-        return self._stage[key]
+        return {n: self.result((t, batch, n, 1))[:3] for n in SAMPLED}
 
     def pipeline(self, t: int, batch: int, stages: int) -> tuple:
         """(decode spans, prefill spans, link bytes of a hand-off): a model of two layers a
         stage over ``min(3, stages)`` stages simulated whole, the span of its first,
         middle (with three) and last stage."""
         k = min(3, stages)
-        key = (t, batch, k)
-        if key not in self._pipeline:
-            s = compile_llm(self.sampled(2 * k), system=self.system, tensor_parallel=t, pipeline_stages=k,
-                            **dict(self.kw, batch=batch))
-            spans = [[b - a for a, b in zip([0] + ends, ends)]
-                     for ends in (s.decode_stage_ends, s.prefill_stage_ends(self.prompt_len))]
-            handoff = (s.decode_link_bytes - self.stage(t, batch)[2][2] * k) / (k - 1)  # a boundary's, all ranks
-            self._pipeline[key] = (*spans, handoff)
-        return self._pipeline[key]
-
-    def sampled(self, layers: int):
-        """The model with ``layers`` layers: the model itself, or its config with random
-        weights (seeded)."""
-        if layers == decoders.spec_of(self.model, 1).layers and not _on_meta(self.model):
-            return self.model
-        return _with_layers(self.model, layers, self.seed)
-
-    def _run(self, model, t, stages, batch) -> tuple:
-        system, kw = self.system, dict(self.kw, batch=batch)
-        if t == 1 and stages == 1:
-            s = compile_llm(model, preset=system.config, **kw)
-            return s.decode.cycles, s.prefill_step(self.prompt_len).cycles, 0
-        s = compile_llm(model, system=system, tensor_parallel=t, pipeline_stages=stages, **kw)
-        return s.decode_cycles, s.prefill_cycles(self.prompt_len), s.decode_link_bytes
+        _, _, link_bytes, decode_ends, prefill_ends = self.result((t, batch, 2 * k, k))
+        spans = [[b - a for a, b in zip([0] + ends, ends)] for ends in (decode_ends, prefill_ends)]
+        handoff = (link_bytes - self.stage(t, batch)[2][2] * k) / (k - 1)  # a boundary's, all ranks
+        return (*spans, handoff)
 
     def path_extra(self, a: int, b: int, vectors: int, dtype: str) -> int:
         """Cycles a point-to-point transfer of ``vectors`` rows from chip ``a`` to chip
@@ -222,7 +249,8 @@ class _Runs:
         return self._p2p[key]
 
 
-def _predict(spec, runs: _Runs, t: int, stages: int, batch: int, micro: int) -> Mapping:
+def _sized(spec, runs: _Runs, t: int, stages: int, batch: int, micro: int) -> tuple:
+    """(Mapping with its chips, SRAM fill and whether it fits, its stage groups)."""
     system = runs.system
     cfg, precision = system.config, runs.kw["precision"]
     chips = t * stages
@@ -230,11 +258,11 @@ def _predict(spec, runs: _Runs, t: int, stages: int, batch: int, micro: int) -> 
     L = spec.layers
     if stages > L:
         m.why = f"{stages} stages of {L} layers"
-        return m
+        return m, None
     groups = _groups(system, t, stages)
     if groups is None:
         m.why = f"no {stages} aligned groups of {t} pairwise linked chips"
-        return m
+        return m, None
     parts = decoders.stages_of(L, stages)
     # The fullest chip: its stage's share of the layers' matrices (the LM head whole on
     # the last stage; the tables and norms counted on the first), and the caches of every
@@ -257,7 +285,14 @@ def _predict(spec, runs: _Runs, t: int, stages: int, batch: int, micro: int) -> 
         m.why = f"{max(per_chip) / 2**20:,.0f} MiB a chip of {cfg.sram_bytes / 2**20:,.0f}"
         if head * mb > WEIGHT_BUDGET * cfg.sram_bytes:
             m.why += f" (the LM head alone {head * mb / 2**20:,.0f} MiB, on each last-stage chip)"
-        return m
+    return m, groups
+
+
+def _composed(m: Mapping, spec, runs: _Runs, groups) -> Mapping:
+    """``m`` with its cycles and rates, composed from the sampled simulations."""
+    system, t, stages, batch, micro = runs.system, m.tensor_parallel, m.pipeline_stages, m.batch, m.micro_batches
+    cfg, precision, L = system.config, runs.kw["precision"], spec.layers
+    parts = decoders.stages_of(L, stages)
     sampled = runs.stage(t, batch)
     (d2, p2, l2), (d3, p3, l3) = (sampled[n] for n in SAMPLED)
     layer = d3 - d2
@@ -277,7 +312,6 @@ def _predict(spec, runs: _Runs, t: int, stages: int, batch: int, micro: int) -> 
         stage_d = [sp + (n - 2) * layer for sp, n in zip(spans_d, sizes)]
         decode = sum(stage_d)
         ttft = sum(sp + (n - 2) * ttft_layer for sp, n in zip(spans_p, sizes))
-        link_bytes = l3 + (L - 3) * (l3 - l2)
         tiles = -(-spec.hidden // cfg.lanes)
         dtype = "fp32" if precision == "fp32" else "fp16"
         for g, h in zip(groups, groups[1:]):
@@ -294,7 +328,7 @@ def _predict(spec, runs: _Runs, t: int, stages: int, batch: int, micro: int) -> 
     per_user = cfg.clock_hz / max(decode, micro * interval)
     m.tokens_per_s_per_user = per_user
     m.tokens_per_s_per_system = per_user * batch * micro
-    m.tokens_per_s_per_chip = m.tokens_per_s_per_system / chips
+    m.tokens_per_s_per_chip = m.tokens_per_s_per_system / m.chips
     m.link_utilization = link_bytes / (directed * cfg.c2c_bytes_per_cycle * decode) if directed else 0.0
     return m
 
