@@ -84,8 +84,10 @@ class TensorShard:
     the kv heads with their query heads and caches, of the q, k, v (and RoPE's rotated
     q, k) projections' rows, of the MLP's hidden units (gate and up rows, or GPT-2's fc),
     and the matching columns of o and down, whose partial products the chips sum
-    (``all_reduce``); rank 0 alone adds o's and down's biases. Norms, the embedding and
-    the LM head are on every chip, so every chip computes the same token."""
+    (``all_reduce``); rank 0 alone adds o's and down's biases. The LM head is split by
+    vocabulary: each chip computes its rows' logits, placed among zeros where the other
+    chips' go and summed over the chips (adding zeros is exact), so every chip has every
+    logit and computes the same token. Norms and the embedding are on every chip."""
 
     rank: int
     size: int
@@ -164,7 +166,12 @@ def _shard_weights(weights: dict, spec: DecoderSpec, shard: TensorShard) -> dict
             if out.get(name) is not None and k:
                 out[name] = out[name].new_zeros(out[name].shape)  # summed once, from rank 0
         layers.append(out)
-    return dict(weights, layers=layers)
+    return dict(weights, layers=layers, lm_head=weights["lm_head"][vocab_slice(spec.vocab, shard)].contiguous())
+
+
+def vocab_slice(vocab: int, shard: TensorShard) -> slice:
+    """The LM head's rows (tokens) chip ``shard.rank`` computes the logits of."""
+    return slice(shard.rank * vocab // shard.size, (shard.rank + 1) * vocab // shard.size)
 
 
 def spec_of(model, max_context: int, batch: int = 1) -> DecoderSpec:
@@ -350,6 +357,11 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
                     self.register_buffer(f"{name}_scale", (s_w * quant.act_scales[site]).float())
             self.eps = weights["eps"]
             dtype = weights["embed"].dtype
+            if shard is not None and is_last:  # zeros where the other chips' logits go (constants)
+                rows = vocab_slice(spec.vocab, shard)
+                for name, width in (("head_before", rows.start), ("head_after", spec.vocab - rows.stop)):
+                    if width:
+                        self.register_buffer(name, torch.zeros(spec.batch, width, dtype=dtype))
             i32 = torch.int32
             B, T, C, KVH = spec.batch, steps, spec.max_context, spec.kv_heads
             rep = spec.heads // KVH
@@ -438,6 +450,12 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
                 x = x.reshape(B, T, s.hidden)[:, T - 1:T].reshape(B, s.hidden)  # the last token's rows
             last = _norm(s.family, x, self.norm_w, getattr(self, "norm_b", None), self.eps)  # [B, H]
             logits = self.dense(self.dense_input(last, "head"), "lm_head", None)
+            if shard is not None:  # this chip's tokens' logits among zeros, summed over the chips
+                # (zeros times the position: values of the step, as the concat of a value and a
+                # constant is not an LPX op; the product is exactly 0)
+                parts = [getattr(self, "head_before", None), logits, getattr(self, "head_after", None)]
+                logits = all_reduce(torch.cat([t if t is logits else t * position.to(t.dtype) for t in parts
+                                               if t is not None], dim=1))
             next_ids = logits.argmax(-1, keepdim=True).to(torch.int32)
             return (next_ids, logits, *new_caches)
 

@@ -109,7 +109,7 @@ def _shape_only(model_or_config, seed: int):
 
 def plan(model_or_config, system, precision: str = "fp16", context: int = 256, prompt_len: int = 128,
          batches=(1,), tensor_parallel=None, pipeline=None, max_chips: "int | None" = None, seed: int = 0,
-         workers: int = 0, ray_address: "str | None" = None) -> Plan:
+         workers: int = 0, ray_address: "str | None" = None, simulate: bool = True) -> Plan:
     """Predict every tensor-parallel degree x pipeline depth x batch of a decoder on
     ``system``.
 
@@ -118,7 +118,8 @@ def plan(model_or_config, system, precision: str = "fp16", context: int = 256, p
     (default: 1, 2, 4, ... up to the layers, and the layers). Mappings of more than
     ``max_chips`` chips (default: the system's) are left out. The sampled models are
     compiled and simulated in ``workers`` processes, or on Ray at ``ray_address`` (the
-    pools tuning uses, ``sim/workers.py``); 0: in this process."""
+    pools tuning uses, ``sim/workers.py``); 0: in this process. ``simulate=False`` only
+    sizes the mappings (chips, SRAM fill, whether they fit): nothing is compiled."""
     system = load_system(system)
     model = _shape_only(model_or_config, seed)
     spec = decoders.spec_of(model, context)
@@ -142,9 +143,10 @@ def plan(model_or_config, system, precision: str = "fp16", context: int = 256, p
             for micro in sorted({1, stages}):
                 for batch in batches:
                     sized.append(_sized(spec, runs, t, stages, batch, micro))
-    runs.prefetch([job for m, _ in sized if m.fits for job in _jobs(m)], workers, ray_address)
+    if simulate:
+        runs.prefetch([job for m, _ in sized if m.fits for job in _jobs(m)], workers, ray_address)
     for m, groups in sized:
-        out.mappings.append(_composed(m, spec, runs, groups) if m.fits else m)
+        out.mappings.append(_composed(m, spec, runs, groups) if m.fits and simulate else m)
     return out
 
 
@@ -264,9 +266,9 @@ def _sized(spec, runs: _Runs, t: int, stages: int, batch: int, micro: int) -> tu
         m.why = f"no {stages} aligned groups of {t} pairwise linked chips"
         return m, None
     parts = decoders.stages_of(L, stages)
-    # The fullest chip: its stage's share of the layers' matrices (the LM head whole on
-    # the last stage; the tables and norms counted on the first), and the caches of every
-    # micro-batch in flight.
+    # The fullest chip: its stage's share of the layers' matrices (and on the last stage
+    # its share of the LM head's rows; the tables and norms counted on the first), and
+    # the caches of every micro-batch in flight.
     head = spec.vocab * spec.hidden
     layer_matrices = (runs.matrices - head) / L
     mb, fb = matrix_value_bytes(precision), float_bytes(precision)
@@ -277,14 +279,14 @@ def _sized(spec, runs: _Runs, t: int, stages: int, batch: int, micro: int) -> tu
     per_chip = []
     for st in parts:
         n = st.stop - st.start
-        per_chip.append(n * layer_matrices / t * mb + tables * st.first + head * mb * st.last +
+        per_chip.append(n * layer_matrices / t * mb + tables * st.first + head / t * mb * st.last +
                         cache_bytes_as_stored(replace(local, layers=n), cfg, precision))
     m.sram_fill = max(per_chip) / cfg.sram_bytes
     m.fits = m.sram_fill <= WEIGHT_BUDGET
     if not m.fits:
         m.why = f"{max(per_chip) / 2**20:,.0f} MiB a chip of {cfg.sram_bytes / 2**20:,.0f}"
-        if head * mb > WEIGHT_BUDGET * cfg.sram_bytes:
-            m.why += f" (the LM head alone {head * mb / 2**20:,.0f} MiB, on each last-stage chip)"
+        if head / t * mb > WEIGHT_BUDGET * cfg.sram_bytes:
+            m.why += f" (a chip's share of the LM head alone {head / t * mb / 2**20:,.0f} MiB)"
     return m, groups
 
 
@@ -337,9 +339,10 @@ def plan_table(p: Plan) -> list:
     """Rows of strings for printing a plan."""
     rows = []
     for m in p.mappings:
-        if not m.fits:
+        if not m.fits or m.decode_cycles_per_token is None:
             rows.append([str(m.tensor_parallel), str(m.pipeline_stages), str(m.micro_batches), str(m.batch),
-                         str(m.chips), f"{m.sram_fill:.0%}", m.why or "does not fit", "", "", "", "", ""])
+                         str(m.chips), f"{m.sram_fill:.0%}", m.why or ("fits (not simulated)" if m.fits else
+                                                                        "does not fit"), "", "", "", "", ""])
             continue
         rows.append([str(m.tensor_parallel), str(m.pipeline_stages), str(m.micro_batches), str(m.batch), str(m.chips),
                      f"{m.sram_fill:.0%}",

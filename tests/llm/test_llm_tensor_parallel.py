@@ -41,3 +41,18 @@ def test_tensor_parallel_refusals():
         lpx_tvm.compile_llm(model, precision="fp32", max_context=32, system="groqnode", chips=(0, 9, 1))
     with pytest.raises(LPXError, match="the MXM of tsp does not multiply fp8"):
         lpx_tvm.compile_llm(model, precision="fp8", max_context=32, system="groqnode", chips=(0, 1, 2))
+
+
+def test_lm_head_split_by_vocabulary():
+    """Each chip of 3 holds its third of the 320 tokens' head rows, and the zeros where
+    the other chips' logits go, so that the all-reduce of the logits assembles them."""
+    from lpx_tvm.frontends import decoders
+
+    model = _model("llama", 3, 2.0)
+    spec = decoders.spec_of(model, 32)
+    full = model.lm_head.weight.detach()
+    for rank, (lo, hi) in enumerate([(0, 106), (106, 213), (213, 320)]):
+        step = decoders.decoder_step(model, spec, 1, shard=decoders.TensorShard(rank, 3))
+        assert torch.equal(step.lm_head, full[lo:hi])
+        widths = [getattr(step, n).shape[1] for n in ("head_before", "head_after") if hasattr(step, n)]
+        assert sum(widths) + (hi - lo) == 320 and (lo == 0) == (not hasattr(step, "head_before"))
