@@ -4,12 +4,12 @@
 A mapping is ``t`` chips of tensor parallelism per pipeline stage (``t`` a divisor of the
 kv heads, pairwise linked chips), ``S`` pipeline stages of contiguous layers (the chips
 :meth:`~lpx_tvm.machine.system.System.stage_groups` picks) and a batch. For each ``t``
-and batch the decoder's step is compiled and simulated on ``t`` chips with two layers
-and with three: a step of ``L`` layers on one stage takes ``D(3) + (L - 3) (D(3) - D(2))``
+and batch the decoder's step is compiled and simulated on ``t`` chips with three layers
+and with four: a step of ``L`` layers on one stage takes ``D(4) + (L - 4) (D(4) - D(3))``
 cycles (its layers are the same program, each with its two all-reduces; the first layer
-overlaps the embedding's work and is not a steady one, so the increment ``l = D(3) -
-D(2)`` is taken past it). For ``S > 1`` a model of ``2k`` layers is also simulated as ``k``
-stages of two layers (``k`` = 3, or 2 where the system has no third group): the cycle
+overlaps the embedding's work and the last the head's, so they are not steady ones, and
+the increment ``l = D(4) - D(3)`` is taken between two inner layers). For ``S > 1`` a model of ``2k`` layers is also simulated as ``k``
+stages of two layers (``k`` = 3, or 2 for a mapping of two stages): the cycle
 each stage ends gives the span of a first stage (embedding, its layers, the hand-off
 out), of a middle one (from its rows' arrival) and of the last (to the argmax), each
 with two layers; a stage of ``n`` layers adds ``(n - 2) l``, and a boundary the topology
@@ -38,7 +38,7 @@ from ..target.collectives import point_to_point
 from .session import compile_llm, load_decoder, matrix_parameters, matrix_value_bytes
 from .steps import WEIGHT_BUDGET, cache_bytes_as_stored, float_bytes
 
-SAMPLED = (2, 3)  # the layer counts simulated
+SAMPLED = (3, 4)  # the layer counts simulated: the increment between them is a steady layer's
 
 
 @dataclass
@@ -234,7 +234,9 @@ class _Runs:
         k = min(3, stages)
         _, _, link_bytes, decode_ends, prefill_ends = self.result((t, batch, 2 * k, k))
         spans = [[b - a for a, b in zip([0] + ends, ends)] for ends in (decode_ends, prefill_ends)]
-        handoff = (link_bytes - self.stage(t, batch)[2][2] * k) / (k - 1)  # a boundary's, all ranks
+        (a, (_, _, la)), (b, (_, _, lb)) = ((n, v) for n, v in self.stage(t, batch).items())
+        two = la - (a - 2) * (lb - la) / (b - a)  # a stage of two layers' all-reduce bytes
+        handoff = (link_bytes - two * k) / (k - 1)  # a boundary's, all ranks
         return (*spans, handoff)
 
     def path_extra(self, a: int, b: int, vectors: int, dtype: str) -> int:
@@ -296,12 +298,13 @@ def _composed(m: Mapping, spec, runs: _Runs, groups) -> Mapping:
     cfg, precision, L = system.config, runs.kw["precision"], spec.layers
     parts = decoders.stages_of(L, stages)
     sampled = runs.stage(t, batch)
-    (d2, p2, l2), (d3, p3, l3) = (sampled[n] for n in SAMPLED)
-    layer = d3 - d2
+    (a, (da, pa, la)), (b, (db, pb, lb)) = ((n, sampled[n]) for n in SAMPLED)
+    layer = (db - da) // (b - a)
     m.layer_cycles = layer
-    decode = d3 + (L - 3) * layer
-    ttft = p3 + (L - 3) * (p3 - p2)
-    link_bytes = l3 + (L - 3) * (l3 - l2)
+    ttft_layer = (pb - pa) // (b - a)
+    one_stage = decode = db + (L - b) * layer
+    ttft = pb + (L - b) * ttft_layer
+    link_bytes = lb + (L - b) * (lb - la) / (b - a)
     directed = stages * t * (t - 1)  # links in use, each direction
     interval = decode
     if stages > 1:
@@ -310,7 +313,6 @@ def _composed(m: Mapping, spec, runs: _Runs, groups) -> Mapping:
         middle_d, middle_p = (dspans[1], pspans[1]) if len(dspans) == 3 else (None, None)
         spans_d = [dspans[0]] + [middle_d] * (stages - 2) + [dspans[-1]]
         spans_p = [pspans[0]] + [middle_p] * (stages - 2) + [pspans[-1]]
-        ttft_layer = p3 - p2
         stage_d = [sp + (n - 2) * layer for sp, n in zip(spans_d, sizes)]
         decode = sum(stage_d)
         ttft = sum(sp + (n - 2) * ttft_layer for sp, n in zip(spans_p, sizes))
@@ -323,7 +325,7 @@ def _composed(m: Mapping, spec, runs: _Runs, groups) -> Mapping:
             ttft += runs.path_extra(a, b, batch * runs.prompt_len * tiles, dtype)
             link_bytes += handoff_bytes * hops
             directed += t * hops
-        m.handoff_cycles = round((decode - (d3 + (L - 3) * layer)) / (stages - 1))  # against one stage
+        m.handoff_cycles = round((decode - one_stage) / (stages - 1))  # against one stage
         interval = max(stage_d)
     m.stage_interval_cycles = interval
     m.decode_cycles_per_token, m.ttft_cycles = decode, ttft
