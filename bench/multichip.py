@@ -3,7 +3,7 @@ and the system simulator's speed, measured side by side in one run (docs/multich
 
 - A small Llama (8 kv heads, 8 layers) on a TSP rack, on 1 chip and on 2 to 16 by tensor
   parallelism and pipeline stages (1, 2, 4, 8, 8 and 16 chips): the planner's prediction
-  (steps of three and four layers, a pipeline of two-layer stages, composed) against the
+  (steps of two and four layers, a pipeline of two-layer stages, composed) against the
   whole mapping compiled and simulated; the relative error of decode cycles per token and
   of TTFT.
 - Llama-2-70B in int8 on TSP systems of up to 576 chips, and Llama-3-70B and -8B in fp8 on

@@ -4,11 +4,12 @@
 A mapping is ``t`` chips of tensor parallelism per pipeline stage (``t`` a divisor of the
 kv heads, pairwise linked chips), ``S`` pipeline stages of contiguous layers (the chips
 :meth:`~lpx_tvm.machine.system.System.stage_groups` picks) and a batch. For each ``t``
-and batch the decoder's step is compiled and simulated on ``t`` chips with three layers
-and with four: a step of ``L`` layers on one stage takes ``D(4) + (L - 4) (D(4) - D(3))``
-cycles (its layers are the same program, each with its two all-reduces; the first layer
-overlaps the embedding's work and the last the head's, so they are not steady ones, and
-the increment ``l = D(4) - D(3)`` is taken between two inner layers). For ``S > 1`` a model of ``2k`` layers is also simulated as ``k``
+and batch the decoder's step is compiled and simulated on ``t`` chips with two layers
+and with four: a step of ``L`` layers on one stage takes ``D(4) + (L - 4) l`` cycles,
+``l = (D(4) - D(2)) / 2`` (its layers are the same program, each with its two
+all-reduces; the first layer overlaps the embedding's work and the last the head's, so
+the increment is that of the two inner layers, averaged: a schedule placed greedily does
+not add one layer's cycles exactly). For ``S > 1`` a model of ``2k`` layers is also simulated as ``k``
 stages of two layers (``k`` = 3, or 2 for a mapping of two stages): the cycle
 each stage ends gives the span of a first stage (embedding, its layers, the hand-off
 out), of a middle one (from its rows' arrival) and of the last (to the argmax), each
@@ -38,7 +39,7 @@ from ..target.collectives import point_to_point
 from .session import compile_llm, load_decoder, matrix_parameters, matrix_value_bytes
 from .steps import WEIGHT_BUDGET, cache_bytes_as_stored, float_bytes
 
-SAMPLED = (3, 4)  # the layer counts simulated: the increment between them is a steady layer's
+SAMPLED = (2, 4)  # the layer counts simulated: the increment between them is a steady layer's
 
 
 @dataclass

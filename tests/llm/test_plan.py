@@ -20,7 +20,7 @@ CONFIG = dict(LLAMA, num_hidden_layers=5, model_type="llama")
 
 def test_prediction_within_5_percent_of_the_whole_model_simulated():
     """Tensor parallelism over 3 chips, alone and in two pipeline stages (6 chips): the
-    predictions, from 3- and 4-layer steps and a 4-layer model in two stages, within 5%
+    predictions, from 2- and 4-layer steps and a 4-layer model in two stages, within 5%
     of the 5-layer model simulated whole."""
     p = plan(CONFIG, "groqnode", precision="fp32", context=32, prompt_len=9, tensor_parallel=[3], pipeline=[1, 2],
              workers=2)  # the sampled models compiled and simulated in 2 worker processes
