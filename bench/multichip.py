@@ -57,8 +57,9 @@ def simulated(t: int, stages: int, context: int, prompt: int, precision: str):
 
 def large(name, config, system, precision, context, batches, max_chips, pipeline):
     """The mappings of a large model that fit (sized from its published config, on
-    torch's meta device), or why none does. Not simulated here: the sampled steps of a
-    70B layer compile for hours on this 2-core machine (docs/multichip.md, Status)."""
+    torch's meta device), or why none does. Not simulated here: the sampled models of
+    these configs take more than this machine's 24 GiB to compile (docs/multichip.md,
+    Status)."""
     t = time.perf_counter()
     p = plan(config, system, precision=precision, context=context, prompt_len=context // 2, batches=batches,
              tensor_parallel=[1, 2, 4, 8], pipeline=pipeline, max_chips=max_chips, simulate=False)
@@ -68,7 +69,7 @@ def large(name, config, system, precision, context, batches, max_chips, pipeline
     if fits:
         fewest = min(fits, key=lambda m: (m.chips, m.sram_fill))
         out.update(fewest_chips=fewest.to_json(),
-                   why="mappings fit but are not simulated in this run: their sampled steps compile for hours here")
+                   why="mappings fit but are not simulated: their sampled models take more than 24 GiB to compile")
         print(f"{name} on {system} ({precision}, context {context}): {len(fits)} of {len(p.mappings)} mappings fit; "
               f"the fewest chips: TP{fewest.tensor_parallel} x PP{fewest.pipeline_stages} x {fewest.micro_batches} "
               f"micro-batch(es) of {fewest.batch}, {fewest.chips} chips, SRAM fill {fewest.sram_fill:.0%}",
