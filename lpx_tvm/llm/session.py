@@ -28,13 +28,12 @@ from ..runtime.floors import floors_of
 from ..sim import Simulator
 from ..target.builder import SharedSram, chunk_lines
 from ..target.codegen.options import codegen_options
-from .steps import (FLOAT_OF, WEIGHT_BUDGET, DoesNotFit, StepProgram, cache_bytes_as_stored, float_bytes, prompt_ids, shared_with,
+from .steps import (EIGHT_BIT, FLOAT_OF, WEIGHT_BUDGET, DoesNotFit, StepProgram, cache_bytes_as_stored, float_bytes, prompt_ids, shared_with,
                     step_program)
 
 # The precisions a decoder compiles at: float, or an 8-bit path (W8A8 dense layers in
 # int8, or in fp8 e4m3 on a machine whose MXM multiplies fp8; the rest fp16).
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
-EIGHT_BIT = ("int8", "fp8")
 # Tokens the float model generates to calibrate an 8-bit path's activation scales, after
 # a prompt of random ids (seeded).
 CALIBRATION_PROMPT, CALIBRATION_TOKENS = 16, 8

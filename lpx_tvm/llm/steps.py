@@ -19,6 +19,9 @@ from ..target.builder import SharedSram
 # The share of a chip's SRAM a decoder's weights and caches may take; working space and
 # the tiling's padding take the rest (docs/compiler.md, the weight budget).
 WEIGHT_BUDGET = 0.9
+# The 8-bit paths: W8A8 dense layers in int8, or in fp8 e4m3 on a machine whose MXM
+# multiplies fp8.
+EIGHT_BIT = ("int8", "fp8")
 # The float precision of what an 8-bit path leaves in float (norms, RoPE, attention, the
 # KV cache, the embedding table).
 FLOAT_OF = {"int8": "fp16", "fp8": "fp16"}

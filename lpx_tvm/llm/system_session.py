@@ -29,9 +29,7 @@ from ..sim.multichip import SystemSimulator
 from ..target.builder import SharedSram
 from ..target.codegen.options import codegen_options
 from ..target.collectives import build_together
-from .steps import FLOAT_OF, float_bytes, prompt_ids, shared_with, step_program
-
-EIGHT_BIT = ("int8", "fp8")
+from .steps import EIGHT_BIT, FLOAT_OF, float_bytes, prompt_ids, shared_with, step_program
 
 
 class SystemLLMSession:
@@ -93,7 +91,7 @@ class SystemLLMSession:
         timed = self.sim.run(self.programs(self.decode), timing_only=True)  # static: every step's
         self.decode_cycles, self.decode_link_bytes = timed.cycles, sum(timed.link_bytes.values())
         self.decode_stage_ends = self._stage_ends(timed)
-        self._prefill = {}  # prompt length -> ({chip: StepProgram}, cycles)
+        self._prefill = {}  # prompt length -> ({chip: StepProgram}, cycles, each stage's end)
         self._last = {}
 
     @staticmethod

@@ -74,6 +74,7 @@ class System:
         for a, b in self._between:
             self._adj[a].append(b)
         self._adj = [sorted(n) for n in self._adj]
+        self._distances = {}  # chip -> its distances to every chip, as asked
 
     # ---- the graph -------------------------------------------------------------------
     def peer(self, chip: int, link: int) -> "tuple | None":
@@ -102,6 +103,10 @@ class System:
         return out
 
     def distances(self, a: int) -> list:
+        """Links on a shortest path from chip ``a`` to every chip (computed once a chip:
+        paths, hops and the planner's placements ask for them again and again)."""
+        if a in self._distances:
+            return self._distances[a]
         dist = [-1] * self.chips
         dist[a] = 0
         todo = deque([a])
@@ -113,6 +118,7 @@ class System:
                     todo.append(d)
         if min(dist) < 0:
             raise ConfigError(f"system {self.name}: chip {dist.index(-1)} cannot be reached from chip {a}")
+        self._distances[a] = dist
         return dist
 
     def stage_groups(self, size: int, stages: int) -> list:
@@ -130,13 +136,8 @@ class System:
         if len(blocks) < stages:
             raise ConfigError(f"system {self.name} has {len(blocks)} aligned groups of {size} pairwise linked chips; "
                               f"a pipeline of {stages} stages needs {stages}")
-        dist = {}  # chip -> its distances to every chip
-
         def apart(g, h):
-            for a in g:
-                if a not in dist:
-                    dist[a] = self.distances(a)
-            return max(dist[a][b] for a, b in zip(g, h))
+            return max(self.distances(a)[b] for a, b in zip(g, h))
 
         out, free = [blocks[0]], blocks[1:]
         while len(out) < stages:

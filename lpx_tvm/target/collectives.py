@@ -359,15 +359,14 @@ def emit_all_reduce(b: ProgramBuilder, place: ChipPlace, x, y, tag: str = "all_r
 
 def emit_receive(b: ProgramBuilder, place: ChipPlace, t, tag: str = "handoff"):
     """Groups of ``b`` that write SRAM tensor ``t`` with the rows ``place.upstream``
-    sends (:func:`emit_send` of a tensor of the same layout): one message per SRAM chunk
-    of each column tile, in order."""
+    sends (:func:`emit_send` of a tensor of the same layout), message by message
+    (:func:`_messages`)."""
     port = place.port(place.upstream)
     place.attach(b)
-    for j in range(t.ntiles):
-        for _, reg in t.segments(j, 0, t.layout.rows):
-            place.expect(b, place.upstream)
-            g = b.group(f"{tag}.recv")
-            g.write(g.recv(port, reg.count, reg.dtype), reg)
+    for reg in _messages(t):
+        place.expect(b, place.upstream)
+        g = b.group(f"{tag}.recv")
+        g.write(g.recv(port, reg.count, reg.dtype), reg)
 
 
 def emit_send(b: ProgramBuilder, place: ChipPlace, t, tag: str = "handoff"):
@@ -375,10 +374,16 @@ def emit_send(b: ProgramBuilder, place: ChipPlace, t, tag: str = "handoff"):
     :func:`emit_receive` takes it."""
     port = place.port(place.downstream)
     place.attach(b)
-    for j in range(t.ntiles):
-        for _, reg in t.segments(j, 0, t.layout.rows):
-            g = b.group(f"{tag}.send")
-            g.send(port, g.read(reg))
+    for reg in _messages(t):
+        g = b.group(f"{tag}.send")
+        g.send(port, g.read(reg))
+
+
+def _messages(t) -> list:
+    """The Regions of SRAM tensor ``t`` a hand-off sends one message each, in order: each
+    column tile's rows, one per SRAM chunk (chunks follow from the layout, so a sender
+    and a receiver of the same layout cut alike)."""
+    return [reg for j in range(t.ntiles) for _, reg in t.segments(j, 0, t.layout.rows)]
 
 
 def _reduced(b: ProgramBuilder, place: ChipPlace, reg, tag: str) -> tuple:

@@ -54,6 +54,16 @@ def rel_err(got, want) -> float:
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
+def check_half_logits(tokens, logits, want, half):
+    """Half-precision logits ([steps, B, V]) against the fp32 torch reference ``want``:
+    within 1e-2 or torch's own error at that precision (``half``), the tokens equal
+    wherever the margin exceeds 1e-2."""
+    for k in range(len(want)):
+        err, torch_err = rel_err(logits[k], want[k]), rel_err(half[k], want[k])
+        assert err < max(1e-2, torch_err), (k, err, torch_err)
+        assert_tokens_where_clear(tokens[:, k], want[k], 1e-2)
+
+
 def assert_tokens_where_clear(tokens, want, margin: float):
     """``tokens`` ([B]) are ``want``'s argmax ([B, V] logits) wherever its top-2 gap exceeds
     ``margin`` times its largest |logit| (elsewhere an error that size may swap them)."""
