@@ -109,7 +109,8 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
         Chips per pipeline stage, pairwise linked (default: all ``chips``, one stage);
         each stage's chip of rank ``r`` is linked to the next stage's.
     pipeline_stages : int, optional
-        Without ``chips``: the stages, on the chips :meth:`System.stage_groups` picks.
+        Without ``chips``: the stages (of ``tensor_parallel`` chips, default 1), on the
+        chips :meth:`System.stage_groups` picks.
 
     Returns
     -------
@@ -142,11 +143,13 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
     if system is not None:
         from .system_session import SystemLLMSession
 
-        if chips is None:
-            chips = range(system.chips) if pipeline_stages is None else \
-                [c for g in system.stage_groups(tensor_parallel or 1, pipeline_stages) for c in g]
-        elif pipeline_stages is not None:
-            raise LPXError("give chips or pipeline_stages, not both")
+        if pipeline_stages is not None:
+            if chips is not None:
+                raise LPXError("give chips or pipeline_stages, not both")
+            tensor_parallel = tensor_parallel or 1  # stages of one chip unless asked
+            chips = [c for g in system.stage_groups(tensor_parallel, pipeline_stages) for c in g]
+        elif chips is None:
+            chips = range(system.chips)
         session = SystemLLMSession(model, spec, system, chips, precision, tensor_parallel, quant)
         if prompt_len is not None:
             session.prefill_step(prompt_len)

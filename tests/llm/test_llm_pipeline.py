@@ -46,12 +46,13 @@ def test_stages_of_split_layers_evenly():
         decoders.stages_of(2, 3)
 
 
-@pytest.mark.parametrize("kind, chips, tensor_parallel", [("llama", (0, 1), 1), ("gpt2", (4, 6, 1, 7), 2)])
-def test_pipeline_tokens_equal_transformers(kind, chips, tensor_parallel):
+@pytest.mark.parametrize("kind, mapping, tensor_parallel", [
+    ("llama", dict(pipeline_stages=2), 1),  # the chips stage_groups picks, one a stage
+    ("gpt2", dict(chips=(4, 6, 1, 7), tensor_parallel=2), 2)])
+def test_pipeline_tokens_equal_transformers(kind, mapping, tensor_parallel):
     model = _model(kind, 3, 2.0 if kind == "llama" else 4.0)
     ids = np.random.default_rng(1).integers(0, 320, (1, 13))
-    session = lpx_tvm.compile_llm(model, precision="fp32", max_context=32, system="groqnode", chips=chips,
-                                  tensor_parallel=tensor_parallel)
+    session = lpx_tvm.compile_llm(model, precision="fp32", max_context=32, system="groqnode", **mapping)
     tokens, logits = session.generate(ids, 8, return_logits=True)
     want = model.generate(torch.as_tensor(ids), max_new_tokens=8, do_sample=False)[:, 13:].numpy()
     np.testing.assert_array_equal(tokens, want)
@@ -60,7 +61,7 @@ def test_pipeline_tokens_equal_transformers(kind, chips, tensor_parallel):
     assert max(errs) < 1e-5, errs
     rep = session.report
     assert rep["pipeline_stages"] == 2 and rep["stage_layers"] == [1, 1]
-    assert rep["tensor_parallel"] == tensor_parallel
+    assert rep["tensor_parallel"] == tensor_parallel and rep["chips"] == list(mapping.get("chips", (0, 1)))
     if tensor_parallel == 1:
         # The one hand-off a token: its hidden state (240 fp32 values), one vector of 320
         # lanes on the link.
