@@ -62,15 +62,21 @@ def _runtime_number_binary(ctx, op, is_output, a, b, vop):
     broadcast = _is_runtime_number(n, op.shape)
     number_first = n is a
     dt = relax_dtype(op.dtype) if op.dtype == "int32" else ctx.dtype
+    nval = ctx.value(n)
+    # n and t are read in one group: a slice has one read port, so they sit apart.
     if t.is_const:
         cv = np.broadcast_to(np.asarray(t.const), op.shape)
         cv = cv.transpose(0, 2, 3, 1) if len(op.shape) == 4 else cv
         other = Stored(ctx.temp(ctx.builder.tensor(f"{op.out}.operand", stored_shape(op.shape), dt,
-                                                   data=np.ascontiguousarray(cv), row_align=row_align(op.shape))),
+                                                   data=np.ascontiguousarray(cv), row_align=row_align(op.shape),
+                                                   avoid=slices_of([nval]))),
                        op.shape)
     else:
         other = ctx.value(t)
-    nval = ctx.value(n)
+        if not broadcast:
+            nval = apart(ctx, nval, other, op.out)
+        elif set(slices_of([nval])) & set(slices_of([other])):  # its one vector beside every tile
+            nval = ctx.temp(copy_value(ctx, nval, f"{op.out}.apart", avoid=[other]))
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[other, nval], dtype=dt)
     tensors = [other.tensor, y.tensor] + ([] if broadcast else [nval.tensor])
     for j in range(y.tensor.ntiles):
