@@ -55,30 +55,40 @@ def simulated(t: int, stages: int, context: int, prompt: int, precision: str):
     return s, s.decode_cycles, s.prefill_cycles(prompt)
 
 
-def large(name, config, system, precision, context, batches, max_chips, pipeline):
-    """The mappings of a large model that fit (sized from its published config, on
-    torch's meta device), or why none does. Not simulated here: the sampled models of
-    these configs take more than this machine's 24 GiB to compile (docs/multichip.md,
-    Status)."""
+def large(name, config, system, precision, context, batches, max_chips, pipeline, prompt=128, workers=2):
+    """The mappings of a large model (its published config, sized on torch's meta
+    device), predicted from one chip's share of one and two layers compiled and
+    simulated alone, with the collectives simulated on the system (``samples="chip"``:
+    the whole sampled mappings take more than this machine's 24 GiB to compile), or why
+    none fits."""
     t = time.perf_counter()
-    p = plan(config, system, precision=precision, context=context, prompt_len=context // 2, batches=batches,
-             tensor_parallel=[1, 2, 4, 8], pipeline=pipeline, max_chips=max_chips, simulate=False)
+    p = plan(config, system, precision=precision, context=context, prompt_len=prompt, batches=batches,
+             tensor_parallel=[1, 2, 4, 8], pipeline=pipeline, max_chips=max_chips, samples="chip", workers=workers)
     fits = [m for m in p.mappings if m.fits]
-    out = dict(model=name, system=system, precision=precision, context=context, plan_s=time.perf_counter() - t,
-               mappings=len(p.mappings), fitting=len(fits))
-    if fits:
-        fewest = min(fits, key=lambda m: (m.chips, m.sram_fill))
-        out.update(fewest_chips=fewest.to_json(),
-                   why="mappings fit but are not simulated: their sampled models take more than 24 GiB to compile")
-        print(f"{name} on {system} ({precision}, context {context}): {len(fits)} of {len(p.mappings)} mappings fit; "
-              f"the fewest chips: TP{fewest.tensor_parallel} x PP{fewest.pipeline_stages} x {fewest.micro_batches} "
-              f"micro-batch(es) of {fewest.batch}, {fewest.chips} chips, SRAM fill {fewest.sram_fill:.0%}",
-              flush=True)
+    out = dict(model=name, system=system, precision=precision, context=context, prompt=prompt,
+               plan_s=time.perf_counter() - t, mappings=len(p.mappings), fitting=len(fits))
+    if not fits:
+        least = min(p.mappings, key=lambda m: m.sram_fill)
+        out.update(why=f"no mapping of up to {max_chips} chips fits: the emptiest is TP{least.tensor_parallel} x "
+                       f"PP{least.pipeline_stages} ({least.chips} chips), {least.why}")
+        print(f"{name} on {system} ({precision}, context {context}): {out['why']}", flush=True)
         return out
-    least = min(p.mappings, key=lambda m: m.sram_fill)
-    out.update(why=f"no mapping of up to {max_chips} chips fits: the emptiest is TP{least.tensor_parallel} x "
-                   f"PP{least.pipeline_stages} ({least.chips} chips), {least.why}")
-    print(f"{name} on {system} ({precision}, context {context}): {out['why']}", flush=True)
+    done = [m for m in fits if m.decode_cycles_per_token is not None]
+    for m in fits:
+        if m.decode_cycles_per_token is None:
+            print(f"{name}: TP{m.tensor_parallel} x PP{m.pipeline_stages}, batch {m.batch}: {m.why}", flush=True)
+    out.update(mapped=[m.to_json() for m in fits])
+    if not done:
+        out.update(why="no fitting mapping compiled: " + "; ".join(sorted({m.why for m in fits})))
+        return out
+    one = [m for m in done if m.batch == 1]
+    out.update(best=max(one or done, key=lambda m: m.tokens_per_s_per_user).to_json())
+    for m in sorted(done, key=lambda m: (m.batch, m.chips, m.micro_batches)):
+        print(f"{name} on {system} ({precision}, context {context}): TP{m.tensor_parallel} x PP{m.pipeline_stages} x "
+              f"{m.micro_batches} micro-batch(es) of {m.batch}, {m.chips} chips, SRAM {m.sram_fill:.0%}: decode "
+              f"{m.decode_cycles_per_token:,} cycles/token (a layer {m.layer_cycles:,}), TTFT({prompt}) "
+              f"{m.ttft_cycles:,}; {m.tokens_per_s_per_user:,.0f} tokens/s/user, "
+              f"{m.tokens_per_s_per_system:,.0f} per system, {m.tokens_per_s_per_chip:,.1f} per chip", flush=True)
     return out
 
 

@@ -35,11 +35,13 @@ from dataclasses import dataclass, field, replace
 from ..errors import ConfigError, LPXError
 from ..frontends import decoders
 from ..machine.system import load_system
-from ..target.collectives import point_to_point
+from ..target.collectives import collective, point_to_point
 from .session import compile_llm, load_decoder, matrix_parameters, matrix_value_bytes
-from .steps import WEIGHT_BUDGET, cache_bytes_as_stored, float_bytes
+from .steps import FLOAT_OF, WEIGHT_BUDGET, cache_bytes_as_stored, float_bytes
 
 SAMPLED = (2, 4)  # the layer counts simulated: the increment between them is a steady layer's
+CHIP_SAMPLED = (1, 2)  # samples="chip": one chip's share of one and two layers (two fit where four do not)
+SAMPLES = ("system", "chip")
 
 
 @dataclass
@@ -110,7 +112,8 @@ def _shape_only(model_or_config, seed: int):
 
 def plan(model_or_config, system, precision: str = "fp16", context: int = 256, prompt_len: int = 128,
          batches=(1,), tensor_parallel=None, pipeline=None, max_chips: "int | None" = None, seed: int = 0,
-         workers: int = 0, ray_address: "str | None" = None, simulate: bool = True) -> Plan:
+         workers: int = 0, ray_address: "str | None" = None, simulate: bool = True,
+         samples: str = "system") -> Plan:
     """Predict every tensor-parallel degree x pipeline depth x batch of a decoder on
     ``system``.
 
@@ -120,7 +123,14 @@ def plan(model_or_config, system, precision: str = "fp16", context: int = 256, p
     ``max_chips`` chips (default: the system's) are left out. The sampled models are
     compiled and simulated in ``workers`` processes, or on Ray at ``ray_address`` (the
     pools tuning uses, ``sim/workers.py``); 0: in this process. ``simulate=False`` only
-    sizes the mappings (chips, SRAM fill, whether they fit): nothing is compiled."""
+    sizes the mappings (chips, SRAM fill, whether they fit): nothing is compiled.
+
+    ``samples``: ``"system"`` simulates the sampled models on the system's chips, whole
+    (tensor-parallel groups, pipeline stages); ``"chip"`` simulates one chip's share of a
+    layer alone and adds the collectives' simulated cycles (a model too large to compile
+    whole on this machine, docs/multichip.md, "Sampling one chip")."""
+    if samples not in SAMPLES:
+        raise LPXError(f"samples={samples!r}: expected one of {', '.join(SAMPLES)}")
     system = load_system(system)
     model = _shape_only(model_or_config, seed)
     spec = decoders.spec_of(model, context)
@@ -132,7 +142,7 @@ def plan(model_or_config, system, precision: str = "fp16", context: int = 256, p
                                 {spec.layers})
     out = Plan(getattr(model.config, "_name_or_path", "") or spec.family, system.name, precision, context,
                spec.layers)
-    runs = _Runs(model, system, precision, context, prompt_len, seed)
+    runs = _Runs(model, system, precision, context, prompt_len, seed, samples)
     sized = []
     for t in degrees:
         if not _groups(system, t, 1):
@@ -145,14 +155,23 @@ def plan(model_or_config, system, precision: str = "fp16", context: int = 256, p
                 for batch in batches:
                     sized.append(_sized(spec, runs, t, stages, batch, micro))
     if simulate:
-        runs.prefetch([job for m, _ in sized if m.fits for job in _jobs(m)], workers, ray_address)
+        runs.prefetch([job for m, _ in sized if m.fits for job in _jobs(m, samples)], workers, ray_address)
+    compose = _composed if samples == "system" else _composed_from_chip
     for m, groups in sized:
-        out.mappings.append(_composed(m, spec, runs, groups) if m.fits and simulate else m)
+        if m.fits and simulate:
+            try:
+                m = compose(m, spec, runs, groups)
+            except LPXError as e:  # a sampled step the compiler refused: the row says why
+                m.why = f"not compiled: {e}"
+        out.mappings.append(m)
     return out
 
 
-def _jobs(m: Mapping) -> list:
-    """The sampled simulations a fitting mapping composes: (t, batch, layers, stages)."""
+def _jobs(m: Mapping, samples: str = "system") -> list:
+    """The sampled simulations a fitting mapping composes: (t, batch, layers, stages), or
+    for ``samples="chip"`` ("chip", t, batch, layers)."""
+    if samples == "chip":
+        return [("chip", m.tensor_parallel, m.batch, n) for n in CHIP_SAMPLED]
     jobs = [(m.tensor_parallel, m.batch, n, 1) for n in SAMPLED]
     if m.pipeline_stages > 1:
         k = min(3, m.pipeline_stages)
@@ -175,6 +194,30 @@ def _sample(config: dict, seed: int, system, t: int, stages: int, batch: int, kw
             s.prefill_stage_ends(prompt_len))
 
 
+def _chip_sample(config: dict, seed: int, cfg, batch: int, kw: dict, prompt_len: int) -> tuple:
+    """(decode cycles, prefill cycles) of the decoder of ``config`` on one chip of preset
+    ``cfg``: a job a worker runs."""
+    s = compile_llm(load_decoder(config, seed), preset=cfg, batch=batch, prompt_len=prompt_len, **kw)
+    return s.decode.cycles, s.prefill_step(prompt_len).cycles
+
+
+def shard_config(config: dict, t: int) -> dict:
+    """The config of the decoder one chip of a tensor-parallel group of ``t`` runs, as a
+    model of its own: its ``1/t`` of the query and key/value heads (each of the whole
+    model's head size), of the MLP's hidden units and of the vocabulary (the LM head
+    split by rows); the hidden size, layers and everything else the model's. Its step is
+    the chip's without the all-reduces."""
+    if config.get("model_type") not in ("llama", "mistral", "qwen2"):
+        raise LPXError(f"samples='chip' shards Llama, Mistral and Qwen2 configs, not {config.get('model_type')!r}")
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads") or heads
+    if kv % t:
+        raise LPXError(f"{kv} key/value heads over {t} chips: tensor parallelism gives each chip whole kv heads")
+    return dict(config, num_attention_heads=heads // t, num_key_value_heads=kv // t,
+                head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+                intermediate_size=-(-config["intermediate_size"] // t), vocab_size=-(-config["vocab_size"] // t))
+
+
 def _groups(system, t: int, stages: int) -> "list | None":
     try:
         return system.stage_groups(t, stages)
@@ -186,17 +229,17 @@ class _Runs:
     """The simulations a plan composes, each run once: the sampled steps on one stage of
     ``t`` chips, the two-stage hand-off, and point-to-point transfers."""
 
-    def __init__(self, model, system, precision, context, prompt_len, seed):
-        self.model, self.system = model, system
+    def __init__(self, model, system, precision, context, prompt_len, seed, samples="system"):
+        self.model, self.system, self.samples = model, system, samples
         self.kw = dict(precision=precision, max_context=context)
         self.prompt_len, self.matrices = prompt_len, matrix_parameters(model)
         self.seed = seed
-        self._done, self._p2p = {}, {}  # sampled simulations, point-to-point extras
+        self._done, self._p2p, self._collectives = {}, {}, {}  # sampled simulations, point-to-point extras
 
     def prefetch(self, jobs, workers: int = 0, ray_address: "str | None" = None):
         """Run the sampled simulations ``jobs`` ((t, batch, layers, stages)) not run yet,
         through a pool (:func:`~lpx_tvm.sim.workers.make_pool`)."""
-        todo = sorted({j for j in jobs if j not in self._done})
+        todo = sorted({j for j in jobs if j not in self._done}, key=str)
         if not todo:
             return
         from ..sim.workers import make_pool
@@ -205,11 +248,18 @@ class _Runs:
         try:
             futures = {j: pool.submit(*self._job(j)) for j in todo}
             for j, f in futures.items():
-                self._done[j] = f.result()
+                try:
+                    self._done[j] = f.result()
+                except LPXError as e:  # the mappings that need it say why (plan)
+                    self._done[j] = e
         finally:
             pool.shutdown()
 
     def _job(self, key) -> tuple:
+        if key[0] == "chip":
+            _, t, batch, layers = key
+            config = self._config(layers) if t == 1 else shard_config(self._config(layers), t)
+            return _chip_sample, config, self.seed, self.system.config, batch, self.kw, self.prompt_len
         t, batch, layers, stages = key
         return (_sample, self._config(layers), self.seed, self.system, t, stages, batch, self.kw, self.prompt_len)
 
@@ -221,7 +271,12 @@ class _Runs:
     def result(self, key) -> tuple:
         if key not in self._done:
             fn, *args = self._job(key)
-            self._done[key] = fn(*args)
+            try:
+                self._done[key] = fn(*args)
+            except LPXError as e:
+                self._done[key] = e
+        if isinstance(self._done[key], LPXError):
+            raise self._done[key]
         return self._done[key]
 
     def stage(self, t: int, batch: int) -> dict:
@@ -239,6 +294,20 @@ class _Runs:
         two = la - (a - 2) * (lb - la) / (b - a)  # a stage of two layers' all-reduce bytes
         handoff = (link_bytes - two * k) / (k - 1)  # a boundary's, all ranks
         return (*spans, handoff)
+
+    def chip(self, t: int, batch: int) -> dict:
+        """{layers: (decode cycles, prefill cycles)} of one chip's share sampled alone."""
+        return {n: self.result(("chip", t, batch, n)) for n in CHIP_SAMPLED}
+
+    def collective(self, kind: str, chips, vectors: int, dtype: str):
+        """The simulated :func:`~lpx_tvm.target.collectives.collective` (``kind``
+        ``"send"``: the point-to-point transfer from ``chips[0]`` to ``chips[1]``) of
+        ``vectors`` rows of lanes."""
+        key = (kind, tuple(chips), vectors, dtype)
+        if key not in self._collectives:
+            self._collectives[key] = point_to_point(self.system, *chips, vectors, dtype) if kind == "send" else \
+                collective(kind, self.system, chips, vectors, dtype)
+        return self._collectives[key]
 
     def path_extra(self, a: int, b: int, vectors: int, dtype: str) -> int:
         """Cycles a point-to-point transfer of ``vectors`` rows from chip ``a`` to chip
@@ -328,6 +397,61 @@ def _composed(m: Mapping, spec, runs: _Runs, groups) -> Mapping:
             directed += t * hops
         m.handoff_cycles = round((decode - one_stage) / (stages - 1))  # against one stage
         interval = max(stage_d)
+    m.stage_interval_cycles = interval
+    m.decode_cycles_per_token, m.ttft_cycles = decode, ttft
+    per_user = cfg.clock_hz / max(decode, micro * interval)
+    m.tokens_per_s_per_user = per_user
+    m.tokens_per_s_per_system = per_user * batch * micro
+    m.tokens_per_s_per_chip = m.tokens_per_s_per_system / m.chips
+    m.link_utilization = link_bytes / (directed * cfg.c2c_bytes_per_cycle * decode) if directed else 0.0
+    return m
+
+
+def _composed_from_chip(m: Mapping, spec, runs: _Runs, groups) -> Mapping:
+    """``m`` composed from one chip's share sampled alone (``samples="chip"``): a layer
+    is the chip's increment from one layer to two plus its two all-reduces of the hidden
+    rows; the rest of the chip's step (the embedding's rows in, the final norm, its rows
+    of the LM head, the argmax) plus the logits' all-reduce sits on the last stage; each
+    stage boundary adds the hand-off of the hidden rows between the chips the topology
+    placed there. Every collective is simulated on the system; what it overlaps inside
+    the whole program (weights installed while the sums travel) is not, so the sum is
+    an upper bound the validation measures (bench/multichip.py)."""
+    system, t, stages, batch, micro = runs.system, m.tensor_parallel, m.pipeline_stages, m.batch, m.micro_batches
+    cfg, precision, L = system.config, runs.kw["precision"], spec.layers
+    dtype = FLOAT_OF.get(precision, precision)
+    (a, (da, pa)), (b, (db, pb)) = runs.chip(t, batch).items()
+    hidden, vocab = -(-spec.hidden // cfg.lanes), -(-spec.vocab // cfg.lanes)
+    group = groups[0]
+
+    def reduce(vectors):  # (cycles, bytes) of an all-reduce over a stage's chips
+        if t == 1:
+            return 0, 0
+        c = runs.collective("all_reduce", group, vectors, dtype)
+        return c.cycles, c.bytes_moved
+
+    (ar_d, bytes_d), (ar_p, bytes_p) = reduce(batch * hidden), reduce(batch * runs.prompt_len * hidden)
+    (lg_d, lbytes), (lg_p, _) = reduce(batch * vocab), reduce(batch * vocab)
+    layer_d, layer_p = (db - da) // (b - a) + 2 * ar_d, (pb - pa) // (b - a) + 2 * ar_p
+    rest_d, rest_p = da - a * (layer_d - 2 * ar_d) + lg_d, pa - a * (layer_p - 2 * ar_p) + lg_p
+    m.layer_cycles = layer_d
+    sizes = [st.stop - st.start for st in decoders.stages_of(L, stages)]
+    span_d = [n * layer_d for n in sizes]
+    span_p = [n * layer_p for n in sizes]
+    span_d[-1] += rest_d
+    span_p[-1] += rest_p
+    link_bytes = 2 * L * bytes_d + lbytes
+    directed = stages * t * (t - 1)
+    for k, (g, h) in enumerate(zip(groups, groups[1:])):
+        a_, b_ = max(zip(g, h), key=lambda ab: system.hops(*ab))
+        send_d = runs.collective("send", (a_, b_), batch * hidden, dtype)
+        span_d[k] += send_d.cycles
+        span_p[k] += runs.collective("send", (a_, b_), batch * runs.prompt_len * hidden, dtype).cycles
+        link_bytes += send_d.bytes_moved * t
+        directed += t * system.hops(a_, b_)
+    decode, ttft = sum(span_d), sum(span_p)
+    if stages > 1:
+        m.handoff_cycles = round((decode - (rest_d + L * layer_d)) / (stages - 1))
+    interval = max(span_d)
     m.stage_interval_cycles = interval
     m.decode_cycles_per_token, m.ttft_cycles = decode, ttft
     per_user = cfg.clock_hz / max(decode, micro * interval)

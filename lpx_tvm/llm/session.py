@@ -133,7 +133,8 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
     spec = decoders.spec_of(model, max_context, batch)
     quant = None
     if precision in EIGHT_BIT:
-        problem = None if system is not None else fit_problem(spec, cfg, str(precision), matrix_parameters(model))
+        problem = None if system is not None else fit_problem(spec, cfg, str(precision), matrix_parameters(model),
+                                                              host_table_values(model, spec, cfg, str(precision)))
         if problem:  # before calibrating
             raise DoesNotFit(problem)
         if calibration_ids is None:
@@ -185,12 +186,24 @@ def weight_bytes(spec: decoders.DecoderSpec, precision: str, matrices: int) -> i
     return matrices * matrix_value_bytes(precision) + (spec.parameters - matrices) * float_bytes(precision)
 
 
-def fit_problem(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str, matrices: int = 0) -> "str | None":
+def host_table_values(model, spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> int:
+    """Values of the token embedding the host keeps and looks rows up in (a vocabulary
+    wider than a slice's lines: docs/llm.md), which take no SRAM; 0 when it is on chip or
+    is the LM head's matrix too."""
+    table, head = model.get_input_embeddings().weight, model.get_output_embeddings()
+    if head is not None and head.weight is table or spec.vocab * float_bytes(precision) <= cfg.lines_per_slice:
+        return 0
+    return table.numel()
+
+
+def fit_problem(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str, matrices: int = 0,
+                host_table: int = 0) -> "str | None":
     """Why the decoder's weights and KV cache cannot be resident in one chip's SRAM, or None.
     The cache counts as stored: each row of ``head_dim`` values takes whole vectors of
     lanes (docs/llm.md). ``matrices``: values of the dense layers' weights (stored at an
-    8-bit path's size; the other weights are float)."""
-    weights = weight_bytes(spec, precision, matrices)
+    8-bit path's size; the other weights are float); ``host_table``: values of the
+    embedding the host keeps (:func:`host_table_values`)."""
+    weights = weight_bytes(spec, precision, matrices) - host_table * float_bytes(precision)
     kv = cache_bytes_as_stored(spec, cfg, precision)
     need = weights + kv
     budget = int(WEIGHT_BUDGET * cfg.sram_bytes)
@@ -214,7 +227,8 @@ class LLMSession:
     def __init__(self, model, spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str,
                  quantization: "decoders.QuantizedLinears | None" = None, float_precision: "str | None" = None):
         self.matrix_parameters = matrix_parameters(model)
-        problem = fit_problem(spec, cfg, precision, self.matrix_parameters)
+        problem = fit_problem(spec, cfg, precision, self.matrix_parameters,
+                              host_table_values(model, spec, cfg, precision))
         if problem:
             raise DoesNotFit(problem)
         if (precision in EIGHT_BIT) != (quantization is not None) or \

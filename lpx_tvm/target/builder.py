@@ -498,6 +498,17 @@ class ProgramBuilder:
         """The program's bindings so far (of ``role`` only, when given), in binding order."""
         return [b for b in self._bindings if role is None or b.role == role]
 
+    @staticmethod
+    def _constant_key(shape, dt: DType, data, row_align: int, install_align: int) -> tuple:
+        # keyed by a digest: the cache must not hold a second copy of every weight
+        raw = np.ascontiguousarray(data, dt.np).reshape(-1).view(np.uint8)
+        return (tuple(int(s) for s in shape), dt, row_align, install_align, hashlib.sha256(raw).digest())
+
+    def resident(self, shape, dtype, data, row_align: int = 1, install_align: int = 0) -> "SramTensor | None":
+        """The constant of this content and layout already in the initial image (placed by
+        this program, or shared from another: :meth:`share`), or None."""
+        return self._const_cache.get(self._constant_key(shape, DType.parse(dtype), data, row_align, install_align))
+
     @property
     def constant_lines(self) -> int:
         """SRAM lines the initial image (constants) takes so far."""
@@ -533,9 +544,7 @@ class ProgramBuilder:
         key = None
         if data is not None and role is None and slices is None and tile_avoid is None:
             # Identical constants (a bias or fill row asked for again) share one image.
-            # (keyed by a digest: the cache must not hold a second copy of every weight)
-            raw = np.ascontiguousarray(data, dt.np).reshape(-1).view(np.uint8)
-            key = (shape, dt, row_align, install_align, hashlib.sha256(raw).digest())
+            key = self._constant_key(shape, dt, data, row_align, install_align)
             hit = self._const_cache.get(key)
             if hit is not None and not {sl for sl, _ in hit.layout.tiles} & set(avoid):
                 return hit

@@ -108,7 +108,7 @@ def collective(kind: str, system, chips, rows: int, dtype="fp32") -> Collective:
                                f"{kind} needs a group of pairwise linked chips")
     if kind != "all_gather" and dt not in ADDABLE:
         raise LPXError(f"{kind} of {dt.short}: the VXM adds fp32, fp16, bf16 or int32")
-    if rows < len(chips):
+    if rows < len(chips) and kind != "all_reduce":  # an all-reduce leaves the chips past the rows no shard
         raise LPXError(f"{kind} of {rows} rows over {len(chips)} chips: at least one row per chip")
     return _settle(kind, system, chips, rows, dt, lambda c, place: _program(kind, place, rows, dt))
 

@@ -11,7 +11,11 @@ pytest.importorskip("transformers")
 
 import lpx_tvm  # noqa: E402
 from lpx_tvm.cli import main  # noqa: E402
-from lpx_tvm.llm.plan import Mapping, Plan, plan  # noqa: E402
+from lpx_tvm.llm.plan import Mapping, Plan, plan, shard_config  # noqa: E402
+from lpx_tvm.llm.session import fit_problem, host_table_values, load_decoder, matrix_parameters  # noqa: E402
+from lpx_tvm.frontends import decoders  # noqa: E402
+from lpx_tvm.machine.config import load_config  # noqa: E402
+from lpx_tvm.target.collectives import collective, point_to_point  # noqa: E402
 
 from decoder_models import LLAMA  # noqa: E402
 
@@ -30,11 +34,16 @@ def test_prediction_within_5_percent_of_the_whole_model_simulated():
     assert lone.tokens_per_s_per_user == pytest.approx(900e6 / lone.decode_cycles_per_token)
     assert one.fits and one.chips == 3 and one.layer_cycles > 2 * 2 * 450  # two all-reduces a layer, two latencies each
     assert two.fits and two.chips == 6 and two.pipeline_stages == two.micro_batches == 2
+    # samples="chip": one chip's third of the model alone, and the collectives.
+    chip_one, chip_two, _ = plan(CONFIG, "groqnode", precision="fp32", context=32, prompt_len=9, tensor_parallel=[3],
+                                 pipeline=[1, 2], samples="chip").mappings
     for m in (one, two):
         s = lpx_tvm.compile_llm(CONFIG, precision="fp32", max_context=32, prompt_len=9, system="groqnode",
                                 tensor_parallel=3, pipeline_stages=m.pipeline_stages)
         decode, ttft = s.decode_cycles, s.prefill_cycles(9)
         assert abs(m.decode_cycles_per_token - decode) / decode < 0.05, (m, decode)
+        chip = chip_one if m is one else chip_two
+        assert abs(chip.decode_cycles_per_token - decode) / decode < 0.15, (chip, decode)
         assert abs(m.ttft_cycles - ttft) / ttft < 0.05, (m, ttft)
         assert 0 < m.link_utilization < 1
     assert one.tokens_per_s_per_chip == pytest.approx(one.tokens_per_s_per_user / 3)
@@ -44,6 +53,56 @@ def test_prediction_within_5_percent_of_the_whole_model_simulated():
     assert two.tokens_per_s_per_system == pytest.approx(
         2 * 900e6 / max(two.decode_cycles_per_token, 2 * two.stage_interval_cycles))
     assert two.sram_fill < one.sram_fill  # each stage holds fewer layers
+
+
+def test_chip_samples_compose_one_chips_share_with_the_collectives():
+    """samples="chip" by hand: one chip's share compiled alone at one and two layers (the
+    shard config: a third of the heads, kv heads, MLP units and vocabulary), each layer
+    adding two all-reduces of the hidden row, the logits' all-reduce once, and each stage
+    boundary the hand-off of the hidden row."""
+    shard = shard_config(CONFIG, 3)
+    assert (shard["num_attention_heads"], shard["num_key_value_heads"], shard["head_dim"],
+            shard["intermediate_size"], shard["vocab_size"]) == (2, 1, 40, 134, 107)
+    one, two = plan(CONFIG, "groqnode", precision="fp32", context=32, prompt_len=9, tensor_parallel=[3],
+                    pipeline=[1, 2], samples="chip").mappings[:2]
+    d = {n: lpx_tvm.compile_llm(dict(shard, num_hidden_layers=n), preset="tsp", precision="fp32",
+                                max_context=32).decode.cycles for n in (1, 2)}
+    reduce = collective("all_reduce", "groqnode", (0, 1, 2), 1, "fp32")  # 240 of 320 lanes: one vector
+    logits = collective("all_reduce", "groqnode", (0, 1, 2), 1, "fp32")  # 320 logits: one vector
+    assert reduce.cycles > 2 * 450  # a send and a gather, a link latency each
+    layer = d[2] - d[1] + 2 * reduce.cycles
+    assert one.layer_cycles == two.layer_cycles == layer
+    assert one.decode_cycles_per_token == d[1] + 4 * layer + logits.cycles
+    (g0, g1) = lpx_tvm.machine.system.load_system("groqnode").stage_groups(3, 2)
+    handoff = point_to_point("groqnode", g0[0], g1[0], 1, "fp32").cycles
+    assert two.decode_cycles_per_token == one.decode_cycles_per_token + handoff
+    with pytest.raises(lpx_tvm.LPXError, match="samples='chip' shards Llama, Mistral and Qwen2"):
+        shard_config(dict(model_type="gpt2", n_head=4), 2)
+
+
+def test_the_table_the_host_keeps_takes_no_sram():
+    """A vocabulary wider than a slice's lines: the host looks the embedding up, so a
+    chip's fit counts the LM head but not the table."""
+    import torch
+
+    cfg = load_config("tsp")
+    big = dict(CONFIG, vocab_size=cfg.lines_per_slice)  # fp16 rows: two lines a token
+    with torch.device("meta"):
+        model = load_decoder(big, 0)
+    spec = decoders.spec_of(model, 32)
+    host = host_table_values(model, spec, cfg, "fp16")
+    assert host == big["vocab_size"] * big["hidden_size"]
+    assert host_table_values(model, spec, cfg, "fp32") == host
+    small = dict(CONFIG, vocab_size=cfg.lines_per_slice // 2)
+    with torch.device("meta"):
+        on_chip = load_decoder(small, 0)
+    assert host_table_values(on_chip, decoders.spec_of(on_chip, 32), cfg, "fp16") == 0
+    huge = dict(CONFIG, vocab_size=300_000)  # head and table 144 MB each in fp16: one fits a chip, not both
+    with torch.device("meta"):
+        model = load_decoder(huge, 0)
+    spec, matrices = decoders.spec_of(model, 32), matrix_parameters(model)
+    assert fit_problem(spec, cfg, "fp16", matrices, host_table_values(model, spec, cfg, "fp16")) is None
+    assert "MiB of fp16 weights" in fit_problem(spec, cfg, "fp16", matrices)
 
 
 def _m(t, b, user, chip, fits=True):

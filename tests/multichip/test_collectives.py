@@ -109,7 +109,20 @@ def test_refusals():
     with pytest.raises(LPXError, match="chips 0 and 2 of system line are not linked"):
         collective("all_reduce", pair, (0, 1, 2), 6)
     with pytest.raises(LPXError, match="at least one row per chip"):
-        collective("all_reduce", QUAD, (0, 1, 2), 2)
+        collective("reduce_scatter", QUAD, (0, 1, 2), 2)
+
+
+def test_all_reduce_of_fewer_rows_than_chips():
+    """A decode step's hidden row over a group of more chips than its vectors: the chips
+    past the rows own no shard and only send and gather."""
+    col = collective("all_reduce", QUAD, (0, 1, 2), 2, "fp32")
+    xs = {c: np.full((2, CFG.lanes), c + 1, np.float32) * [[1], [10]] for c in col.chips}
+    r = SystemSimulator(QUAD).run(col.programs, {c: {"X": xs[c]} for c in col.chips})
+    for c in col.chips:
+        np.testing.assert_array_equal(r.chips[c].outputs["Y"], xs[0] + xs[1] + xs[2])
+    # Each of the two rows: from two peers to its owner, then back to both.
+    assert col.bytes_moved == 2 * (2 + 2) * CFG.lanes * 4
+    assert r.cycles == col.cycles
 
 
 LINE = parse_system({"name": "line", "preset": "mini", "chips": 4,

@@ -294,10 +294,10 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
         drained[key] = drained.get(key, 0) + 1
         if drained[key] < nparts[key]:  # more K parts to come: keep this part's fp32 sum
             # Each part its own buffer, on slices of its own (the last part's drain reads
-            # them all, and the bias and requantization rows, in one group): no part waits
-            # on another's sum, only the last on all of them.
+            # them all, and the rows its epilogue reads: bias, scales, in one group): no
+            # part waits on another's sum, only the last on all of them.
             held = partial.setdefault(key, [])
-            avoid = [sl for e in epi if e[0] in ("bias", "requant") for sl, _ in e[1].layout.tiles]
+            avoid = [sl for e in epi if hasattr(e[1], "layout") for sl, _ in e[1].layout.tiles]
             avoid += [sl for t in held for sl, _ in t.layout.tiles]
             held.append(partial_buffer(ctx, f"{tag}.partial{len(held)}", nrows, plane, avoid, acc_dt))
             g.write(v, held[-1].tile(0))

@@ -96,8 +96,10 @@ def compile_region(cfg: LPXConfig, precision: str, name: str, func, policy: "Til
         try:
             return on_chip()
         except SramFull:
-            if precision == Precision.INT8:
-                raise  # the off-chip (band) lowerings are for float regions
+            if precision == Precision.INT8 or options.shared is not None:
+                # The off-chip (band) lowerings are for float regions, and a program that
+                # shares SRAM with another keeps its activations on chip: say why they do not fit.
+                raise
     # The activations do not fit beside each other: keep them off chip, run by bands.
     for share in shares:
         try:

@@ -119,6 +119,9 @@ def place_weights(ctx: LoweringContext, op: RegionOp):
     dtype = ctx.mxm_dtype(op)
     rows, cols = matrix.shape
     lines = -(-cols // lanes) * rows * dtype.itemsize
+    held = ctx.builder.resident(matrix.shape, dtype, matrix, align, align)
+    if held is not None:  # already resident (another program of the chip placed it): it costs nothing
+        return held
     share = ctx.options.offchip_weight_budget if ctx.offchip else ctx.options.weight_budget
     budget = share * ctx.cfg.mem_slices * ctx.cfg.lines_per_slice
     if ctx.builder.constant_lines + lines <= budget:
