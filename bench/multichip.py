@@ -123,7 +123,7 @@ def main() -> None:
     if last is not None and hasattr(last, "sim"):
         progs = last.programs(last.decode)
         n = len(progs)
-        feed = {c: {s.position: [args.prompt_len]} for c, s in last.decode.items()}
+        feed = {c: {s.position: [args.prompt_len]} if s.position else {} for c, s in last.decode.items()}
         for c in last.groups[0]:
             feed[c][last.decode[c].ids] = [0]
         for c, s in last.decode.items():

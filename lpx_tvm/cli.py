@@ -846,6 +846,13 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=0,
                    help="compile and simulate the sampled models in this many worker processes (default 0: inline)")
     p.add_argument("--ray", default=None, metavar="ADDRESS", help="run them on the Ray cluster at ADDRESS")
+    p.add_argument("--samples", default="system", choices=["system", "chip"],
+                   help="system: simulate sampled mappings whole (default); chip: one chip's share of a layer alone, "
+                        "the collectives added (a model too large to compile whole, docs/multichip.md)")
+    p.add_argument("--split-layers", action="store_true",
+                   help="let pipeline stages cut a layer between its attention and its MLP (with --samples chip)")
+    p.add_argument("--sram-budget", type=float, default=0.9,
+                   help="the share of a chip's SRAM weights and caches may fill; the rest is working space (0.9)")
     p.add_argument("--png", default=None, help="write the Pareto figure (tokens/s per user against per chip) here")
     p.add_argument("--report", default=None, help="write the plan as JSON here")
 
@@ -867,7 +874,8 @@ def _plan(args) -> int:
     p = plan(args.config, args.system, precision=args.precision, context=args.context,
              prompt_len=args.prompt_len or args.context // 2, batches=ints("batches", args.batches),
              tensor_parallel=ints("tensor-parallel", args.tensor_parallel), pipeline=ints("pipeline", args.pipeline),
-             max_chips=args.max_chips, workers=args.workers, ray_address=args.ray)
+             max_chips=args.max_chips, workers=args.workers, ray_address=args.ray, samples=args.samples,
+             split_layers=args.split_layers, sram_budget=args.sram_budget)
     table = Table(title=f"{p.model} on {p.system} ({p.precision}, context {p.context}, {p.layers} layers): "
                         "predicted from simulated layers (docs/multichip.md)")
     for c in PLAN_COLUMNS:

@@ -99,23 +99,46 @@ class PipelineStage:
     (docs/multichip.md): the first stage embeds the tokens, the last applies the final
     norm, the LM head and the argmax; every other stage's step takes the hidden rows
     ``[B*T, H]`` the stage before it computed (its first input, received over a link) and
-    returns its own instead of the next ids and logits. Its caches are its layers'."""
+    returns its own instead of the next ids and logits. Its caches are its layers'.
+
+    A stage may cut a layer where its residual stream is one tensor, between the
+    attention and the MLP: ``from_mlp``, it begins at layer ``start``'s MLP (that layer's
+    attention, and its caches, on the stage before); ``to_attention``, it ends after
+    layer ``stop - 1``'s attention (its MLP on the stage after)."""
 
     start: int
     stop: int
     layers: int  # of the whole model
+    from_mlp: bool = False
+    to_attention: bool = False
 
     def __post_init__(self):
-        if not 0 <= self.start < self.stop <= self.layers:
-            raise ModelError(f"a pipeline stage of layers {self.start}..{self.stop - 1} of a model of {self.layers}")
+        if not 0 <= self.start < self.stop <= self.layers or \
+                self.stop - self.start == 1 and self.from_mlp and self.to_attention:
+            raise ModelError(f"a pipeline stage of layers {self.start}..{self.stop - 1} of a model of {self.layers}"
+                             f"{' from the MLP' if self.from_mlp else ''}"
+                             f"{' to the attention' if self.to_attention else ''}")
 
     @property
     def first(self) -> bool:
-        return self.start == 0
+        return self.start == 0 and not self.from_mlp
 
     @property
     def last(self) -> bool:
-        return self.stop == self.layers
+        return self.stop == self.layers and not self.to_attention
+
+    @property
+    def attention_layers(self) -> int:
+        """The layers whose attention (and caches) the stage holds."""
+        return self.stop - self.start - self.from_mlp
+
+    @property
+    def mlp_layers(self) -> int:
+        return self.stop - self.start - self.to_attention
+
+    def holds(self, i: int) -> tuple:
+        """(attention, MLP): which halves of the stage's ``i``-th layer (from ``start``) it runs."""
+        return not (i == 0 and self.from_mlp), not (i == self.stop - self.start - 1 and self.to_attention)
 
 
 def stages_of(layers: int, count: int) -> list:
@@ -131,9 +154,57 @@ def stages_of(layers: int, count: int) -> list:
     return out
 
 
+def split_stages_of(layers: int, count: int, attention: int, mlp: int) -> list:
+    """``count`` :class:`PipelineStage` cut at half layers (attention, MLP: units of
+    weight ``attention`` and ``mlp``, e.g. a chip's bytes of each), the heaviest stage as
+    light as contiguous stages allow: the least capacity that ``count`` stages packed
+    greedily hold (a binary search), then the heaviest split until there are ``count``."""
+    units = [attention, mlp] * layers
+    if not 1 <= count <= len(units):
+        raise ModelError(f"{count} pipeline stages of a model of {layers} layers cut at half layers: a stage "
+                         f"holds at least an attention or an MLP ({len(units)} of them)")
+
+    def packed(cap):
+        groups, load = [[]], 0
+        for u, w in enumerate(units):
+            if groups[-1] and load + w > cap:
+                groups.append([])
+                load = 0
+            groups[-1].append(u)
+            load += w
+        return groups
+
+    lo, hi = max(units), sum(units)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if len(packed(mid)) <= count else (mid + 1, hi)
+    groups = packed(lo)
+    while len(groups) < count:
+        k = max((k for k, g in enumerate(groups) if len(g) > 1), key=lambda k: sum(units[u] for u in groups[k]))
+        g = groups[k]
+        groups[k:k + 1] = [g[:len(g) // 2], g[len(g) // 2:]]
+    return [PipelineStage(g[0] // 2, g[-1] // 2 + 1, layers, from_mlp=g[0] % 2 == 1, to_attention=g[-1] % 2 == 0)
+            for g in groups]
+
+
 def stage_spec(spec: DecoderSpec, stage: "PipelineStage | None") -> DecoderSpec:
     """The spec of a stage's step: its layers (and so its caches) only."""
-    return spec if stage is None else replace(spec, layers=stage.stop - stage.start)
+    return spec if stage is None else replace(spec, layers=stage.attention_layers)
+
+
+def rope_matrix_values(spec: DecoderSpec) -> int:
+    """Values of the dense layers the steps add to the model's: RoPE's rotated q and k
+    projections, one more dense layer each (:func:`decoder_step`); none for GPT-2."""
+    return 0 if spec.family == "gpt2" else spec.layers * (spec.heads + spec.kv_heads) * spec.head_dim * spec.hidden
+
+
+def half_layer_values(model, spec: DecoderSpec) -> tuple:
+    """(attention, MLP): the values of a layer's dense weights in each half (RoPE's
+    rotated q and k with the attention), the weights :func:`split_stages_of` balances."""
+    layer = model.transformer.h[0] if spec.family == "gpt2" else model.model.layers[0]
+    attention = layer.attn if spec.family == "gpt2" else layer.self_attn
+    values = [sum(p.numel() for p in m.parameters() if p.dim() == 2) for m in (attention, layer.mlp)]
+    return values[0] + rope_matrix_values(spec) // spec.layers, values[1]
 
 
 def shard_spec(spec: DecoderSpec, size: int) -> DecoderSpec:
@@ -225,6 +296,8 @@ def spec_of(model, max_context: int, batch: int = 1) -> DecoderSpec:
 # per decoder layer, the attention input (q, k, v and RoPE's rotated q, k), the attention
 # output (o), the MLP input (gate and up, or GPT-2's fc) and the MLP's hidden values
 # (down); and the final norm's output (the LM head).
+# A layer's weights before the residual stream's mid-layer point (the rest are the MLP's).
+ATTENTION_KEYS = {"q", "q_bias", "k", "k_bias", "v", "v_bias", "o", "o_bias", "input_norm", "input_norm_b"}
 LAYER_DENSE = {"q": "attn", "k": "attn", "v": "attn", "q_rot": "attn", "k_rot": "attn", "o": "o", "gate": "mlp",
                "up": "mlp", "fc": "mlp", "down": "down"}
 
@@ -302,8 +375,16 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
     if stage is not None:
         if stage.layers != spec.layers:
             raise ModelError(f"a pipeline stage of a model of {stage.layers} layers for one of {spec.layers}")
-        weights = dict(weights, layers=weights["layers"][stage.start:stage.stop])
+        # Its layers, of a layer cut between stages only the half it runs.
+        halves = [stage.holds(i) for i in range(stage.stop - stage.start)]
+        weights = dict(weights, layers=[{k: t for k, t in layer.items() if k == "eps" or (att if k in ATTENTION_KEYS
+                                                                                         else mlp)}
+                                        for layer, (att, mlp) in zip(weights["layers"][stage.start:stage.stop],
+                                                                     halves)])
         spec = stage_spec(spec, stage)
+    else:
+        halves = [(True, True)] * len(weights["layers"])
+    attends = any(att for att, _ in halves)
     is_first = stage is None or stage.first
     is_last = stage is None or stage.last
     first_layer = 0 if stage is None else stage.start  # the model's index of the step's first layer
@@ -329,14 +410,14 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
                 # by its weights' rows swapped by halves and negated (one more dense layer
                 # instead of per-head slices and concats); the tables tiled per head.
                 for i, layer in enumerate(weights["layers"]):
-                    for key, heads in (("q", spec.heads), ("k", spec.kv_heads)):
+                    for key, heads in (("q", spec.heads), ("k", spec.kv_heads)) if halves[i][0] else ():
                         w_rot, b_rot = _rotated(layer[key], layer[f"{key}_bias"], heads, spec.head_dim)
                         self.register_buffer(f"layer{i}_{key}_rot", w_rot)
                         self.layers[i][f"{key}_rot"] = f"layer{i}_{key}_rot"
                         if b_rot is not None:
                             self.register_buffer(f"layer{i}_{key}_rot_bias", b_rot)
                         self.layers[i][f"{key}_rot_bias"] = f"layer{i}_{key}_rot_bias" if b_rot is not None else None
-                for key, heads in (("q", spec.heads), ("k", spec.kv_heads)):
+                for key, heads in (("q", spec.heads), ("k", spec.kv_heads)) if attends else ():
                     self.register_buffer(f"cos_{key}", weights["cos"].repeat(1, heads))
                     self.register_buffer(f"sin_{key}", weights["sin"].repeat(1, heads))
             for key in ("embed", "lm_head", "norm_w", "norm_b", "positions"):
@@ -385,9 +466,7 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
             self.scale = spec.head_dim ** -0.5
 
         def forward(self, input_ids, position, *caches):
-            s, T = self.spec, self.steps
-            B, NH, KVH, D = s.batch, s.heads, s.kv_heads, s.head_dim
-            rep = NH // KVH
+            s, T, B = self.spec, self.steps, self.spec.batch
             # [B*T, H]: the ids' rows, or the rows themselves (a later pipeline stage's: the
             # hidden rows of the stage before)
             x = self.embed.index_select(0, input_ids) if embed_in_step and is_first else input_ids
@@ -395,55 +474,34 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
             if s.family == "gpt2":
                 if is_first:
                     x = x + self.positions.index_select(0, pos_rows)
-            else:  # [B*T, heads*D]
+            elif attends:  # [B*T, heads*D]
                 cos_q, sin_q = self.cos_q.index_select(0, pos_rows), self.sin_q.index_select(0, pos_rows)
                 cos_k, sin_k = self.cos_k.index_select(0, pos_rows), self.sin_k.index_select(0, pos_rows)
-            # 0 where a query row may see a cache row, -1e4 elsewhere (exp(-1e4) is 0 in every
-            # float format, and -1e4 fits fp16).
-            mask = torch.clamp(position.to(x.dtype) + self.mask_base, -1.0, 0.0) * MASK_SCALE
-            rows = position.reshape(1, 1) + self.row_offsets  # [B*T, 1]: the new tokens' cache rows
+            if attends:
+                # 0 where a query row may see a cache row, -1e4 elsewhere (exp(-1e4) is 0 in
+                # every float format, and -1e4 fits fp16).
+                mask = torch.clamp(position.to(x.dtype) + self.mask_base, -1.0, 0.0) * MASK_SCALE
+                rows = position.reshape(1, 1) + self.row_offsets  # [B*T, 1]: the new tokens' cache rows
             new_caches = []
+            c = 0  # the step's caches of the layers attended so far
             for i, names in enumerate(self.layers):
                 w = {key: getattr(self, n) if isinstance(n, str) else n for key, n in names.items()}
 
                 def dense(x_in, key, bias=None):
                     return self.dense(x_in, f"layer{i}_{key}", w.get(bias or f"{key}_bias"))
 
-                h = _norm(s.family, x, w["input_norm"], w.get("input_norm_b"), w["eps"])
-                h_in = self.dense_input(h, f"{first_layer + i}.attn")
-                q_all = dense(h_in, "q")  # [B*T, NH*D]
-                k_all = dense(h_in, "k")  # [B*T, KVH*D]
-                if s.family != "gpt2":
-                    q_all = q_all * cos_q + dense(h_in, "q_rot") * sin_q
-                    k_all = k_all * cos_k + dense(h_in, "k_rot") * sin_k
-                v_all = dense(h_in, "v")
-                heads = [None] * NH
-                for g in range(KVH):
-                    k = k_all[:, g * D:(g + 1) * D]
-                    v = v_all[:, g * D:(g + 1) * D]
-                    k_cache = torch.ops.aten.index_put(caches[2 * (i * KVH + g)], [rows, self.cols], k)
-                    v_cache = torch.ops.aten.index_put(caches[2 * (i * KVH + g) + 1], [rows, self.cols], v)
-                    new_caches += [k_cache, v_cache]
-                    # The group's query heads share one pass over its keys: rows (r, b, t). The
-                    # keys are installed (K^T, transposed on the SXM) and the few query rows
-                    # stream through; streaming the C key rows past installed queries cost
-                    # C vectors at the 16-bit rate and a transpose of the scores (-33% cycles
-                    # of a decode step at C = 256).
-                    qs = [q_all[:, n * D:(n + 1) * D] for n in range(g * rep, (g + 1) * rep)]
-                    qg = torch.cat(qs, dim=0) if rep > 1 else qs[0]  # [rep*B*T, D]
-                    scores = (qg @ k_cache.T) * self.scale + mask  # [rep*B*T, B*C]
-                    a = torch.softmax(scores, dim=-1) @ v_cache  # [rep*B*T, D]
-                    for r in range(rep):
-                        heads[g * rep + r] = a[r * B * T:(r + 1) * B * T] if rep > 1 else a
-                attn = torch.cat(heads, dim=1) if NH > 1 else heads[0]  # [B*T, NH*D]
-                x = x + self.summed(dense(self.dense_input(attn, f"{first_layer + i}.o"), "o"))
-                h = _norm(s.family, x, w["post_norm"], w.get("post_norm_b"), w["eps"])
-                h_in = self.dense_input(h, f"{first_layer + i}.mlp")
-                if s.family == "gpt2":
-                    m = torch.nn.functional.gelu(dense(h_in, "fc"), approximate="tanh")
-                else:
-                    m = torch.nn.functional.silu(dense(h_in, "gate")) * dense(h_in, "up")
-                x = x + self.summed(dense(self.dense_input(m, f"{first_layer + i}.down"), "down"))
+                if halves[i][0]:
+                    x = self.attention(x, w, dense, first_layer + i, c, caches, new_caches, mask, rows,
+                                       (cos_q, sin_q, cos_k, sin_k) if s.family != "gpt2" else None)
+                    c += 1
+                if halves[i][1]:
+                    h = _norm(s.family, x, w["post_norm"], w.get("post_norm_b"), w["eps"])
+                    h_in = self.dense_input(h, f"{first_layer + i}.mlp")
+                    if s.family == "gpt2":
+                        m = torch.nn.functional.gelu(dense(h_in, "fc"), approximate="tanh")
+                    else:
+                        m = torch.nn.functional.silu(dense(h_in, "gate")) * dense(h_in, "up")
+                    x = x + self.summed(dense(self.dense_input(m, f"{first_layer + i}.down"), "down"))
             if not is_last:  # the hidden rows, every token's, to the next stage
                 return (x, *new_caches)
             if T > 1:
@@ -458,6 +516,44 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
                                                if t is not None], dim=1))
             next_ids = logits.argmax(-1, keepdim=True).to(torch.int32)
             return (next_ids, logits, *new_caches)
+
+        def attention(self, x, w, dense, layer: int, c: int, caches, new_caches, mask, rows, rope):
+            """``x`` plus the attention of model layer ``layer`` (its caches the step's
+            ``c``-th layer's), the updated caches appended to ``new_caches``."""
+            torch = _torch()
+            s, T = self.spec, self.steps
+            B, NH, KVH, D = s.batch, s.heads, s.kv_heads, s.head_dim
+            rep = NH // KVH
+            h = _norm(s.family, x, w["input_norm"], w.get("input_norm_b"), w["eps"])
+            h_in = self.dense_input(h, f"{layer}.attn")
+            q_all = dense(h_in, "q")  # [B*T, NH*D]
+            k_all = dense(h_in, "k")  # [B*T, KVH*D]
+            if rope is not None:
+                cos_q, sin_q, cos_k, sin_k = rope
+                q_all = q_all * cos_q + dense(h_in, "q_rot") * sin_q
+                k_all = k_all * cos_k + dense(h_in, "k_rot") * sin_k
+            v_all = dense(h_in, "v")
+            heads = [None] * NH
+            for g in range(KVH):
+                k = k_all[:, g * D:(g + 1) * D]
+                v = v_all[:, g * D:(g + 1) * D]
+                k_cache = torch.ops.aten.index_put(caches[2 * (c * KVH + g)], [rows, self.cols], k)
+                v_cache = torch.ops.aten.index_put(caches[2 * (c * KVH + g) + 1], [rows, self.cols], v)
+                new_caches += [k_cache, v_cache]
+                # The group's query heads share one pass over its keys: rows (r, b, t). The
+                # keys are installed (K^T, transposed on the SXM) and the few query rows
+                # stream through; streaming the C key rows past installed queries cost
+                # C vectors at the 16-bit rate and a transpose of the scores (-33% cycles
+                # of a decode step at C = 256).
+                qs = [q_all[:, n * D:(n + 1) * D] for n in range(g * rep, (g + 1) * rep)]
+                qg = torch.cat(qs, dim=0) if rep > 1 else qs[0]  # [rep*B*T, D]
+                scores = (qg @ k_cache.T) * self.scale + mask  # [rep*B*T, B*C]
+                a = torch.softmax(scores, dim=-1) @ v_cache  # [rep*B*T, D]
+                for r in range(rep):
+                    heads[g * rep + r] = a[r * B * T:(r + 1) * B * T] if rep > 1 else a
+            attn = torch.cat(heads, dim=1) if NH > 1 else heads[0]  # [B*T, NH*D]
+            x = x + self.summed(dense(self.dense_input(attn, f"{layer}.o"), "o"))
+            return x
 
         def summed(self, partial):
             """o's or down's output: with tensor parallelism, the chips' partial products summed."""

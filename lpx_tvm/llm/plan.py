@@ -36,11 +36,15 @@ from ..errors import ConfigError, LPXError
 from ..frontends import decoders
 from ..machine.system import load_system
 from ..target.collectives import collective, point_to_point
-from .session import compile_llm, load_decoder, matrix_parameters, matrix_value_bytes
+from .session import (compile_llm, fit_problem, host_table_values, load_decoder, matrix_parameters,
+                      matrix_value_bytes)
 from .steps import FLOAT_OF, WEIGHT_BUDGET, cache_bytes_as_stored, float_bytes
 
 SAMPLED = (2, 4)  # the layer counts simulated: the increment between them is a steady layer's
-CHIP_SAMPLED = (1, 2)  # samples="chip": one chip's share of one and two layers (two fit where four do not)
+# samples="chip": one chip's share of one and two layers (two fit an LP30 chip beside a
+# 128k-token head's eighth where four do not); of none and one where two do not fit (an
+# eighth of a Llama-2-70B layer on a TSP).
+CHIP_SAMPLED, CHIP_SAMPLED_LARGE = (1, 2), (0, 1)
 SAMPLES = ("system", "chip")
 
 
@@ -113,7 +117,7 @@ def _shape_only(model_or_config, seed: int):
 def plan(model_or_config, system, precision: str = "fp16", context: int = 256, prompt_len: int = 128,
          batches=(1,), tensor_parallel=None, pipeline=None, max_chips: "int | None" = None, seed: int = 0,
          workers: int = 0, ray_address: "str | None" = None, simulate: bool = True,
-         samples: str = "system") -> Plan:
+         samples: str = "system", split_layers: bool = False, sram_budget: float = WEIGHT_BUDGET) -> Plan:
     """Predict every tensor-parallel degree x pipeline depth x batch of a decoder on
     ``system``.
 
@@ -128,9 +132,15 @@ def plan(model_or_config, system, precision: str = "fp16", context: int = 256, p
     ``samples``: ``"system"`` simulates the sampled models on the system's chips, whole
     (tensor-parallel groups, pipeline stages); ``"chip"`` simulates one chip's share of a
     layer alone and adds the collectives' simulated cycles (a model too large to compile
-    whole on this machine, docs/multichip.md, "Sampling one chip")."""
+    whole on this machine, docs/multichip.md, "Sampling one chip"). ``split_layers``:
+    pipeline stages may cut a layer between its attention and its MLP, the chips'
+    weights balanced (:func:`~lpx_tvm.frontends.decoders.split_stages_of`; with
+    ``samples="chip"``). ``sram_budget``: the share of a chip's SRAM a mapping's weights
+    and caches may fill (the rest is working space; default the compiler's 90%)."""
     if samples not in SAMPLES:
         raise LPXError(f"samples={samples!r}: expected one of {', '.join(SAMPLES)}")
+    if split_layers and samples != "chip":
+        raise LPXError("split_layers plans from one chip's samples: give samples='chip'")
     system = load_system(system)
     model = _shape_only(model_or_config, seed)
     spec = decoders.spec_of(model, context)
@@ -142,7 +152,8 @@ def plan(model_or_config, system, precision: str = "fp16", context: int = 256, p
                                 {spec.layers})
     out = Plan(getattr(model.config, "_name_or_path", "") or spec.family, system.name, precision, context,
                spec.layers)
-    runs = _Runs(model, system, precision, context, prompt_len, seed, samples)
+    runs = _Runs(model, system, precision, context, prompt_len, seed, samples, split_layers)
+    runs.budget = sram_budget
     sized = []
     for t in degrees:
         if not _groups(system, t, 1):
@@ -155,7 +166,7 @@ def plan(model_or_config, system, precision: str = "fp16", context: int = 256, p
                 for batch in batches:
                     sized.append(_sized(spec, runs, t, stages, batch, micro))
     if simulate:
-        runs.prefetch([job for m, _ in sized if m.fits for job in _jobs(m, samples)], workers, ray_address)
+        runs.prefetch([job for m, _ in sized if m.fits for job in runs.jobs(m)], workers, ray_address)
     compose = _composed if samples == "system" else _composed_from_chip
     for m, groups in sized:
         if m.fits and simulate:
@@ -165,18 +176,6 @@ def plan(model_or_config, system, precision: str = "fp16", context: int = 256, p
                 m.why = f"not compiled: {e}"
         out.mappings.append(m)
     return out
-
-
-def _jobs(m: Mapping, samples: str = "system") -> list:
-    """The sampled simulations a fitting mapping composes: (t, batch, layers, stages), or
-    for ``samples="chip"`` ("chip", t, batch, layers)."""
-    if samples == "chip":
-        return [("chip", m.tensor_parallel, m.batch, n) for n in CHIP_SAMPLED]
-    jobs = [(m.tensor_parallel, m.batch, n, 1) for n in SAMPLED]
-    if m.pipeline_stages > 1:
-        k = min(3, m.pipeline_stages)
-        jobs.append((m.tensor_parallel, m.batch, 2 * k, k))
-    return jobs
 
 
 def _sample(config: dict, seed: int, system, t: int, stages: int, batch: int, kw: dict, prompt_len: int) -> tuple:
@@ -194,11 +193,22 @@ def _sample(config: dict, seed: int, system, t: int, stages: int, batch: int, kw
             s.prefill_stage_ends(prompt_len))
 
 
-def _chip_sample(config: dict, seed: int, cfg, batch: int, kw: dict, prompt_len: int) -> tuple:
+def _chip_sample(config: dict, seed: int, cfg, batch: int, kw: dict, prompt_len: int, embeds: bool) -> tuple:
     """(decode cycles, prefill cycles) of the decoder of ``config`` on one chip of preset
-    ``cfg``: a job a worker runs."""
-    s = compile_llm(load_decoder(config, seed), preset=cfg, batch=batch, prompt_len=prompt_len, **kw)
+    ``cfg``, its embedding gathered on chip or (``embeds`` False, as the whole model's
+    too large a table) sent by the host: a job a worker runs."""
+    s = compile_llm(load_decoder(config, seed), preset=cfg, batch=batch, prompt_len=prompt_len, embed_on_chip=embeds,
+                    **kw)
     return s.decode.cycles, s.prefill_step(prompt_len).cycles
+
+
+def _split_sample(config: dict, seed: int, system, batch: int, kw: dict, prompt_len: int) -> tuple:
+    """(decode, prefill) cycles at which the attention ends of the one-layer decoder of
+    ``config`` run as two pipeline stages of one chip, [attention | MLP and head], on
+    linked chips of ``system``: a job a worker runs."""
+    s = compile_llm(load_decoder(config, seed), system=system, pipeline_stages=2, split_layers=True, batch=batch,
+                    prompt_len=prompt_len, **kw)
+    return s.decode_stage_ends[0], s.prefill_stage_ends(prompt_len)[0]
 
 
 def shard_config(config: dict, t: int) -> dict:
@@ -229,8 +239,14 @@ class _Runs:
     """The simulations a plan composes, each run once: the sampled steps on one stage of
     ``t`` chips, the two-stage hand-off, and point-to-point transfers."""
 
-    def __init__(self, model, system, precision, context, prompt_len, seed, samples="system"):
-        self.model, self.system, self.samples = model, system, samples
+    def __init__(self, model, system, precision, context, prompt_len, seed, samples="system", split=False):
+        self.model, self.system, self.samples, self.split = model, system, samples, split
+        self.budget = WEIGHT_BUDGET
+        self._chip_layers = {}  # (t, batch) -> the layer counts one chip's share is sampled at
+        spec = decoders.spec_of(model, context)
+        self.halves = decoders.half_layer_values(model, spec)
+        # The whole model's embedding on chip or on the host: one chip's share samples alike.
+        self.embeds = spec.vocab * float_bytes(precision) <= system.config.lines_per_slice
         self.kw = dict(precision=precision, max_context=context)
         self.prompt_len, self.matrices = prompt_len, matrix_parameters(model)
         self.seed = seed
@@ -256,10 +272,13 @@ class _Runs:
             pool.shutdown()
 
     def _job(self, key) -> tuple:
-        if key[0] == "chip":
-            _, t, batch, layers = key
+        if key[0] in ("chip", "split"):
+            t, batch, layers = key[1], key[2], (key[3] if key[0] == "chip" else 1)
             config = self._config(layers) if t == 1 else shard_config(self._config(layers), t)
-            return _chip_sample, config, self.seed, self.system.config, batch, self.kw, self.prompt_len
+            if key[0] == "split":
+                return _split_sample, config, self.seed, self.system, batch, self.kw, self.prompt_len
+            return (_chip_sample, config, self.seed, self.system.config, batch, self.kw, self.prompt_len,
+                    self.embeds)
         t, batch, layers, stages = key
         return (_sample, self._config(layers), self.seed, self.system, t, stages, batch, self.kw, self.prompt_len)
 
@@ -295,9 +314,43 @@ class _Runs:
         handoff = (link_bytes - two * k) / (k - 1)  # a boundary's, all ranks
         return (*spans, handoff)
 
+    def jobs(self, m: Mapping) -> list:
+        """The sampled simulations a fitting mapping composes: (t, batch, layers, stages), or
+        for ``samples="chip"`` ("chip", t, batch, layers) (and ("split", t, batch))."""
+        t, batch = m.tensor_parallel, m.batch
+        if self.samples == "chip":
+            return [("chip", t, batch, n) for n in self.chip_layers(t, batch)] + \
+                ([("split", t, batch)] if self.split else [])
+        jobs = [(t, batch, n, 1) for n in SAMPLED]
+        if m.pipeline_stages > 1:
+            k = min(3, m.pipeline_stages)
+            jobs.append((t, batch, 2 * k, k))
+        return jobs
+
+    def chip_layers(self, t: int, batch: int) -> tuple:
+        """The layer counts one chip's share is sampled at: :data:`CHIP_SAMPLED`, or
+        :data:`CHIP_SAMPLED_LARGE` where two layers of it do not fit a chip."""
+        if (t, batch) in self._chip_layers:
+            return self._chip_layers[t, batch]
+        import torch
+
+        config = self._config(2) if t == 1 else shard_config(self._config(2), t)
+        with torch.device("meta"):
+            two = load_decoder(config, self.seed)
+        spec, cfg, precision = decoders.spec_of(two, self.kw["max_context"], batch), self.system.config, self.kw["precision"]
+        problem = fit_problem(spec, cfg, precision, matrix_parameters(two),
+                              host_table_values(two, spec, cfg, precision, self.embeds))
+        self._chip_layers[t, batch] = CHIP_SAMPLED_LARGE if problem else CHIP_SAMPLED
+        return self._chip_layers[t, batch]
+
+    def stages(self, layers: int, count: int) -> list:
+        """The pipeline stages of a mapping: whole layers, or cut at half layers."""
+        return decoders.split_stages_of(layers, count, *self.halves) if self.split else \
+            decoders.stages_of(layers, count)
+
     def chip(self, t: int, batch: int) -> dict:
         """{layers: (decode cycles, prefill cycles)} of one chip's share sampled alone."""
-        return {n: self.result(("chip", t, batch, n)) for n in CHIP_SAMPLED}
+        return {n: self.result(("chip", t, batch, n)) for n in self.chip_layers(t, batch)}
 
     def collective(self, kind: str, chips, vectors: int, dtype: str):
         """The simulated :func:`~lpx_tvm.target.collectives.collective` (``kind``
@@ -330,19 +383,19 @@ def _sized(spec, runs: _Runs, t: int, stages: int, batch: int, micro: int) -> tu
     chips = t * stages
     m = Mapping(t, batch, chips, 0.0, False, pipeline_stages=stages, micro_batches=micro)
     L = spec.layers
-    if stages > L:
+    if stages > L * (2 if runs.split else 1):
         m.why = f"{stages} stages of {L} layers"
         return m, None
     groups = _groups(system, t, stages)
     if groups is None:
         m.why = f"no {stages} aligned groups of {t} pairwise linked chips"
         return m, None
-    parts = decoders.stages_of(L, stages)
+    parts = runs.stages(L, stages)
     # The fullest chip: its stage's share of the layers' matrices (and on the last stage
     # its share of the LM head's rows; the tables and norms counted on the first), and
     # the caches of every micro-batch in flight.
     head = spec.vocab * spec.hidden
-    layer_matrices = (runs.matrices - head) / L
+    attention, mlp = runs.halves  # a layer's matrices, RoPE's rotated q and k with the attention
     mb, fb = matrix_value_bytes(precision), float_bytes(precision)
     # The tables (and norms) on the first stage when the embedding is gathered on chip (a
     # lane tile of it fits a slice), else the host looks its rows up.
@@ -350,14 +403,14 @@ def _sized(spec, runs: _Runs, t: int, stages: int, batch: int, micro: int) -> tu
     local = decoders.shard_spec(replace(spec, batch=batch * micro), t)
     per_chip = []
     for st in parts:
-        n = st.stop - st.start
-        per_chip.append(n * layer_matrices / t * mb + tables * st.first + head / t * mb * st.last +
-                        cache_bytes_as_stored(replace(local, layers=n), cfg, precision))
+        per_chip.append((st.attention_layers * attention + st.mlp_layers * mlp) / t * mb + tables * st.first +
+                        head / t * mb * st.last +
+                        cache_bytes_as_stored(replace(local, layers=st.attention_layers), cfg, precision))
     m.sram_fill = max(per_chip) / cfg.sram_bytes
-    m.fits = m.sram_fill <= WEIGHT_BUDGET
+    m.fits = m.sram_fill <= runs.budget
     if not m.fits:
         m.why = f"{max(per_chip) / 2**20:,.0f} MiB a chip of {cfg.sram_bytes / 2**20:,.0f}"
-        if head / t * mb > WEIGHT_BUDGET * cfg.sram_bytes:
+        if head / t * mb > runs.budget * cfg.sram_bytes:
             m.why += f" (a chip's share of the LM head alone {head / t * mb / 2**20:,.0f} MiB)"
     return m, groups
 
@@ -434,9 +487,17 @@ def _composed_from_chip(m: Mapping, spec, runs: _Runs, groups) -> Mapping:
     layer_d, layer_p = (db - da) // (b - a) + 2 * ar_d, (pb - pa) // (b - a) + 2 * ar_p
     rest_d, rest_p = da - a * (layer_d - 2 * ar_d) + lg_d, pa - a * (layer_p - 2 * ar_p) + lg_p
     m.layer_cycles = layer_d
-    sizes = [st.stop - st.start for st in decoders.stages_of(L, stages)]
-    span_d = [n * layer_d for n in sizes]
-    span_p = [n * layer_p for n in sizes]
+    parts = runs.stages(L, stages)
+    if runs.split:
+        # A layer's halves: the attention as the first of two one-chip stages of a
+        # one-layer model ends (its hand-off sent), each with its all-reduce; the MLP the rest.
+        att_d, att_p = runs.result(("split", t, batch))
+        att_d, att_p = att_d + ar_d, att_p + ar_p
+        halves = [(att_d, layer_d - att_d), (att_p, layer_p - att_p)]
+    else:
+        halves = [(layer_d, 0), (layer_p, 0)]  # whole layers: a stage's attentions and MLPs alike
+    span_d, span_p = ([st.attention_layers * att + st.mlp_layers * mlp if runs.split else (st.stop - st.start) * att
+                       for st in parts] for att, mlp in halves)
     span_d[-1] += rest_d
     span_p[-1] += rest_p
     link_bytes = 2 * L * bytes_d + lbytes

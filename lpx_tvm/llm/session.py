@@ -75,7 +75,8 @@ def load_decoder(model_or_config, seed: int = 0):
 def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: int = 128, batch: int = 1,
                 prompt_len: "int | None" = None, seed: int = 0, calibration_ids=None, system=None,
                 chips=None, tensor_parallel: "int | None" = None,
-                pipeline_stages: "int | None" = None) -> "LLMSession":
+                pipeline_stages: "int | None" = None, split_layers: bool = False,
+                embed_on_chip: "bool | None" = None) -> "LLMSession":
     """Compile a decoder LLM for one LPX chip, or for chips of a system.
 
     Parameters
@@ -111,6 +112,13 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
     pipeline_stages : int, optional
         Without ``chips``: the stages (of ``tensor_parallel`` chips, default 1), on the
         chips :meth:`System.stage_groups` picks.
+    embed_on_chip : bool, optional
+        One chip: gather the embedding on chip (default: when a lane tile of its table
+        fits a slice), or (False) keep it on the host, which sends the rows.
+    split_layers : bool
+        Pipeline stages may cut a layer between its attention and its MLP, the stages'
+        weights balanced (:func:`~lpx_tvm.frontends.decoders.split_stages_of`): a model
+        whose whole layers do not share out over the stages' SRAM.
 
     Returns
     -------
@@ -133,8 +141,9 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
     spec = decoders.spec_of(model, max_context, batch)
     quant = None
     if precision in EIGHT_BIT:
-        problem = None if system is not None else fit_problem(spec, cfg, str(precision), matrix_parameters(model),
-                                                              host_table_values(model, spec, cfg, str(precision)))
+        problem = None if system is not None else fit_problem(
+            spec, cfg, str(precision), matrix_parameters(model),
+            host_table_values(model, spec, cfg, str(precision), embed_on_chip))
         if problem:  # before calibrating
             raise DoesNotFit(problem)
         if calibration_ids is None:
@@ -151,11 +160,14 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
             chips = [c for g in system.stage_groups(tensor_parallel, pipeline_stages) for c in g]
         elif chips is None:
             chips = range(system.chips)
-        session = SystemLLMSession(model, spec, system, chips, precision, tensor_parallel, quant)
+        session = SystemLLMSession(model, spec, system, chips, precision, tensor_parallel, quant,
+                                   split_layers=split_layers)
         if prompt_len is not None:
             session.prefill_step(prompt_len)
         return session
-    session = LLMSession(model, spec, cfg, precision, quant)
+    if split_layers:
+        raise LPXError("split_layers cuts pipeline stages: give a system")
+    session = LLMSession(model, spec, cfg, precision, quant, embed_on_chip=embed_on_chip)
     if prompt_len is not None:
         session.prefill_step(prompt_len)
     return session
@@ -186,12 +198,15 @@ def weight_bytes(spec: decoders.DecoderSpec, precision: str, matrices: int) -> i
     return matrices * matrix_value_bytes(precision) + (spec.parameters - matrices) * float_bytes(precision)
 
 
-def host_table_values(model, spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> int:
+def host_table_values(model, spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str,
+                      on_chip: "bool | None" = None) -> int:
     """Values of the token embedding the host keeps and looks rows up in (a vocabulary
-    wider than a slice's lines: docs/llm.md), which take no SRAM; 0 when it is on chip or
-    is the LM head's matrix too."""
+    wider than a slice's lines: docs/llm.md; or ``on_chip=False``), which take no SRAM;
+    0 when it is on chip or is the LM head's matrix too."""
     table, head = model.get_input_embeddings().weight, model.get_output_embeddings()
-    if head is not None and head.weight is table or spec.vocab * float_bytes(precision) <= cfg.lines_per_slice:
+    if on_chip is None:
+        on_chip = spec.vocab * float_bytes(precision) <= cfg.lines_per_slice
+    if head is not None and head.weight is table or on_chip:
         return 0
     return table.numel()
 
@@ -203,7 +218,8 @@ def fit_problem(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str, matr
     lanes (docs/llm.md). ``matrices``: values of the dense layers' weights (stored at an
     8-bit path's size; the other weights are float); ``host_table``: values of the
     embedding the host keeps (:func:`host_table_values`)."""
-    weights = weight_bytes(spec, precision, matrices) - host_table * float_bytes(precision)
+    weights = weight_bytes(spec, precision, matrices) - host_table * float_bytes(precision) + \
+        decoders.rope_matrix_values(spec) * matrix_value_bytes(precision)  # installed as the model's are
     kv = cache_bytes_as_stored(spec, cfg, precision)
     need = weights + kv
     budget = int(WEIGHT_BUDGET * cfg.sram_bytes)
@@ -225,10 +241,19 @@ class LLMSession:
     """
 
     def __init__(self, model, spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str,
-                 quantization: "decoders.QuantizedLinears | None" = None, float_precision: "str | None" = None):
+                 quantization: "decoders.QuantizedLinears | None" = None, float_precision: "str | None" = None,
+                 embed_on_chip: "bool | None" = None):
         self.matrix_parameters = matrix_parameters(model)
+        # The embedding is gathered on chip when a lane tile of its table fits one slice
+        # (as mem.gather needs, docs/ops.md); else (or embed_on_chip=False) the host looks
+        # the rows up and sends them in place of the ids (B*T rows of H values per step).
+        on_chip = spec.vocab * float_bytes(precision) <= cfg.lines_per_slice
+        if embed_on_chip and not on_chip:
+            raise LPXError(f"an embedding table of {spec.vocab} rows is not gathered on chip: a lane tile of it "
+                           f"takes more than a slice's {cfg.lines_per_slice} lines")
+        self.embed_on_chip = on_chip if embed_on_chip is None else embed_on_chip
         problem = fit_problem(spec, cfg, precision, self.matrix_parameters,
-                              host_table_values(model, spec, cfg, precision))
+                              host_table_values(model, spec, cfg, precision, self.embed_on_chip))
         if problem:
             raise DoesNotFit(problem)
         if (precision in EIGHT_BIT) != (quantization is not None) or \
@@ -242,10 +267,6 @@ class LLMSession:
         # ``float_precision`` overrides it (fp32 around 8-bit layers: the 8-bit arithmetic
         # alone against its torch reference, tests/llm).
         self.float_precision = float_precision or FLOAT_OF.get(precision, precision)
-        # The embedding is gathered on chip when a lane tile of its table fits one slice
-        # (as mem.gather needs, docs/ops.md); else the host looks the rows up and sends
-        # them in place of the ids (B*T rows of H values per step).
-        self.embed_on_chip = spec.vocab * float_bytes(precision) <= cfg.lines_per_slice
         self._embed_rows = None if self.embed_on_chip else \
             model.get_input_embeddings().weight.detach().float().numpy()
         self._prefill = {}  # prompt length -> StepProgram

@@ -41,7 +41,7 @@ class StepProgram:
     tokens: int
     region: object  # CompiledRegion
     ids: str
-    position: str
+    position: "str | None"  # None: a pipeline stage of MLPs only, which reads none
     caches: list  # cache input names, in the steps' order (decoders.DecoderSpec.cache_names)
     next_ids: "str | None"
     logits: "str | None"
@@ -91,7 +91,9 @@ def step_program(regions: dict, offload, spec: decoders.DecoderSpec, tokens: int
     names = {n for n, _ in region.inputs}
     ids, position = "input_ids", "position"
     caches = [f"caches_{i}" for i in range(len(spec.cache_names))]
-    if names != {ids, position, *caches}:
+    if position not in names and not caches:  # a stage of MLPs only: no position is read
+        position = None
+    if names != {ids, *caches} | ({position} if position else set()):
         raise LPXError(f"step inputs {sorted(names)} are not input_ids, position and {len(caches)} caches")
     layouts = {b.name: b.layout for b in region.program.bindings}
     kept = {layouts[n] for n in caches}

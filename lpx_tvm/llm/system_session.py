@@ -41,7 +41,7 @@ class SystemLLMSession:
 
     def __init__(self, model, spec: decoders.DecoderSpec, system: System, chips, precision: str,
                  tensor_parallel: "int | None" = None, quantization: "decoders.QuantizedLinears | None" = None,
-                 float_precision: "str | None" = None):
+                 float_precision: "str | None" = None, split_layers: bool = False):
         cfg = system.config
         self.model, self.spec, self.system, self.precision = model, spec, system, precision
         # int8 / fp8: W8A8 dense layers with the whole model's activation scales (each chip
@@ -61,7 +61,10 @@ class SystemLLMSession:
             raise LPXError(f"tensor parallelism over {t} chips: {len(self.chips)} chips are not whole stages of {t}")
         self.tensor_parallel = t
         self.groups = [self.chips[k:k + t] for k in range(0, len(self.chips), t)]
-        self.stages = decoders.stages_of(spec.layers, len(self.groups))
+        # Whole layers a stage, as even as they go; or (split_layers) stages cut between a
+        # layer's attention and its MLP where that balances the chips' weights.
+        self.stages = decoders.split_stages_of(spec.layers, len(self.groups), *decoders.half_layer_values(model, spec)) \
+            if split_layers else decoders.stages_of(spec.layers, len(self.groups))
         for group in self.groups:
             for a in group:
                 for b in group:
@@ -154,7 +157,7 @@ class SystemLLMSession:
         tokens = ids if self._embed_rows is None else self._embed_rows[ids]
         feed, keep = {}, {}
         for c, step in steps.items():
-            feed[c] = {step.position: np.array([position], np.int32)}
+            feed[c] = {step.position: np.array([position], np.int32)} if step.position else {}
             if c in self.groups[0]:  # the later stages receive their rows from the stage before
                 feed[c][step.ids] = tokens
             if fresh:  # a new request: its prefill starts from empty caches
@@ -194,6 +197,7 @@ class SystemLLMSession:
         per_user = cfg.clock_hz / self.decode_cycles
         return dict(system=self.system.name, chips=list(self.chips), tensor_parallel=self.tensor_parallel,
                     pipeline_stages=len(self.stages), stage_layers=[st.stop - st.start for st in self.stages],
+                    stage_halves=[(st.attention_layers, st.mlp_layers) for st in self.stages],
                     preset=cfg.name, precision=self.precision, family=spec.family, parameters=spec.parameters,
                     layers=spec.layers,
                     batch=spec.batch, max_context=spec.max_context, ttft_cycles=self._last.get("ttft_cycles"),

@@ -19,17 +19,28 @@ from decoder_models import (check_8bit_session, check_half_logits, random_decode
                             torch_logits as _torch_logits)
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
-def test_stages_compose_to_the_whole_step(kind):
+SPLIT = [  # 2 layers over 3 stages cut at half layers: A0 | M0 A1 | M1
+    decoders.PipelineStage(0, 1, 2, to_attention=True), decoders.PipelineStage(0, 2, 2, from_mlp=True, to_attention=True),
+    decoders.PipelineStage(1, 2, 2, from_mlp=True)]
+
+
+@pytest.mark.parametrize("kind, split", [("llama", False), ("gpt2", False), ("llama", True), ("gpt2", True)])
+def test_stages_compose_to_the_whole_step(kind, split):
     """The stages' torch steps, run one after the other, are the whole step: same logits,
-    same ids, same caches, bit for bit."""
+    same ids, same caches, bit for bit; also with stages cut between a layer's attention
+    and its MLP (each layer's caches on the stage of its attention)."""
     model = _model(kind, 3, 2.0)
     spec = decoders.spec_of(model, 32)
     ids = torch.as_tensor(np.random.default_rng(0).integers(0, 320, 5), dtype=torch.int32)
     _, position, *caches = decoders.example_inputs(spec, 5)
     want = decoders.decoder_step(model, spec, 5)(ids, position, *caches)
     x, got_caches = ids, []
-    for stage in decoders.stages_of(spec.layers, 2):
+    stages = SPLIT if split else decoders.stages_of(spec.layers, 2)
+    if split:
+        assert [decoders.stage_spec(spec, st).layers for st in stages] == [1, 1, 0]
+        step = decoders.decoder_step(model, spec, 5, stage=stages[2])
+        assert not any("layer0_q" in n or "cos" in n for n, _ in step.named_buffers())  # only what it runs
+    for stage in stages:
         _, _, *mine = decoders.example_inputs(decoders.stage_spec(spec, stage), 5)
         x, *rest = decoders.decoder_step(model, spec, 5, stage=stage)(x, position, *mine)
         if stage.last:
@@ -46,9 +57,31 @@ def test_stages_of_split_layers_evenly():
         decoders.stages_of(2, 3)
 
 
+def test_split_stages_balance_the_halves():
+    """Half layers of weight 1 (attention) and 4 (MLP): the heaviest stage as light as
+    contiguous stages allow, by hand."""
+    # 3 layers, 3 stages: A0 M0 | A1 M1 | A2 M2 (5 each); 4 stages: the heaviest (5) cannot
+    # go lower, so one of them splits.
+    cut = [(s.start, s.stop, s.from_mlp, s.to_attention) for s in decoders.split_stages_of(3, 3, 1, 4)]
+    assert cut == [(0, 1, False, False), (1, 2, False, False), (2, 3, False, False)]
+    four = decoders.split_stages_of(3, 4, 1, 4)
+    assert len(four) == 4 and sum(s.attention_layers for s in four) == 3 and sum(s.mlp_layers for s in four) == 3
+    # 80 layers of 19 + 88 (Llama-2-70B's int8 MB a chip at TP8) under 207: stages of at most
+    # A M A (126) or M A M (195); 54 of them.
+    stages = decoders.split_stages_of(80, 54, 19, 88)
+    loads = [19 * s.attention_layers + 88 * s.mlp_layers for s in stages]
+    assert max(loads) <= 195 and stages[0].first and stages[-1].last
+    assert [(s.from_mlp, s.to_attention) for s in stages[:2]] == [(False, True), (True, False)]
+    with pytest.raises(ModelError, match="at least an attention or an MLP"):
+        decoders.split_stages_of(2, 5, 1, 4)
+    with pytest.raises(ModelError, match="from the MLP to the attention"):
+        decoders.PipelineStage(1, 2, 3, from_mlp=True, to_attention=True)
+
+
 @pytest.mark.parametrize("kind, mapping, tensor_parallel", [
     ("llama", dict(pipeline_stages=2), 1),  # the chips stage_groups picks, one a stage
-    ("gpt2", dict(chips=(4, 6, 1, 7), tensor_parallel=2), 2)])
+    ("gpt2", dict(chips=(4, 6, 1, 7), tensor_parallel=2), 2),
+    ("llama", dict(pipeline_stages=3, split_layers=True), 1)])  # A0 | M0 | A1 M1
 def test_pipeline_tokens_equal_transformers(kind, mapping, tensor_parallel):
     model = _model(kind, 3, 2.0 if kind == "llama" else 4.0)
     ids = np.random.default_rng(1).integers(0, 320, (1, 13))
@@ -60,6 +93,12 @@ def test_pipeline_tokens_equal_transformers(kind, mapping, tensor_parallel):
     errs = [rel_err(logits[k], ref[k]) for k in range(len(ref))]
     assert max(errs) < 1e-5, errs
     rep = session.report
+    if mapping.get("split_layers"):
+        # Attention and MLP weights of 259,200 and 288,000 values a layer: the heaviest
+        # stage an MLP and an attention, the first split.
+        assert rep["stage_halves"] == [(1, 0), (0, 1), (1, 1)]
+        assert rep["link_bytes_per_token"] == 2 * 320 * 4  # two hand-offs of one vector
+        return
     assert rep["pipeline_stages"] == 2 and rep["stage_layers"] == [1, 1]
     assert rep["tensor_parallel"] == tensor_parallel and rep["chips"] == list(mapping.get("chips", (0, 1)))
     if tensor_parallel == 1:

@@ -72,7 +72,8 @@ def test_chip_samples_compose_one_chips_share_with_the_collectives():
     assert reduce.cycles > 2 * 450  # a send and a gather, a link latency each
     layer = d[2] - d[1] + 2 * reduce.cycles
     assert one.layer_cycles == two.layer_cycles == layer
-    assert one.decode_cycles_per_token == d[1] + 4 * layer + logits.cycles
+    # d(1) holds the first layer without its all-reduces; the other four are whole layers.
+    assert one.decode_cycles_per_token == d[1] + 2 * reduce.cycles + 4 * layer + logits.cycles
     (g0, g1) = lpx_tvm.machine.system.load_system("groqnode").stage_groups(3, 2)
     handoff = point_to_point("groqnode", g0[0], g1[0], 1, "fp32").cycles
     assert two.decode_cycles_per_token == one.decode_cycles_per_token + handoff
@@ -129,3 +130,10 @@ def test_plan_cli(tmp_path, capsys):
     data = json.loads(report.read_text())
     assert data["best"]["tensor_parallel"] == 1 and len(data["mappings"]) == 1
     assert np.isfinite(data["mappings"][0]["decode_cycles_per_token"])
+    # One chip's samples of one and two layers: a two-layer model's plan on one chip is its
+    # two-layer step, simulated.
+    assert main(["plan", "--config", str(cfg), "--system", "groqnode", "--precision", "fp32", "--context", "16",
+                 "--prompt-len", "4", "--max-chips", "1", "--samples", "chip", "--report", str(report)]) == 0
+    (m,) = json.loads(report.read_text())["mappings"]
+    s = lpx_tvm.compile_llm(dict(CONFIG, num_hidden_layers=2), preset="tsp", precision="fp32", max_context=16)
+    assert (m["decode_cycles_per_token"], m["ttft_cycles"]) == (s.decode.cycles, s.prefill_step(4).cycles)
