@@ -5,18 +5,22 @@ and the system simulator's speed, measured side by side in one run (docs/multich
   parallelism and pipeline stages (1, 2, 4, 8, 8 and 16 chips): the planner's prediction
   (steps of two and four layers, a pipeline of two-layer stages, composed) against the
   whole mapping compiled and simulated; the relative error of decode cycles per token and
-  of TTFT.
-- Llama-2-70B in int8 on TSP systems of up to 576 chips, and Llama-3-70B and -8B in fp8 on
-  an LP30 rack, sized from their published configs: the mappings that fit, or, where none
-  does, what binds.
+  of TTFT. The same cases predicted from one chip's samples (``samples="chip"``), and a
+  mapping whose stages cut layers between attention and MLP (6 chips).
+- Llama-2-70B in int8 on TSP systems of up to 576 chips (whole-layer stages at 4k
+  context; stages cut at half layers at 4k and 2k), and Llama-3-70B and -8B in fp8 on an
+  LP30 rack (4k context at batch 1 and 2, 1k context at batches 1, 2 and 4), from their
+  published configs: one chip's share of their layers compiled and simulated, composed
+  with the collectives simulated on the system; where nothing fits or compiles, why.
 - The system simulator's speed on the 16-chip decode step: simulated chip-cycles per wall
   second, functional, and timing-only inline against timing-only in 2 worker processes.
 
 The last line printed is JSON with ``planner_max_error`` (the largest relative error of
 predicted against simulated decode cycles per token over the 2- to 16-chip cases),
-``llama2_70b_tokens_per_s_per_user``, ``llama2_70b_chips`` and
-``lp30_llama3_70b_tokens_per_s_per_user`` (null where no mapping fits or none was
-simulated, the reason beside them).
+``planner_chip_max_error`` (the same from one chip's samples, and the split mapping),
+``llama2_70b_tokens_per_s_per_user``, ``llama2_70b_chips`` and ``llama2_70b_context``,
+and ``lp30_llama3_70b_tokens_per_s_per_user`` (batch 1, 4k context; null where no
+mapping fits or compiles, the reason beside them).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ CONFIG = dict(model_type="llama", vocab_size=512, hidden_size=256, intermediate_
               num_attention_heads=8, num_key_value_heads=8, head_dim=32, max_position_embeddings=128)
 # (tensor parallel, pipeline stages): 1, 2, 4, 8, 8 and 16 chips
 CASES = [(1, 1), (2, 1), (2, 2), (4, 2), (2, 4), (4, 4)]
+SPLIT_CASES = [(2, 3)]  # 8 layers over 3 stages of 2 chips, cut at half layers (6 chips)
 
 # Published configs (Hugging Face config.json of meta-llama/Llama-2-70b-hf, Meta-Llama-3-70B, Meta-Llama-3-8B).
 LLAMA2_70B = dict(model_type="llama", vocab_size=32000, hidden_size=8192, intermediate_size=28672,
@@ -46,16 +51,17 @@ LLAMA3_8B = dict(model_type="llama", vocab_size=128256, hidden_size=4096, interm
                  rope_theta=500000.0, rms_norm_eps=1e-5)
 
 
-def simulated(t: int, stages: int, context: int, prompt: int, precision: str):
+def simulated(t: int, stages: int, context: int, prompt: int, precision: str, split: bool = False):
     if t * stages == 1:
         s = lpx_tvm.compile_llm(CONFIG, preset="tsp", precision=precision, max_context=context, prompt_len=prompt)
         return s, s.decode.cycles, s.prefill_step(prompt).cycles
     s = lpx_tvm.compile_llm(CONFIG, precision=precision, max_context=context, prompt_len=prompt, system=SYSTEM,
-                            tensor_parallel=t, pipeline_stages=stages)
+                            tensor_parallel=t, pipeline_stages=stages, split_layers=split)
     return s, s.decode_cycles, s.prefill_cycles(prompt)
 
 
-def large(name, config, system, precision, context, batches, max_chips, pipeline, prompt=128, workers=2):
+def large(name, config, system, precision, context, batches, max_chips, pipeline, prompt=128, workers=2,
+          tensor_parallel=(1, 2, 4, 8), split=False):
     """The mappings of a large model (its published config, sized on torch's meta
     device), predicted from one chip's share of one and two layers compiled and
     simulated alone, with the collectives simulated on the system (``samples="chip"``:
@@ -63,9 +69,10 @@ def large(name, config, system, precision, context, batches, max_chips, pipeline
     none fits."""
     t = time.perf_counter()
     p = plan(config, system, precision=precision, context=context, prompt_len=prompt, batches=batches,
-             tensor_parallel=[1, 2, 4, 8], pipeline=pipeline, max_chips=max_chips, samples="chip", workers=workers)
+             tensor_parallel=list(tensor_parallel), pipeline=pipeline, max_chips=max_chips, samples="chip",
+             workers=workers, split_layers=split)
     fits = [m for m in p.mappings if m.fits]
-    out = dict(model=name, system=system, precision=precision, context=context, prompt=prompt,
+    out = dict(model=name, system=system, precision=precision, context=context, prompt=prompt, split_layers=split,
                plan_s=time.perf_counter() - t, mappings=len(p.mappings), fitting=len(fits))
     if not fits:
         least = min(p.mappings, key=lambda m: m.sram_fill)
@@ -84,7 +91,8 @@ def large(name, config, system, precision, context, batches, max_chips, pipeline
     one = [m for m in done if m.batch == 1]
     out.update(best=max(one or done, key=lambda m: m.tokens_per_s_per_user).to_json())
     for m in sorted(done, key=lambda m: (m.batch, m.chips, m.micro_batches)):
-        print(f"{name} on {system} ({precision}, context {context}): TP{m.tensor_parallel} x PP{m.pipeline_stages} x "
+        print(f"{name} on {system} ({precision}, context {context}{', layers split' if split else ''}): "
+              f"TP{m.tensor_parallel} x PP{m.pipeline_stages} x "
               f"{m.micro_batches} micro-batch(es) of {m.batch}, {m.chips} chips, SRAM {m.sram_fill:.0%}: decode "
               f"{m.decode_cycles_per_token:,} cycles/token (a layer {m.layer_cycles:,}), TTFT({prompt}) "
               f"{m.ttft_cycles:,}; {m.tokens_per_s_per_user:,.0f} tokens/s/user, "
@@ -119,6 +127,33 @@ def main() -> None:
               f"{decode:,} ({case['decode_error']:+.1%}); TTFT predicted {m.ttft_cycles:,} simulated {ttft:,} "
               f"({case['ttft_error']:+.1%}); a layer {m.layer_cycles:,} cycles", flush=True)
         last = session
+    # One chip's samples (samples="chip") against the same simulations, and stages cut at
+    # half layers against theirs.
+    chip_plan = plan(CONFIG, SYSTEM, precision=args.precision, context=args.context, prompt_len=args.prompt_len,
+                     tensor_parallel=sorted({t for t, _ in CASES if t > 1}), pipeline=sorted({s for _, s in CASES}),
+                     samples="chip")
+    for case in cases:
+        if case["chips"] < 2:
+            continue
+        (m,) = [m for m in chip_plan.mappings if (m.tensor_parallel, m.pipeline_stages, m.micro_batches) ==
+                (case["tensor_parallel"], case["pipeline_stages"], 1)]
+        case.update(chip_predicted_decode=m.decode_cycles_per_token,
+                    chip_decode_error=(m.decode_cycles_per_token - case["simulated_decode"]) / case["simulated_decode"])
+        print(f"TP{m.tensor_parallel} x PP{m.pipeline_stages}: one chip's samples predict {m.decode_cycles_per_token:,} "
+              f"({case['chip_decode_error']:+.1%})", flush=True)
+    split_cases = []
+    for t, stages in SPLIT_CASES:
+        (m,) = [m for m in plan(CONFIG, SYSTEM, precision=args.precision, context=args.context,
+                                prompt_len=args.prompt_len, tensor_parallel=[t], pipeline=[stages], samples="chip",
+                                split_layers=True).mappings if m.micro_batches == 1]
+        session, decode, ttft = simulated(t, stages, args.context, args.prompt_len, args.precision, split=True)
+        split_cases.append(dict(chips=t * stages, tensor_parallel=t, pipeline_stages=stages,
+                                stage_halves=session.report["stage_halves"], predicted_decode=m.decode_cycles_per_token,
+                                simulated_decode=decode,
+                                decode_error=(m.decode_cycles_per_token - decode) / decode))
+        print(f"TP{t} x PP{stages}, stages cut at half layers {session.report['stage_halves']}: one chip's samples "
+              f"predict {m.decode_cycles_per_token:,}, simulated {decode:,} ({split_cases[-1]['decode_error']:+.1%})",
+              flush=True)
     speed = {}
     if last is not None and hasattr(last, "sim"):
         progs = last.programs(last.decode)
@@ -145,20 +180,35 @@ def main() -> None:
               f"{speed['functional_chip_cycles_per_s']:,.0f} chip-cycles/s, timing-only "
               f"{speed['timing_chip_cycles_per_s']:,.0f}; 2 worker processes take {pooled / inline:.2f}x the "
               "inline time (process start-up included)", flush=True)
-    llama2 = large("Llama-2-70B", LLAMA2_70B, "tsp-576", "int8", 4096, [1], 576, [8, 16, 36, 40, 72, 80])
-    llama3 = large("Llama-3-70B", LLAMA3_70B, "lp30-rack", "fp8", 4096, [1, 8, 32], 256, [8, 16, 32, 40, 80])
-    llama3_8b = large("Llama-3-8B", LLAMA3_8B, "lp30-rack", "fp8", 4096, [1, 8, 32], 256, [1, 2, 4, 8, 16, 32])
+    # Llama-2-70B: whole-layer stages at 4k; stages cut at half layers at 4k and 2k.
+    llama2_whole = large("Llama-2-70B", LLAMA2_70B, "tsp-576", "int8", 4096, [1], 576, [36, 40, 72, 80],
+                         tensor_parallel=[8])
+    llama2_4k = large("Llama-2-70B", LLAMA2_70B, "tsp-576", "int8", 4096, [1], 576, [64, 72], tensor_parallel=[8],
+                      split=True)
+    llama2 = large("Llama-2-70B", LLAMA2_70B, "tsp-576", "int8", 2048, [1], 576, [64, 72], tensor_parallel=[8],
+                   split=True)
+    llama3 = large("Llama-3-70B", LLAMA3_70B, "lp30-rack", "fp8", 4096, [1, 2], 256, [16, 32, 40],
+                   tensor_parallel=[8])
+    llama3_batches = large("Llama-3-70B", LLAMA3_70B, "lp30-rack", "fp8", 1024, [1, 2, 4], 256, [32],
+                           tensor_parallel=[8])
+    llama3_8b = large("Llama-3-8B", LLAMA3_8B, "lp30-rack", "fp8", 4096, [1], 256, [4, 8, 16, 32],
+                      tensor_parallel=[4, 8])
+    llama3_8b_batches = large("Llama-3-8B", LLAMA3_8B, "lp30-rack", "fp8", 1024, [1, 2, 4], 256, [8],
+                              tensor_parallel=[8])
     big = [c for c in cases if c["chips"] >= 2]
-    l2 = llama2.get("best")  # a simulated best mapping: none yet (see large())
-    l3 = llama3.get("best")
+    l2, l3 = llama2.get("best"), llama3.get("best")
     print(json.dumps(dict(planner_max_error=max(abs(c["decode_error"]) for c in big),
                           planner_max_ttft_error=max(abs(c["ttft_error"]) for c in big),
                           one_chip_decode_error=next(c["decode_error"] for c in cases if c["chips"] == 1),
+                          planner_chip_max_error=max([abs(c["chip_decode_error"]) for c in big] +
+                                                     [abs(c["decode_error"]) for c in split_cases]),
                           llama2_70b_tokens_per_s_per_user=l2 and l2["tokens_per_s_per_user"],
-                          llama2_70b_chips=l2 and l2["chips"],
+                          llama2_70b_chips=l2 and l2["chips"], llama2_70b_context=llama2["context"],
                           lp30_llama3_70b_tokens_per_s_per_user=l3 and l3["tokens_per_s_per_user"],
-                          llama2_70b=llama2, lp30_llama3_70b=llama3, lp30_llama3_8b=llama3_8b, plan_s=plan_s,
-                          cases=cases, simulator=speed)))
+                          llama2_70b=llama2, llama2_70b_4k=llama2_4k, llama2_70b_whole_layers=llama2_whole,
+                          lp30_llama3_70b=llama3, lp30_llama3_70b_batches=llama3_batches, lp30_llama3_8b=llama3_8b,
+                          lp30_llama3_8b_batches=llama3_8b_batches, plan_s=plan_s, cases=cases,
+                          split_cases=split_cases, simulator=speed)))
 
 
 if __name__ == "__main__":

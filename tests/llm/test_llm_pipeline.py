@@ -144,3 +144,13 @@ def test_pipeline_refusals():
     with pytest.raises(LPXError, match=f"chips 0 and {far} of system tsp-rack are not linked: a pipeline stage"):
         lpx_tvm.compile_llm(model, precision="fp32", max_context=32, system="tsp-rack", chips=(0, far),
                             tensor_parallel=1)
+    with pytest.raises(LPXError, match="split_layers cuts pipeline stages: give a system"):
+        lpx_tvm.compile_llm(model, precision="fp32", max_context=32, split_layers=True)
+    with pytest.raises(ModelError, match="at least an attention or an MLP"):
+        lpx_tvm.compile_llm(model, precision="fp32", max_context=32, system="groqnode", pipeline_stages=5,
+                            split_layers=True)
+    wide = dict(model_type="llama", vocab_size=1100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    with pytest.raises(LPXError, match="an embedding table of 1100 rows is not gathered on chip: a lane tile of it "
+                                       "takes more than a slice's 4096 lines"):  # 4 bytes a row: 4,400 lines
+        lpx_tvm.compile_llm(wide, preset="mini", precision="fp32", max_context=32, embed_on_chip=True)

@@ -80,6 +80,21 @@ def test_chip_samples_compose_one_chips_share_with_the_collectives():
     with pytest.raises(lpx_tvm.LPXError, match="samples='chip' shards Llama, Mistral and Qwen2"):
         shard_config(dict(model_type="gpt2", n_head=4), 2)
 
+    # Stages cut at half layers: an attention is where the first of two one-chip stages of
+    # the one-layer share ends, plus its all-reduce; an MLP the rest of a layer.
+    (split,) = [m for m in plan(CONFIG, "groqnode", precision="fp32", context=32, prompt_len=9,
+                                tensor_parallel=[3], pipeline=[2], samples="chip", split_layers=True).mappings
+                if m.micro_batches == 1]
+    halves = lpx_tvm.compile_llm(dict(shard, num_hidden_layers=1), precision="fp32", max_context=32,
+                                 system="groqnode", pipeline_stages=2, split_layers=True)
+    attention = halves.decode_stage_ends[0] + reduce.cycles
+    stages = decoders.split_stages_of(5, 2, *decoders.half_layer_values(load_decoder(CONFIG, 0), decoders.spec_of(
+        load_decoder(CONFIG, 0), 32)))
+    assert [(s.attention_layers, s.mlp_layers) for s in stages] == [(3, 2), (2, 3)]  # A0 M0 A1 M1 A2 | M2 A3 ...
+    mlp = layer - attention
+    spans = [3 * attention + 2 * mlp + handoff, 2 * attention + 3 * mlp + d[1] - (d[2] - d[1]) + logits.cycles]
+    assert split.decode_cycles_per_token == sum(spans) and split.stage_interval_cycles == max(spans)
+
 
 def test_the_table_the_host_keeps_takes_no_sram():
     """A vocabulary wider than a slice's lines: the host looks the embedding up, so a
