@@ -417,7 +417,7 @@ def _sized(spec, runs: _Runs, t: int, stages: int, batch: int, micro: int) -> tu
 
 def _composed(m: Mapping, spec, runs: _Runs, groups) -> Mapping:
     """``m`` with its cycles and rates, composed from the sampled simulations."""
-    system, t, stages, batch, micro = runs.system, m.tensor_parallel, m.pipeline_stages, m.batch, m.micro_batches
+    system, t, stages, batch = runs.system, m.tensor_parallel, m.pipeline_stages, m.batch
     cfg, precision, L = system.config, runs.kw["precision"], spec.layers
     parts = decoders.stages_of(L, stages)
     sampled = runs.stage(t, batch)
@@ -450,11 +450,17 @@ def _composed(m: Mapping, spec, runs: _Runs, groups) -> Mapping:
             directed += t * hops
         m.handoff_cycles = round((decode - one_stage) / (stages - 1))  # against one stage
         interval = max(stage_d)
+    return _rates(m, cfg, decode, ttft, interval, link_bytes, directed)
+
+
+def _rates(m: Mapping, cfg, decode: int, ttft: int, interval: int, link_bytes: float, directed: int) -> Mapping:
+    """``m`` with its cycles and what they give: a user's next token waits for its last
+    and for the first stage to come round (``micro_batches`` slowest-stage intervals)."""
     m.stage_interval_cycles = interval
     m.decode_cycles_per_token, m.ttft_cycles = decode, ttft
-    per_user = cfg.clock_hz / max(decode, micro * interval)
+    per_user = cfg.clock_hz / max(decode, m.micro_batches * interval)
     m.tokens_per_s_per_user = per_user
-    m.tokens_per_s_per_system = per_user * batch * micro
+    m.tokens_per_s_per_system = per_user * m.batch * m.micro_batches
     m.tokens_per_s_per_chip = m.tokens_per_s_per_system / m.chips
     m.link_utilization = link_bytes / (directed * cfg.c2c_bytes_per_cycle * decode) if directed else 0.0
     return m
@@ -469,7 +475,7 @@ def _composed_from_chip(m: Mapping, spec, runs: _Runs, groups) -> Mapping:
     placed there. Every collective is simulated on the system; what it overlaps inside
     the whole program (weights installed while the sums travel) is not, so the sum is
     an upper bound the validation measures (bench/multichip.py)."""
-    system, t, stages, batch, micro = runs.system, m.tensor_parallel, m.pipeline_stages, m.batch, m.micro_batches
+    system, t, stages, batch = runs.system, m.tensor_parallel, m.pipeline_stages, m.batch
     cfg, precision, L = system.config, runs.kw["precision"], spec.layers
     dtype = FLOAT_OF.get(precision, precision)
     (a, (da, pa)), (b, (db, pb)) = runs.chip(t, batch).items()
@@ -482,7 +488,7 @@ def _composed_from_chip(m: Mapping, spec, runs: _Runs, groups) -> Mapping:
         c = runs.collective("all_reduce", group, vectors, dtype)
         return c.cycles, c.bytes_moved
 
-    (ar_d, bytes_d), (ar_p, bytes_p) = reduce(batch * hidden), reduce(batch * runs.prompt_len * hidden)
+    (ar_d, bytes_d), (ar_p, _) = reduce(batch * hidden), reduce(batch * runs.prompt_len * hidden)
     (lg_d, lbytes), (lg_p, _) = reduce(batch * vocab), reduce(batch * vocab)
     layer_d, layer_p = (db - da) // (b - a) + 2 * ar_d, (pb - pa) // (b - a) + 2 * ar_p
     rest_d, rest_p = da - a * (layer_d - 2 * ar_d) + lg_d, pa - a * (layer_p - 2 * ar_p) + lg_p
@@ -513,14 +519,7 @@ def _composed_from_chip(m: Mapping, spec, runs: _Runs, groups) -> Mapping:
     if stages > 1:
         m.handoff_cycles = round((decode - (rest_d + L * layer_d)) / (stages - 1))
     interval = max(span_d)
-    m.stage_interval_cycles = interval
-    m.decode_cycles_per_token, m.ttft_cycles = decode, ttft
-    per_user = cfg.clock_hz / max(decode, micro * interval)
-    m.tokens_per_s_per_user = per_user
-    m.tokens_per_s_per_system = per_user * batch * micro
-    m.tokens_per_s_per_chip = m.tokens_per_s_per_system / m.chips
-    m.link_utilization = link_bytes / (directed * cfg.c2c_bytes_per_cycle * decode) if directed else 0.0
-    return m
+    return _rates(m, cfg, decode, ttft, interval, link_bytes, directed)
 
 
 def plan_table(p: Plan) -> list:
