@@ -38,7 +38,7 @@ from ..machine.system import load_system
 from ..target.collectives import collective, point_to_point
 from .session import (compile_llm, fit_problem, host_table_values, load_decoder, matrix_parameters,
                       matrix_value_bytes)
-from .steps import FLOAT_OF, WEIGHT_BUDGET, cache_bytes_as_stored, float_bytes
+from .steps import FLOAT_OF, WEIGHT_BUDGET, cache_bytes_as_stored, embeds_on_chip, float_bytes
 
 SAMPLED = (2, 4)  # the layer counts simulated: the increment between them is a steady layer's
 # samples="chip": one chip's share of one and two layers (two fit an LP30 chip beside a
@@ -152,8 +152,7 @@ def plan(model_or_config, system, precision: str = "fp16", context: int = 256, p
                                 {spec.layers})
     out = Plan(getattr(model.config, "_name_or_path", "") or spec.family, system.name, precision, context,
                spec.layers)
-    runs = _Runs(model, system, precision, context, prompt_len, seed, samples, split_layers)
-    runs.budget = sram_budget
+    runs = _Runs(model, system, precision, context, prompt_len, seed, samples, split_layers, sram_budget)
     sized = []
     for t in degrees:
         if not _groups(system, t, 1):
@@ -239,14 +238,14 @@ class _Runs:
     """The simulations a plan composes, each run once: the sampled steps on one stage of
     ``t`` chips, the two-stage hand-off, and point-to-point transfers."""
 
-    def __init__(self, model, system, precision, context, prompt_len, seed, samples="system", split=False):
-        self.model, self.system, self.samples, self.split = model, system, samples, split
-        self.budget = WEIGHT_BUDGET
+    def __init__(self, model, system, precision, context, prompt_len, seed, samples="system", split=False,
+                 budget=WEIGHT_BUDGET):
+        self.model, self.system, self.samples, self.split, self.budget = model, system, samples, split, budget
         self._chip_layers = {}  # (t, batch) -> the layer counts one chip's share is sampled at
         spec = decoders.spec_of(model, context)
         self.halves = decoders.half_layer_values(model, spec)
         # The whole model's embedding on chip or on the host: one chip's share samples alike.
-        self.embeds = spec.vocab * float_bytes(precision) <= system.config.lines_per_slice
+        self.embeds = embeds_on_chip(spec, system.config, precision)
         self.kw = dict(precision=precision, max_context=context)
         self.prompt_len, self.matrices = prompt_len, matrix_parameters(model)
         self.seed = seed
@@ -399,7 +398,7 @@ def _sized(spec, runs: _Runs, t: int, stages: int, batch: int, micro: int) -> tu
     mb, fb = matrix_value_bytes(precision), float_bytes(precision)
     # The tables (and norms) on the first stage when the embedding is gathered on chip (a
     # lane tile of it fits a slice), else the host looks its rows up.
-    tables = (spec.parameters - runs.matrices) * fb if spec.vocab * fb <= cfg.lines_per_slice else 0
+    tables = (spec.parameters - runs.matrices) * fb if runs.embeds else 0
     local = decoders.shard_spec(replace(spec, batch=batch * micro), t)
     per_chip = []
     for st in parts:
@@ -468,8 +467,8 @@ def _rates(m: Mapping, cfg, decode: int, ttft: int, interval: int, link_bytes: f
 
 def _composed_from_chip(m: Mapping, spec, runs: _Runs, groups) -> Mapping:
     """``m`` composed from one chip's share sampled alone (``samples="chip"``): a layer
-    is the chip's increment from one layer to two plus its two all-reduces of the hidden
-    rows; the rest of the chip's step (the embedding's rows in, the final norm, its rows
+    is the chip's increment between its two sampled layer counts plus its two
+    all-reduces of the hidden rows; the rest of the chip's step (the embedding's rows in, the final norm, its rows
     of the LM head, the argmax) plus the logits' all-reduce sits on the last stage; each
     stage boundary adds the hand-off of the hidden rows between the chips the topology
     placed there. Every collective is simulated on the system; what it overlaps inside
@@ -489,9 +488,9 @@ def _composed_from_chip(m: Mapping, spec, runs: _Runs, groups) -> Mapping:
         return c.cycles, c.bytes_moved
 
     (ar_d, bytes_d), (ar_p, _) = reduce(batch * hidden), reduce(batch * runs.prompt_len * hidden)
-    (lg_d, lbytes), (lg_p, _) = reduce(batch * vocab), reduce(batch * vocab)
+    logits, lbytes = reduce(batch * vocab)  # the last token's, decode and prefill alike
     layer_d, layer_p = (db - da) // (b - a) + 2 * ar_d, (pb - pa) // (b - a) + 2 * ar_p
-    rest_d, rest_p = da - a * (layer_d - 2 * ar_d) + lg_d, pa - a * (layer_p - 2 * ar_p) + lg_p
+    rest_d, rest_p = da - a * (layer_d - 2 * ar_d) + logits, pa - a * (layer_p - 2 * ar_p) + logits
     m.layer_cycles = layer_d
     parts = runs.stages(L, stages)
     if runs.split:
@@ -500,10 +499,9 @@ def _composed_from_chip(m: Mapping, spec, runs: _Runs, groups) -> Mapping:
         att_d, att_p = runs.result(("split", t, batch))
         att_d, att_p = att_d + ar_d, att_p + ar_p
         halves = [(att_d, layer_d - att_d), (att_p, layer_p - att_p)]
-    else:
-        halves = [(layer_d, 0), (layer_p, 0)]  # whole layers: a stage's attentions and MLPs alike
-    span_d, span_p = ([st.attention_layers * att + st.mlp_layers * mlp if runs.split else (st.stop - st.start) * att
-                       for st in parts] for att, mlp in halves)
+    else:  # whole layers: each counted with its attention
+        halves = [(layer_d, 0), (layer_p, 0)]
+    span_d, span_p = ([st.attention_layers * att + st.mlp_layers * mlp for st in parts] for att, mlp in halves)
     span_d[-1] += rest_d
     span_p[-1] += rest_p
     link_bytes = 2 * L * bytes_d + lbytes

@@ -28,7 +28,8 @@ from ..runtime.floors import floors_of
 from ..sim import Simulator
 from ..target.builder import SharedSram, chunk_lines
 from ..target.codegen.options import codegen_options
-from .steps import (EIGHT_BIT, FLOAT_OF, WEIGHT_BUDGET, DoesNotFit, StepProgram, cache_bytes_as_stored, float_bytes, prompt_ids, shared_with,
+from .steps import (EIGHT_BIT, FLOAT_OF, WEIGHT_BUDGET, DoesNotFit, StepProgram, cache_bytes_as_stored, embeds_on_chip, float_bytes,
+                    prompt_ids, shared_with,
                     step_program)
 
 # The precisions a decoder compiles at: float, or an 8-bit path (W8A8 dense layers in
@@ -205,7 +206,7 @@ def host_table_values(model, spec: decoders.DecoderSpec, cfg: LPXConfig, precisi
     0 when it is on chip or is the LM head's matrix too."""
     table, head = model.get_input_embeddings().weight, model.get_output_embeddings()
     if on_chip is None:
-        on_chip = spec.vocab * float_bytes(precision) <= cfg.lines_per_slice
+        on_chip = embeds_on_chip(spec, cfg, precision)
     if head is not None and head.weight is table or on_chip:
         return 0
     return table.numel()
@@ -244,10 +245,9 @@ class LLMSession:
                  quantization: "decoders.QuantizedLinears | None" = None, float_precision: "str | None" = None,
                  embed_on_chip: "bool | None" = None):
         self.matrix_parameters = matrix_parameters(model)
-        # The embedding is gathered on chip when a lane tile of its table fits one slice
-        # (as mem.gather needs, docs/ops.md); else (or embed_on_chip=False) the host looks
-        # the rows up and sends them in place of the ids (B*T rows of H values per step).
-        on_chip = spec.vocab * float_bytes(precision) <= cfg.lines_per_slice
+        # The embedding gathered on chip where it can be (or, embed_on_chip=False, looked up
+        # by the host, which sends the rows).
+        on_chip = embeds_on_chip(spec, cfg, precision)
         if embed_on_chip and not on_chip:
             raise LPXError(f"an embedding table of {spec.vocab} rows is not gathered on chip: a lane tile of it "
                            f"takes more than a slice's {cfg.lines_per_slice} lines")

@@ -62,6 +62,13 @@ def float_bytes(precision: str) -> int:
     return Precision.parse(FLOAT_OF.get(precision, precision)).value_bytes
 
 
+def embeds_on_chip(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> bool:
+    """Whether the step gathers the embedding on chip: a lane tile of its table fits one
+    slice (as mem.gather needs, docs/ops.md); else the host looks the rows up and sends
+    them in place of the ids (B*T rows of H values per step)."""
+    return spec.vocab * float_bytes(precision) <= cfg.lines_per_slice
+
+
 def cache_bytes_as_stored(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> int:
     """Bytes of SRAM the caches take as stored: each row of ``head_dim`` values takes whole
     vectors of lanes, one line per byte of a value."""

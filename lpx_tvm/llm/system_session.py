@@ -29,7 +29,7 @@ from ..sim.multichip import SystemSimulator
 from ..target.builder import SharedSram
 from ..target.codegen.options import codegen_options
 from ..target.collectives import build_together
-from .steps import EIGHT_BIT, FLOAT_OF, float_bytes, prompt_ids, shared_with, step_program
+from .steps import EIGHT_BIT, FLOAT_OF, embeds_on_chip, prompt_ids, shared_with, step_program
 
 
 class SystemLLMSession:
@@ -86,7 +86,7 @@ class SystemLLMSession:
                              received=("input_ids",) if k else ())
                 self.roles[c] = (decoders.TensorShard(r, t) if t > 1 else None, stage, place)
         self.config = cfg
-        self.embed_on_chip = spec.vocab * float_bytes(precision) <= cfg.lines_per_slice
+        self.embed_on_chip = embeds_on_chip(spec, cfg, precision)
         self._embed_rows = None if self.embed_on_chip else \
             model.get_input_embeddings().weight.detach().float().numpy()
         self.sim = SystemSimulator(system)
