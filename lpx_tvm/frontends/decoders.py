@@ -81,9 +81,9 @@ class DecoderSpec:
 @dataclass(frozen=True)
 class TensorShard:
     """Chip ``rank`` of ``size`` in tensor parallelism (docs/multichip.md): its share of
-    the kv heads with their query heads and caches, of the q, k, v (and RoPE's rotated
-    q, k) projections' rows, of the MLP's hidden units (gate and up rows, or GPT-2's fc),
-    and the matching columns of o and down, whose partial products the chips sum
+    the kv heads with their query heads and caches, of the q, k and v projections' rows,
+    of the MLP's hidden units (gate and up rows, or GPT-2's fc), and the matching columns
+    of o and down, whose partial products the chips sum
     (``all_reduce``); rank 0 alone adds o's and down's biases. The LM head is split by
     vocabulary: each chip computes its rows' logits, placed among zeros where the other
     chips' go and summed over the chips (adding zeros is exact), so every chip has every
@@ -192,19 +192,19 @@ def stage_spec(spec: DecoderSpec, stage: "PipelineStage | None") -> DecoderSpec:
     return spec if stage is None else replace(spec, layers=stage.attention_layers)
 
 
-def rope_matrix_values(spec: DecoderSpec) -> int:
-    """Values of the dense layers the steps add to the model's: RoPE's rotated q and k
-    projections, one more dense layer each (:func:`decoder_step`); none for GPT-2."""
-    return 0 if spec.family == "gpt2" else spec.layers * (spec.heads + spec.kv_heads) * spec.head_dim * spec.hidden
+def rope_table_values(spec: DecoderSpec) -> int:
+    """Values of the tables the steps add to the model's weights: RoPE's cosine and
+    (signed) sine, a row of ``head_dim`` per position (:func:`decoder_step`); none for GPT-2."""
+    return 0 if spec.family == "gpt2" else 2 * spec.max_context * spec.head_dim
 
 
 def half_layer_values(model, spec: DecoderSpec) -> tuple:
-    """(attention, MLP): the values of a layer's dense weights in each half (RoPE's
-    rotated q and k with the attention), the weights :func:`split_stages_of` balances."""
+    """(attention, MLP): the values of a layer's dense weights in each half, the weights
+    :func:`split_stages_of` balances."""
     layer = model.transformer.h[0] if spec.family == "gpt2" else model.model.layers[0]
     attention = layer.attn if spec.family == "gpt2" else layer.self_attn
     values = [sum(p.numel() for p in m.parameters() if p.dim() == 2) for m in (attention, layer.mlp)]
-    return values[0] + rope_matrix_values(spec) // spec.layers, values[1]
+    return values[0], values[1]
 
 
 def shard_spec(spec: DecoderSpec, size: int) -> DecoderSpec:
@@ -293,13 +293,13 @@ def spec_of(model, max_context: int, batch: int = 1) -> DecoderSpec:
 
 
 # The dense layers' inputs a quantized step scales, each shared by the layers that read it:
-# per decoder layer, the attention input (q, k, v and RoPE's rotated q, k), the attention
+# per decoder layer, the attention input (q, k and v), the attention
 # output (o), the MLP input (gate and up, or GPT-2's fc) and the MLP's hidden values
 # (down); and the final norm's output (the LM head).
 # A layer's weights before the residual stream's mid-layer point (the rest are the MLP's).
 ATTENTION_KEYS = {"q", "q_bias", "k", "k_bias", "v", "v_bias", "o", "o_bias", "input_norm", "input_norm_b"}
-LAYER_DENSE = {"q": "attn", "k": "attn", "v": "attn", "q_rot": "attn", "k_rot": "attn", "o": "o", "gate": "mlp",
-               "up": "mlp", "fc": "mlp", "down": "down"}
+LAYER_DENSE = {"q": "attn", "k": "attn", "v": "attn", "o": "o", "gate": "mlp", "up": "mlp", "fc": "mlp",
+               "down": "down"}
 
 
 # The largest magnitude of each 8-bit format: a scale maps a calibrated peak there.
@@ -329,8 +329,7 @@ class QuantizedLinears:
 
 def quantize_weight(w, fmt: str = "int8"):
     """(8-bit values [K, N], fp32 scales [N]) of a (N, K) weight, symmetric per output
-    channel (so a negated row quantizes to the negated values: RoPE's rotated copies stay
-    exact). The values are int8 ones as int32, or fp8 e4m3 ones as float32 (what the
+    channel. The values are int8 ones as int32, or fp8 e4m3 ones as float32 (what the
     Relax graph carries: the MXM stores and multiplies them at 8 bits)."""
     torch = _torch()
     w = w.detach().float()
@@ -405,21 +404,14 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
                         self.register_buffer(f"layer{i}_{key}", t)
                         names[key] = f"layer{i}_{key}"
                 self.layers.append(names)
-            if spec.family != "gpt2":
-                # RoPE over all heads at once: rotate_half of a projection is the projection
-                # by its weights' rows swapped by halves and negated (one more dense layer
-                # instead of per-head slices and concats); the tables tiled per head.
-                for i, layer in enumerate(weights["layers"]):
-                    for key, heads in (("q", spec.heads), ("k", spec.kv_heads)) if halves[i][0] else ():
-                        w_rot, b_rot = _rotated(layer[key], layer[f"{key}_bias"], heads, spec.head_dim)
-                        self.register_buffer(f"layer{i}_{key}_rot", w_rot)
-                        self.layers[i][f"{key}_rot"] = f"layer{i}_{key}_rot"
-                        if b_rot is not None:
-                            self.register_buffer(f"layer{i}_{key}_rot_bias", b_rot)
-                        self.layers[i][f"{key}_rot_bias"] = f"layer{i}_{key}_rot_bias" if b_rot is not None else None
-                for key, heads in (("q", spec.heads), ("k", spec.kv_heads)) if attends else ():
-                    self.register_buffer(f"cos_{key}", weights["cos"].repeat(1, heads))
-                    self.register_buffer(f"sin_{key}", weights["sin"].repeat(1, heads))
+            if spec.family != "gpt2" and attends:
+                # RoPE: x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] head by
+                # head, is x's halves swapped (lanes moved on the SXM) times a sine whose
+                # first half is negated: one row of each table per position, gathered for
+                # the step's query rows (r, b, t) and key rows (b, t).
+                half = spec.head_dim // 2
+                self.register_buffer("cos", weights["cos"])
+                self.register_buffer("sin_signed", torch.cat([-weights["sin"][:, :half], weights["sin"][:, half:]], 1))
             for key in ("embed", "lm_head", "norm_w", "norm_b", "positions"):
                 if key == "embed" and not embed_in_step or not is_first and key in ("embed", "positions") or \
                         not is_last and key in ("lm_head", "norm_w", "norm_b"):
@@ -449,6 +441,7 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
             b, t = torch.arange(B, dtype=i32), torch.arange(T, dtype=i32)
             # Row (b, t) of a step's tokens -> its position, less the step's first position.
             self.register_buffer("token_offsets", t.repeat(B))  # [B*T]
+            self.register_buffer("query_token_offsets", t.repeat(rep * B))  # [rep*B*T]: a group's query rows
             # ... -> its cache row at position 0 (a layer's kv-head cache holds (b, position) rows).
             self.register_buffer("row_offsets", (b[:, None] * C + t[None, :]).reshape(-1, 1))  # [B*T, 1]
             self.register_buffer("cols", torch.arange(spec.head_dim, dtype=i32)[None, :])
@@ -474,9 +467,10 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
             if s.family == "gpt2":
                 if is_first:
                     x = x + self.positions.index_select(0, pos_rows)
-            elif attends:  # [B*T, heads*D]
-                cos_q, sin_q = self.cos_q.index_select(0, pos_rows), self.sin_q.index_select(0, pos_rows)
-                cos_k, sin_k = self.cos_k.index_select(0, pos_rows), self.sin_k.index_select(0, pos_rows)
+            elif attends:  # the query rows' [rep*B*T, D] and the key rows' [B*T, D]
+                pos_q = position + self.query_token_offsets
+                cos_q, sin_q = self.cos.index_select(0, pos_q), self.sin_signed.index_select(0, pos_q)
+                cos_k, sin_k = self.cos.index_select(0, pos_rows), self.sin_signed.index_select(0, pos_rows)
             if attends:
                 # 0 where a query row may see a cache row, -1e4 elsewhere (exp(-1e4) is 0 in
                 # every float format, and -1e4 fits fp16).
@@ -528,14 +522,12 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
             h_in = self.dense_input(h, f"{layer}.attn")
             q_all = dense(h_in, "q")  # [B*T, NH*D]
             k_all = dense(h_in, "k")  # [B*T, KVH*D]
-            if rope is not None:
-                cos_q, sin_q, cos_k, sin_k = rope
-                q_all = q_all * cos_q + dense(h_in, "q_rot") * sin_q
-                k_all = k_all * cos_k + dense(h_in, "k_rot") * sin_k
             v_all = dense(h_in, "v")
             heads = [None] * NH
             for g in range(KVH):
                 k = k_all[:, g * D:(g + 1) * D]
+                if rope is not None:
+                    k = _rotary(k, rope[2], rope[3])
                 v = v_all[:, g * D:(g + 1) * D]
                 k_cache = torch.ops.aten.index_put(caches[2 * (c * KVH + g)], [rows, self.cols], k)
                 v_cache = torch.ops.aten.index_put(caches[2 * (c * KVH + g) + 1], [rows, self.cols], v)
@@ -547,6 +539,8 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
                 # of a decode step at C = 256).
                 qs = [q_all[:, n * D:(n + 1) * D] for n in range(g * rep, (g + 1) * rep)]
                 qg = torch.cat(qs, dim=0) if rep > 1 else qs[0]  # [rep*B*T, D]
+                if rope is not None:
+                    qg = _rotary(qg, rope[0], rope[1])
                 scores = (qg @ k_cache.T) * self.scale + mask  # [rep*B*T, B*C]
                 a = torch.softmax(scores, dim=-1) @ v_cache  # [rep*B*T, D]
                 for r in range(rep):
@@ -641,17 +635,12 @@ def _norm(family, x, w, b, eps):
     return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
 
 
-def _rotated(w, b, heads: int, dim: int):
-    """Weights (and bias) whose projection is ``rotate_half`` of ``w``'s, head by head:
-    each head's output rows [-second half, first half]."""
+def _rotary(x, cos, sin_signed):
+    """RoPE of rows ``x`` ([rows, head_dim]): ``x * cos + rotate_half(x) * sin``, the
+    halves swapped and the sine's first half negated (the tables' rows, x's)."""
     torch = _torch()
-    half = dim // 2
-
-    def rot(t):
-        t = t.reshape(heads, dim, *t.shape[1:])
-        return torch.cat([-t[:, half:], t[:, :half]], dim=1).reshape(heads * dim, *t.shape[2:])
-
-    return rot(w).contiguous(), None if b is None else rot(b).contiguous()
+    half = x.shape[1] // 2
+    return x * cos + torch.cat([x[:, half:], x[:, :half]], dim=1) * sin_signed
 
 
 def decoder_steps(model, max_context: int, prompt_len: int, batch: int = 1, quant: "QuantizedLinears | None" = None):

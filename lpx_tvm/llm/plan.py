@@ -391,19 +391,20 @@ def _sized(spec, runs: _Runs, t: int, stages: int, batch: int, micro: int) -> tu
         return m, None
     parts = runs.stages(L, stages)
     # The fullest chip: its stage's share of the layers' matrices (and on the last stage
-    # its share of the LM head's rows; the tables and norms counted on the first), and
-    # the caches of every micro-batch in flight.
+    # its share of the LM head's rows; the tables and norms counted on the first), RoPE's
+    # tables where it attends, and the caches of every micro-batch in flight.
     head = spec.vocab * spec.hidden
-    attention, mlp = runs.halves  # a layer's matrices, RoPE's rotated q and k with the attention
+    attention, mlp = runs.halves  # a layer's matrices
     mb, fb = matrix_value_bytes(precision), float_bytes(precision)
     # The tables (and norms) on the first stage when the embedding is gathered on chip (a
     # lane tile of it fits a slice), else the host looks its rows up.
     tables = (spec.parameters - runs.matrices) * fb if runs.embeds else 0
+    rope = decoders.rope_table_values(spec) * fb
     local = decoders.shard_spec(replace(spec, batch=batch * micro), t)
     per_chip = []
     for st in parts:
         per_chip.append((st.attention_layers * attention + st.mlp_layers * mlp) / t * mb + tables * st.first +
-                        head / t * mb * st.last +
+                        head / t * mb * st.last + rope * bool(st.attention_layers) +
                         cache_bytes_as_stored(replace(local, layers=st.attention_layers), cfg, precision))
     m.sram_fill = max(per_chip) / cfg.sram_bytes
     m.fits = m.sram_fill <= runs.budget

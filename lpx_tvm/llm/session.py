@@ -219,8 +219,8 @@ def fit_problem(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str, matr
     lanes (docs/llm.md). ``matrices``: values of the dense layers' weights (stored at an
     8-bit path's size; the other weights are float); ``host_table``: values of the
     embedding the host keeps (:func:`host_table_values`)."""
-    weights = weight_bytes(spec, precision, matrices) - host_table * float_bytes(precision) + \
-        decoders.rope_matrix_values(spec) * matrix_value_bytes(precision)  # installed as the model's are
+    weights = weight_bytes(spec, precision, matrices) + (decoders.rope_table_values(spec) - host_table) * \
+        float_bytes(precision)
     kv = cache_bytes_as_stored(spec, cfg, precision)
     need = weights + kv
     budget = int(WEIGHT_BUDGET * cfg.sram_bytes)
@@ -399,8 +399,8 @@ def llm_report(session: LLMSession) -> dict:
     prefill_extra = sum(len(m.data) for p in session._prefill.values() for m in p.program.sram_init
                         if (m.slice, m.addr) not in common)
     # The model's matrices, each installed once per token: what no schedule avoids. The
-    # program may install more (rotated copies of q and k for RoPE, the caches' keys and
-    # values): that shows in its own install floor.
+    # program may install more (the caches' keys and values): that shows in its own
+    # install floor.
     matrix_bytes = session.matrix_parameters * matrix_value_bytes(session.precision)
     install_bw = cfg.mxm_planes * cfg.mxm_install_streams * cfg.lanes  # bytes a cycle, all planes
     read_bw = cfg.mem_slices * cfg.mem_read_ports * cfg.lanes
