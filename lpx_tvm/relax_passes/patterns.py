@@ -30,6 +30,9 @@ composites                              keys
 ``lpx.reshape``                         ``input``, ``shape``, ``root``
 ``lpx.concat``                          ``input`` (the tuple), ``root`` (``axis``)
 ``lpx.slice``                           ``input``, ``root`` (the ``strided_slice``)
+``lpx.permute_lanes``                   ``input``, ``first`` and ``second`` (its
+                                        ``strided_slice`` calls), ``root`` (their
+                                        ``concat`` along the last axis)
 ``lpx.split_heads``                     ``input`` (s, h*d), ``reshape`` (to (s, h, d)),
                                         ``root`` (``permute_dims`` [1, 0, 2])
 ``lpx.merge_heads``                     ``input`` (h, s, d), ``permute`` ([1, 0, 2]),
@@ -670,6 +673,31 @@ def _slice_rule(a, settings, rows=False):
 # ---- NCHW values and their pixel rows (lpx.ChannelsLast) ------------------------------
 
 
+def _permute_lanes_pattern():
+    """``concat((strided_slice(x), strided_slice(x)), axis=-1)``: lanes of one value
+    picked by two slices (RoPE's halves of a head swapped)."""
+    data = wildcard()
+    first = is_op("relax.strided_slice")(data, varg_default_wildcard=True)
+    second = is_op("relax.strided_slice")(data, varg_default_wildcard=True)
+    root = is_op("relax.concat")(is_tuple([first, second]))
+    return root, {"input": data, "first": first, "second": second, "root": root}
+
+
+def _permute_lanes_rule(a, settings):
+    concat = a["root"]
+    found = _tensors_problem(concat, [a["input"]], settings)
+    if found:
+        return found
+    rank = len(expr_shape(concat))
+    if concat.attrs.axis is None or int(concat.attrs.axis) % rank != rank - 1:
+        return concat, "not a concat along the last axis"
+    for key in ("first", "second"):
+        found = _slice_rule({"root": a[key], "input": a["input"]}, settings)
+        if found:
+            return found
+    return None
+
+
 def _pixel_rows_problem(op, shape4, rows_shape):
     """Why ``rows_shape`` is not the (N*H*W, C) pixel-rows view of the NCHW ``shape4``, or None."""
     n, c, h, w = shape4
@@ -1043,6 +1071,7 @@ def pattern_table() -> list:
     table.append(("flatten_pixels", *_split_heads_pattern(), [_flatten_pixels_rule]))
     table.append(("concat_rows", *_unary_pattern("relax.concat"), [_concat_rows_rule]))
     table.append(("slice_rows", *_unary_pattern("relax.strided_slice"), [_slice_rows_rule]))
+    table.append(("permute_lanes", *_permute_lanes_pattern(), [_permute_lanes_rule]))
 
     families = (
         ("conv2d", _conv2d_pattern, _conv2d_rule, _bias_rule(_conv_bias_shapes)),

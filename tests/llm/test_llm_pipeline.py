@@ -106,12 +106,16 @@ def test_pipeline_tokens_equal_transformers(kind, mapping, tensor_parallel):
         # lanes on the link.
         assert rep["link_bytes_per_token"] == 320 * 4
         one_chip = lpx_tvm.compile_llm(model, precision="fp32", max_context=32)
-        # Two chips run the same work one after the other, plus the hand-off: its link
-        # latency at least (and little more: the second chip installs its weights while
-        # it waits).
+        # Two chips run the same work one after the other, plus the hand-off: the second
+        # stage ends at least the link's latency after the first, and the whole is within
+        # a few latencies of one chip's step (the second chip installs its weights while
+        # it waits; one chip's schedule is not additive in its layers, docs/multichip.md,
+        # so either may be the shorter).
         cfg = session.config
+        ends = session.decode_stage_ends
+        assert ends[-1] == rep["decode_cycles_per_token"] and ends[1] - ends[0] >= cfg.c2c_latency, ends
         extra = rep["decode_cycles_per_token"] - one_chip.decode.cycles
-        assert cfg.c2c_latency <= extra < 3 * cfg.c2c_latency, extra
+        assert abs(extra) < 3 * cfg.c2c_latency, extra
 
 
 def test_pipeline_half_precision_and_int8():

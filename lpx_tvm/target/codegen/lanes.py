@@ -20,6 +20,32 @@ def lane_map(ctx: LoweringContext, src: int, dst: int, length: int) -> int:
     return ctx.lane_maps[key]
 
 
+def gather_lanes(ctx: LoweringContext, tag: str, x: Stored, y: Stored, source):
+    """``y[:, j] = x[:, source[j]]`` for every column ``j`` of ``y``, row for row: per
+    column tile of ``y`` and tile of ``x`` it draws from, one SXM permute whose table
+    picks all those lanes at once (the other lanes become zero), the pieces from
+    different tiles of ``x`` added."""
+    lanes = ctx.cfg.lanes
+    source = np.asarray(source)
+    for yt in range(y.tensor.ntiles):
+        cols = source[yt * lanes:(yt + 1) * lanes]
+        for n, xt in enumerate(sorted(set((cols // lanes).tolist()))):
+            table = np.full(lanes, -1, np.int32)
+            mine = cols // lanes == xt
+            table[:len(cols)][mine] = cols[mine] - xt * lanes
+            key = ("table", table.tobytes())
+            if key not in ctx.lane_maps:
+                ctx.lane_maps[key] = ctx.builder.table(table)
+            rows = y.tensor.layout.rows
+            for r0, r1 in runs(rows, lambda r: (chunk_of(x.tensor, r), chunk_of(y.tensor, r))):
+                g = ctx.builder.group(tag)
+                v = g.sxm("sxm.permute", g.read(one(x.tensor.segments(xt, r0, r1))), map=ctx.lane_maps[key])
+                out = one(y.tensor.segments(yt, r0, r1))
+                if n:
+                    v = g.vxm("vxm.add", v, g.read(out))
+                g.write(v, out)
+
+
 def lane_pass(ctx: LoweringContext, tag: str, src, dst, before: int, width: int, sxm: int, add: bool):
     """One pass of a packing: the first ``width`` lanes of ``src`` go to lanes
     ``before ..`` of ``dst`` (``sxm.pad`` on SXM ``sxm``: zeros in every other lane),

@@ -1,7 +1,7 @@
 """Ops that move elements without arithmetic: transposes (``permute_dims``), channel
 ``concat``, ``reshape`` (a free alias when storage stays put), slices of the last axis,
-the head split / merge of attention, and concats and slices along other axes (whole
-stored rows placed or picked)."""
+lane permutes (two such slices concatenated), the head split / merge of attention, and
+concats and slices along other axes (whole stored rows placed or picked)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 
 from ..context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
-from ..lanes import lane_map, move_lanes, tiles_moved_into
+from ..lanes import gather_lanes, lane_map, move_lanes, tiles_moved_into
 from ..passes import write_rows
 from ..registry import register_lowering
 from ..rules import concat_axis_problem, flattens_pixels, reshape_keeps_storage, row_axis_problem, row_blocks
@@ -154,6 +154,27 @@ def lower_slice(ctx: LoweringContext, op: RegionOp, is_output: bool):
     moves = [(0, 0, x.tensor.layout.rows, begin, 0, end - begin)]
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x], beside=[_moved_into(ctx, moves, op.shape)])
     move_lanes(ctx, f"{op.out}.slice", x, y, moves)
+    ctx.values[op.out] = y
+
+
+@register_lowering("lpx.permute_lanes")
+def lower_permute_lanes(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """Two slices of the last axis of one value, concatenated along it (RoPE's halves of a
+    head swapped): each row's lanes picked in one SXM permute per pair of column tiles,
+    instead of the two slices written and moved again by the concat."""
+    x = ctx.value(op.main.args[0])
+    width = x.shape[-1]
+    source, moves = [], []
+    for s in (op.main, op.epilogue[0]):
+        begin, end = (int(np.asarray(a.const).reshape(-1)[0]) for a in s.args[2:4])
+        begin, end = (b + width if b < 0 else b for b in (begin, end))
+        end = min(end, width)
+        moves.append((0, 0, x.tensor.layout.rows, begin, len(source), end - begin))
+        source += range(begin, end)
+    if len(source) != op.shape[-1]:
+        raise UnsupportedOnLPX(f"{op.out}: slices of {len(source)} lanes for a result of {op.shape[-1]}")
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x], beside=[_moved_into(ctx, moves, op.shape)])
+    gather_lanes(ctx, f"{op.out}.permute_lanes", x, y, source)
     ctx.values[op.out] = y
 
 
