@@ -40,7 +40,7 @@ from lpx_tvm.llm import DoesNotFit
 # Llama-architecture configs sized to one chip (weights + KV cache + working space within
 # the 90% weight budget), by the bytes of a weight: at 16 bits about 60M parameters on
 # tsp (220 MiB of SRAM) and about 150M on lp30 (500 MB); at 8 bits about 110M on tsp and
-# 370M on lp30 (its program also holds RoPE's rotated copies of q and k: 42 MB more).
+# 370M on lp30.
 # Head dim 64, untied embeddings.
 MODELS = {
     ("tsp", 2): dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=12,

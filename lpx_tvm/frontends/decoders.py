@@ -207,6 +207,44 @@ def half_layer_values(model, spec: DecoderSpec) -> tuple:
     return values[0], values[1]
 
 
+def _layer_matrix_shapes(model, spec: DecoderSpec) -> dict:
+    """{key of :data:`LAYER_DENSE`: (out, in)} of a layer's dense weights (a linear's
+    orientation; GPT-2's fused qkv cut into q, k and v)."""
+    if spec.family == "gpt2":
+        block = model.transformer.h[0]
+        (h, three), (_, units) = block.attn.c_attn.weight.shape, block.mlp.c_fc.weight.shape
+        return dict(q=(three // 3, h), k=(three // 3, h), v=(three // 3, h), o=(h, three // 3), fc=(units, h),
+                    down=(h, units))
+    att, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    return {key: tuple(lin.weight.shape) for key, lin in (("q", att.q_proj), ("k", att.k_proj), ("v", att.v_proj),
+                                                          ("o", att.o_proj), ("gate", mlp.gate_proj),
+                                                          ("up", mlp.up_proj), ("down", mlp.down_proj))}
+
+
+def stored_rows(rows: int, cols: int, lanes: int) -> int:
+    """Values a (rows, cols) matrix takes in SRAM: each row whole lane tiles (the
+    installs' layout, docs/llm.md: an N-wide weight of K rows, a table of C rows)."""
+    return rows * -(-cols // lanes) * lanes
+
+
+def half_layer_stored(model, spec: DecoderSpec, size: int, lanes: int) -> tuple:
+    """(attention, MLP): the values one chip of ``size`` (:class:`TensorShard`) stores of
+    a layer's dense weights, each (K, N) matrix K rows of whole lane tiles: what the fit
+    of a stage counts (a q of 1,024 outputs takes 1,280 lanes a row, a k of 128 takes
+    320)."""
+    # As _shard_weights splits them; the hidden units of the fullest chip where they do
+    # not divide.
+    q, kv = spec.heads // size * spec.head_dim, spec.kv_heads // size * spec.head_dim
+    out = [0, 0]
+    for key, (n, k) in _layer_matrix_shapes(model, spec).items():
+        if key in ("o", "down"):  # split by their inputs
+            k = q if key == "o" else -(-k // size)
+        else:
+            n = q if key == "q" else kv if key in ("k", "v") else -(-n // size)
+        out[LAYER_DENSE[key] not in ("attn", "o")] += stored_rows(k, n, lanes)
+    return tuple(out)
+
+
 def shard_spec(spec: DecoderSpec, size: int) -> DecoderSpec:
     """The spec of one chip's step: ``spec`` with its heads and kv heads over ``size``."""
     if size < 1 or spec.kv_heads % size or spec.heads % size:

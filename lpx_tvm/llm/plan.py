@@ -392,26 +392,27 @@ def _sized(spec, runs: _Runs, t: int, stages: int, batch: int, micro: int) -> tu
     parts = runs.stages(L, stages)
     # The fullest chip: its stage's share of the layers' matrices (and on the last stage
     # its share of the LM head's rows; the tables and norms counted on the first), RoPE's
-    # tables where it attends, and the caches of every micro-batch in flight.
-    head = spec.vocab * spec.hidden
-    attention, mlp = runs.halves  # a layer's matrices
-    mb, fb = matrix_value_bytes(precision), float_bytes(precision)
+    # tables where it attends, and the caches of every micro-batch in flight; matrices and
+    # tables as stored, each row whole lane tiles.
+    lanes, mb, fb = cfg.lanes, matrix_value_bytes(precision), float_bytes(precision)
+    attention, mlp = (v * mb for v in decoders.half_layer_stored(runs.model, spec, t, lanes))
+    head = decoders.stored_rows(spec.hidden, -(-spec.vocab // t), lanes) * mb
     # The tables (and norms) on the first stage when the embedding is gathered on chip (a
     # lane tile of it fits a slice), else the host looks its rows up.
     tables = (spec.parameters - runs.matrices) * fb if runs.embeds else 0
-    rope = decoders.rope_table_values(spec) * fb
+    rope = 2 * decoders.stored_rows(spec.max_context, spec.head_dim, lanes) * fb if spec.family != "gpt2" else 0
     local = decoders.shard_spec(replace(spec, batch=batch * micro), t)
     per_chip = []
     for st in parts:
-        per_chip.append((st.attention_layers * attention + st.mlp_layers * mlp) / t * mb + tables * st.first +
-                        head / t * mb * st.last + rope * bool(st.attention_layers) +
+        per_chip.append(st.attention_layers * attention + st.mlp_layers * mlp + tables * st.first + head * st.last +
+                        rope * bool(st.attention_layers) +
                         cache_bytes_as_stored(replace(local, layers=st.attention_layers), cfg, precision))
     m.sram_fill = max(per_chip) / cfg.sram_bytes
     m.fits = m.sram_fill <= runs.budget
     if not m.fits:
         m.why = f"{max(per_chip) / 2**20:,.0f} MiB a chip of {cfg.sram_bytes / 2**20:,.0f}"
-        if head / t * mb > runs.budget * cfg.sram_bytes:
-            m.why += f" (a chip's share of the LM head alone {head / t * mb / 2**20:,.0f} MiB)"
+        if head > runs.budget * cfg.sram_bytes:
+            m.why += f" (a chip's share of the LM head alone {head / 2**20:,.0f} MiB)"
     return m, groups
 
 

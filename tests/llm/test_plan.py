@@ -121,6 +121,32 @@ def test_the_table_the_host_keeps_takes_no_sram():
     assert "MiB of fp16 weights" in fit_problem(spec, cfg, "fp16", matrices)
 
 
+def test_a_chip_share_is_sized_as_the_compiler_stores_it():
+    """The planner's stored size of one chip's share of a layer (each matrix's rows whole
+    lane tiles) equals what the compiler places: the matrices of a one-layer share,
+    compiled, read from the program's constants."""
+    import torch
+    from lpx_tvm.target.builder import chunk_lines
+
+    cfg = load_config("tsp")
+    for t in (1, 3):
+        share = dict(shard_config(CONFIG, t), num_hidden_layers=1)
+        session = lpx_tvm.compile_llm(share, precision="fp32", max_context=16)
+        stored = {t_.name: sum(n for _, _, n in chunk_lines(t_.layout)) * cfg.lanes // 4
+                  for _, t_ in session.decode.region.constants if len(t_.layout.shape) == 2}
+        head = decoders.stored_rows(CONFIG["hidden_size"], share["vocab_size"], cfg.lanes)
+        matrices = [v for n, v in stored.items() if n.endswith(".weight")]
+        assert head in matrices
+        with torch.device("meta"):
+            whole = load_decoder(CONFIG, 0)
+        attention, mlp = decoders.half_layer_stored(whole, decoders.spec_of(whole, 16), t, cfg.lanes)
+        assert attention + mlp == sum(matrices) - head
+        # By hand at t = 3: q, k, v of 80, 40, 40 outputs and gate, up of 134 take a lane
+        # tile a row (240 rows each); o and down, 80 and 134 rows of 240 outputs, one tile.
+        if t == 3:
+            assert (attention, mlp) == ((3 * 240 + 80) * 320, (2 * 240 + 134) * 320)
+
+
 def _m(t, b, user, chip, fits=True):
     return Mapping(t, b, t, 0.5, fits, tokens_per_s_per_user=user, tokens_per_s_per_chip=chip)
 
