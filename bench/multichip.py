@@ -12,6 +12,8 @@ and the system simulator's speed, measured side by side in one run (docs/multich
   LP30 rack (4k context at batch 1 and 2, 1k context at batches 1, 2 and 4), from their
   published configs: one chip's share of their layers compiled and simulated, composed
   with the collectives simulated on the system; where nothing fits or compiles, why.
+- The stages the planner sizes, one chip's share compiled for real (Llama-2-70B's
+  heaviest at 2k on TSPs, Llama-3-70B's on LP30): resident, or weights streamed.
 - The system simulator's speed on the 16-chip decode step: simulated chip-cycles per wall
   second, functional, and timing-only inline against timing-only in 2 worker processes.
 
@@ -97,6 +99,32 @@ def large(name, config, system, precision, context, batches, max_chips, pipeline
               f"{m.decode_cycles_per_token:,} cycles/token (a layer {m.layer_cycles:,}), TTFT({prompt}) "
               f"{m.ttft_cycles:,}; {m.tokens_per_s_per_user:,.0f} tokens/s/user, "
               f"{m.tokens_per_s_per_system:,.0f} per system, {m.tokens_per_s_per_chip:,.1f} per chip", flush=True)
+    return out
+
+
+def compiled_stages(name, config, system, precision, context, t, layers, stages, split=False):
+    """One chip's share (``1/t``, ``plan.shard_config``) of ``layers`` layers over
+    ``stages`` pipeline stages, compiled and timed for real, to check what the planner
+    sized from the samples: does each stage's chip hold its weights resident, or does the
+    compiler stream some of them over the off-chip path?"""
+    from lpx_tvm.llm.plan import shard_config
+
+    start = time.perf_counter()
+    s = lpx_tvm.compile_llm(shard_config(dict(config, num_hidden_layers=layers), t), system=system, tensor_parallel=1,
+                            pipeline_stages=stages, split_layers=split, precision=precision, max_context=context,
+                            embed_on_chip=False)
+    chips = []
+    for c, st in s.decode.items():
+        image = sum(len(m.data) for m in st.program.sram_init)
+        chips.append(dict(chip=c, image_bytes=image, streamed_bytes=st.region.streamed_bytes,
+                          sram_lines=st.region.sram_lines))
+    out = dict(model=name, system=system, precision=precision, context=context, tensor_parallel=t, layers=layers,
+               stage_halves=s.report["stage_halves"], stage_ends=s.decode_stage_ends, chips=chips,
+               compile_s=time.perf_counter() - start)
+    print(f"{name} ({precision}, context {context}), one chip's 1/{t} of {layers} layers over {stages} stages "
+          f"{out['stage_halves']} (attention, MLP halves): " + "; ".join(
+              f"{c['image_bytes'] / 2**20:,.1f} MiB resident, {c['streamed_bytes'] / 2**20:,.1f} MiB streamed"
+              for c in chips) + f" of {s.config.sram_bytes / 2**20:,.0f}; stage ends {out['stage_ends']}", flush=True)
     return out
 
 
@@ -195,6 +223,11 @@ def main() -> None:
                       tensor_parallel=[4, 8])
     llama3_8b_batches = large("Llama-3-8B", LLAMA3_8B, "lp30-rack", "fp8", 1024, [1, 2, 4], 256, [8],
                               tensor_parallel=[8])
+    # The stages the planner sizes, compiled for real: Llama-2-70B's MLP-attention-MLP
+    # stage at 2k (4 layers over 3 stages cut at half layers: [A M A | M A M | A M]), and
+    # Llama-3-70B's stages of 3 layers and of 2 with the head on LP30 at 4k.
+    stages = [compiled_stages("Llama-2-70B", LLAMA2_70B, "groqnode", "int8", 2048, 8, 4, 3, split=True),
+              compiled_stages("Llama-3-70B", LLAMA3_70B, "lp30-rack", "fp8", 4096, 8, 5, 2)]
     big = [c for c in cases if c["chips"] >= 2]
     l2, l3 = llama2.get("best"), llama3.get("best")
     print(json.dumps(dict(planner_max_error=max(abs(c["decode_error"]) for c in big),
@@ -208,7 +241,7 @@ def main() -> None:
                           llama2_70b=llama2, llama2_70b_4k=llama2_4k, llama2_70b_whole_layers=llama2_whole,
                           lp30_llama3_70b=llama3, lp30_llama3_70b_batches=llama3_batches, lp30_llama3_8b=llama3_8b,
                           lp30_llama3_8b_batches=llama3_8b_batches, plan_s=plan_s, cases=cases,
-                          split_cases=split_cases, simulator=speed)))
+                          split_cases=split_cases, simulator=speed, compiled_stages=stages)))
 
 
 if __name__ == "__main__":

@@ -28,9 +28,8 @@ from ..runtime.floors import floors_of
 from ..sim import Simulator
 from ..target.builder import SharedSram, chunk_lines
 from ..target.codegen.options import codegen_options
-from .steps import (EIGHT_BIT, FLOAT_OF, WEIGHT_BUDGET, DoesNotFit, StepProgram, cache_bytes_as_stored, embeds_on_chip, float_bytes,
-                    prompt_ids, shared_with,
-                    step_program)
+from .steps import (EIGHT_BIT, FLOAT_OF, WEIGHT_BUDGET, DoesNotFit, StepProgram, cache_bytes_as_stored, embed_choice,
+                    embeds_on_chip, float_bytes, prompt_ids, shared_with, step_program)
 
 # The precisions a decoder compiles at: float, or an 8-bit path (W8A8 dense layers in
 # int8, or in fp8 e4m3 on a machine whose MXM multiplies fp8; the rest fp16).
@@ -162,7 +161,7 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
         elif chips is None:
             chips = range(system.chips)
         session = SystemLLMSession(model, spec, system, chips, precision, tensor_parallel, quant,
-                                   split_layers=split_layers)
+                                   split_layers=split_layers, embed_on_chip=embed_on_chip)
         if prompt_len is not None:
             session.prefill_step(prompt_len)
         return session
@@ -247,11 +246,7 @@ class LLMSession:
         self.matrix_parameters = matrix_parameters(model)
         # The embedding gathered on chip where it can be (or, embed_on_chip=False, looked up
         # by the host, which sends the rows).
-        on_chip = embeds_on_chip(spec, cfg, precision)
-        if embed_on_chip and not on_chip:
-            raise LPXError(f"an embedding table of {spec.vocab} rows is not gathered on chip: a lane tile of it "
-                           f"takes more than a slice's {cfg.lines_per_slice} lines")
-        self.embed_on_chip = on_chip if embed_on_chip is None else embed_on_chip
+        self.embed_on_chip = embed_choice(spec, cfg, precision, embed_on_chip)
         problem = fit_problem(spec, cfg, precision, self.matrix_parameters,
                               host_table_values(model, spec, cfg, precision, self.embed_on_chip))
         if problem:

@@ -69,6 +69,17 @@ def embeds_on_chip(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -
     return spec.vocab * float_bytes(precision) <= cfg.lines_per_slice
 
 
+def embed_choice(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str, asked: "bool | None") -> bool:
+    """Whether a session gathers the embedding on chip: where it can (:func:`embeds_on_chip`),
+    unless ``asked`` is False (the host looks the rows up); an LPXError if ``asked`` is
+    True where it cannot."""
+    can = embeds_on_chip(spec, cfg, precision)
+    if asked and not can:
+        raise LPXError(f"an embedding table of {spec.vocab} rows is not gathered on chip: a lane tile of it "
+                       f"takes more than a slice's {cfg.lines_per_slice} lines")
+    return can if asked is None else asked
+
+
 def cache_bytes_as_stored(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> int:
     """Bytes of SRAM the caches take as stored: each row of ``head_dim`` values takes whole
     vectors of lanes, one line per byte of a value."""

@@ -29,7 +29,7 @@ from ..sim.multichip import SystemSimulator
 from ..target.builder import SharedSram
 from ..target.codegen.options import codegen_options
 from ..target.collectives import build_together
-from .steps import EIGHT_BIT, FLOAT_OF, embeds_on_chip, prompt_ids, shared_with, step_program
+from .steps import EIGHT_BIT, FLOAT_OF, embed_choice, prompt_ids, shared_with, step_program
 
 
 class SystemLLMSession:
@@ -41,7 +41,8 @@ class SystemLLMSession:
 
     def __init__(self, model, spec: decoders.DecoderSpec, system: System, chips, precision: str,
                  tensor_parallel: "int | None" = None, quantization: "decoders.QuantizedLinears | None" = None,
-                 float_precision: "str | None" = None, split_layers: bool = False):
+                 float_precision: "str | None" = None, split_layers: bool = False,
+                 embed_on_chip: "bool | None" = None):
         cfg = system.config
         self.model, self.spec, self.system, self.precision = model, spec, system, precision
         # int8 / fp8: W8A8 dense layers with the whole model's activation scales (each chip
@@ -86,7 +87,9 @@ class SystemLLMSession:
                              received=("input_ids",) if k else ())
                 self.roles[c] = (decoders.TensorShard(r, t) if t > 1 else None, stage, place)
         self.config = cfg
-        self.embed_on_chip = embeds_on_chip(spec, cfg, precision)
+        # The first stage gathers the embedding where it can (as one chip does,
+        # LLMSession), or the host looks rows up (embed_on_chip=False).
+        self.embed_on_chip = embed_choice(spec, cfg, precision, embed_on_chip)
         self._embed_rows = None if self.embed_on_chip else \
             model.get_input_embeddings().weight.detach().float().numpy()
         self.sim = SystemSimulator(system)

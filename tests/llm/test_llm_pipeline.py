@@ -158,3 +158,15 @@ def test_pipeline_refusals():
     with pytest.raises(LPXError, match="an embedding table of 1100 rows is not gathered on chip: a lane tile of it "
                                        "takes more than a slice's 4096 lines"):  # 4 bytes a row: 4,400 lines
         lpx_tvm.compile_llm(wide, preset="mini", precision="fp32", max_context=32, embed_on_chip=True)
+
+
+def test_pipeline_with_the_table_on_the_host():
+    """compile_llm(system=..., embed_on_chip=False): the host looks the first stage's rows
+    up, as on one chip; the same tokens as transformers."""
+    model = _model("llama", 3, 2.0)
+    ids = np.random.default_rng(2).integers(0, 320, (1, 7))
+    session = lpx_tvm.compile_llm(model, precision="fp32", max_context=32, system="groqnode", pipeline_stages=2,
+                                  embed_on_chip=False)
+    assert not session.embed_on_chip
+    want = model.generate(torch.as_tensor(ids), max_new_tokens=5, do_sample=False)[:, 7:].numpy()
+    np.testing.assert_array_equal(session.generate(ids, 5), want)
