@@ -208,7 +208,7 @@ def half_layer_values(model, spec: DecoderSpec) -> tuple:
 
 
 def _layer_matrix_shapes(model, spec: DecoderSpec) -> dict:
-    """{key of :data:`LAYER_DENSE`: (out, in)} of a layer's dense weights (a linear's
+    """{q, k, v, o, gate, up or fc, down: (out, in)} of a layer's dense weights (a linear's
     orientation; GPT-2's fused qkv cut into q, k and v)."""
     if spec.family == "gpt2":
         block = model.transformer.h[0]
@@ -230,17 +230,23 @@ def stored_rows(rows: int, cols: int, lanes: int) -> int:
 def half_layer_stored(model, spec: DecoderSpec, size: int, lanes: int) -> tuple:
     """(attention, MLP): the values one chip of ``size`` (:class:`TensorShard`) stores of
     a layer's dense weights, each (K, N) matrix K rows of whole lane tiles: what the fit
-    of a stage counts (a q of 1,024 outputs takes 1,280 lanes a row, a k of 128 takes
-    320)."""
+    of a stage counts (q, k and v fused, of 1,024 + 128 + 128 outputs, take 1,280 lanes a
+    row; o's 8,192 take 8,320)."""
     # As _shard_weights splits them; the hidden units of the fullest chip where they do
     # not divide.
     q, kv = spec.heads // size * spec.head_dim, spec.kv_heads // size * spec.head_dim
-    out = [0, 0]
+    shapes = {}
     for key, (n, k) in _layer_matrix_shapes(model, spec).items():
         if key in ("o", "down"):  # split by their inputs
-            k = q if key == "o" else -(-k // size)
+            shapes[key] = (n, q if key == "o" else -(-k // size))
         else:
-            n = q if key == "q" else kv if key in ("k", "v") else -(-n // size)
+            shapes[key] = (q if key == "q" else kv if key in ("k", "v") else -(-n // size), k)
+    for fused, keys in FUSED.items():  # as the steps store them (_fused): the parts' outputs, one input
+        if all(k in shapes for k in keys):
+            parts = [shapes.pop(k) for k in keys]
+            shapes[fused] = (sum(n for n, _ in parts), parts[0][1])
+    out = [0, 0]
+    for key, (n, k) in shapes.items():
         out[LAYER_DENSE[key] not in ("attn", "o")] += stored_rows(k, n, lanes)
     return tuple(out)
 
@@ -336,8 +342,9 @@ def spec_of(model, max_context: int, batch: int = 1) -> DecoderSpec:
 # (down); and the final norm's output (the LM head).
 # A layer's weights before the residual stream's mid-layer point (the rest are the MLP's).
 ATTENTION_KEYS = {"q", "q_bias", "k", "k_bias", "v", "v_bias", "o", "o_bias", "input_norm", "input_norm_b"}
-LAYER_DENSE = {"q": "attn", "k": "attn", "v": "attn", "o": "o", "gate": "mlp", "up": "mlp", "fc": "mlp",
-               "down": "down"}
+LAYER_DENSE = {"qkv": "attn", "o": "o", "gate_up": "mlp", "fc": "mlp", "down": "down"}
+# The steps' fused matrices (:func:`_fused`): one projection whose outputs are its parts'.
+FUSED = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 
 
 # The largest magnitude of each 8-bit format: a scale maps a calibrated peak there.
@@ -421,6 +428,7 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
         spec = stage_spec(spec, stage)
     else:
         halves = [(True, True)] * len(weights["layers"])
+    weights = dict(weights, layers=[_fused(layer) for layer in weights["layers"]])
     attends = any(att for att, _ in halves)
     is_first = stage is None or stage.first
     is_last = stage is None or stage.last
@@ -532,7 +540,9 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
                     if s.family == "gpt2":
                         m = torch.nn.functional.gelu(dense(h_in, "fc"), approximate="tanh")
                     else:
-                        m = torch.nn.functional.silu(dense(h_in, "gate")) * dense(h_in, "up")
+                        gate_up = dense(h_in, "gate_up")  # [B*T, 2 I]: gate's outputs, then up's
+                        units = gate_up.shape[1] // 2
+                        m = torch.nn.functional.silu(gate_up[:, :units]) * gate_up[:, units:]
                     x = x + self.summed(dense(self.dense_input(m, f"{first_layer + i}.down"), "down"))
             if not is_last:  # the hidden rows, every token's, to the next stage
                 return (x, *new_caches)
@@ -558,15 +568,14 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
             rep = NH // KVH
             h = _norm(s.family, x, w["input_norm"], w.get("input_norm_b"), w["eps"])
             h_in = self.dense_input(h, f"{layer}.attn")
-            q_all = dense(h_in, "q")  # [B*T, NH*D]
-            k_all = dense(h_in, "k")  # [B*T, KVH*D]
-            v_all = dense(h_in, "v")
+            qkv = dense(h_in, "qkv")  # [B*T, (NH + 2 KVH) * D]: the query heads, the keys, the values
+            k0, v0 = NH * D, (NH + KVH) * D
             heads = [None] * NH
             for g in range(KVH):
-                k = k_all[:, g * D:(g + 1) * D]
+                k = qkv[:, k0 + g * D:k0 + (g + 1) * D]
                 if rope is not None:
                     k = _rotary(k, rope[2], rope[3])
-                v = v_all[:, g * D:(g + 1) * D]
+                v = qkv[:, v0 + g * D:v0 + (g + 1) * D]
                 k_cache = torch.ops.aten.index_put(caches[2 * (c * KVH + g)], [rows, self.cols], k)
                 v_cache = torch.ops.aten.index_put(caches[2 * (c * KVH + g) + 1], [rows, self.cols], v)
                 new_caches += [k_cache, v_cache]
@@ -575,7 +584,7 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
                 # stream through; streaming the C key rows past installed queries cost
                 # C vectors at the 16-bit rate and a transpose of the scores (-33% cycles
                 # of a decode step at C = 256).
-                qs = [q_all[:, n * D:(n + 1) * D] for n in range(g * rep, (g + 1) * rep)]
+                qs = [qkv[:, n * D:(n + 1) * D] for n in range(g * rep, (g + 1) * rep)]
                 qg = torch.cat(qs, dim=0) if rep > 1 else qs[0]  # [rep*B*T, D]
                 if rope is not None:
                     qg = _rotary(qg, rope[0], rope[1])
@@ -659,6 +668,24 @@ def _gpt2_weights(model) -> dict:
                         for lay in layers],
                 embed=tr.wte.weight.detach(), positions=tr.wpe.weight.detach(), lm_head=model.lm_head.weight.detach(),
                 norm_w=tr.ln_f.weight.detach(), norm_b=tr.ln_f.bias.detach(), eps=tr.ln_f.eps)
+
+
+def _fused(layer: dict) -> dict:
+    """A layer's q, k and v as one matrix ``qkv``, its rows theirs stacked (and gate with
+    up as ``gate_up``): one projection, sliced after. Wider matrices waste less of their
+    last lane tile: a chip's eighth of Llama-2-70B has q, k and v of 1,024, 128 and 128
+    outputs, 1,280 + 320 + 320 lanes a row stored apart and 1,280 together."""
+    torch = _torch()
+    out = dict(layer)
+    for fused, keys in FUSED.items():
+        if not all(out.get(k) is not None for k in keys):
+            continue
+        parts = [out.pop(k) for k in keys]
+        biases = [out.pop(f"{k}_bias", None) for k in keys]
+        out[fused] = torch.cat(parts, 0).contiguous()
+        out[f"{fused}_bias"] = None if all(b is None for b in biases) else \
+            torch.cat([p.new_zeros(p.shape[0]) if b is None else b for p, b in zip(parts, biases)]).contiguous()
+    return out
 
 
 def _linear(x, w, b):

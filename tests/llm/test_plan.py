@@ -141,10 +141,11 @@ def test_a_chip_share_is_sized_as_the_compiler_stores_it():
             whole = load_decoder(CONFIG, 0)
         attention, mlp = decoders.half_layer_stored(whole, decoders.spec_of(whole, 16), t, cfg.lanes)
         assert attention + mlp == sum(matrices) - head
-        # By hand at t = 3: q, k, v of 80, 40, 40 outputs and gate, up of 134 take a lane
-        # tile a row (240 rows each); o and down, 80 and 134 rows of 240 outputs, one tile.
+        # By hand at t = 3: q, k and v fused, 80 + 40 + 40 outputs, and gate with up,
+        # 2 x 134, take a lane tile a row (240 rows each); o and down, 80 and 134 rows of
+        # 240 outputs, one tile.
         if t == 3:
-            assert (attention, mlp) == ((3 * 240 + 80) * 320, (2 * 240 + 134) * 320)
+            assert (attention, mlp) == ((240 + 80) * 320, (240 + 134) * 320)
 
 
 def _m(t, b, user, chip, fits=True):
