@@ -8,12 +8,13 @@ and the system simulator's speed, measured side by side in one run (docs/multich
   of TTFT. The same cases predicted from one chip's samples (``samples="chip"``), and a
   mapping whose stages cut layers between attention and MLP (6 chips).
 - Llama-2-70B in int8 on TSP systems of up to 576 chips (whole-layer stages at 4k
-  context; stages cut at half layers at 4k and 2k, and at 4k with a 92% SRAM budget), and Llama-3-70B and -8B in fp8 on an
-  LP30 rack (4k context at batch 1 and 2, 1k context at batches 1, 2 and 4), from their
-  published configs: one chip's share of their layers compiled and simulated, composed
-  with the collectives simulated on the system; where nothing fits or compiles, why.
+  context; stages cut at half layers at 4k and 2k, and at 4k with a 92% SRAM budget),
+  and Llama-3-70B and -8B in fp8 on an LP30 rack (4k context at batch 1 and 2, 1k
+  context at batches 1, 2 and 4), from their published configs: one chip's share of
+  their layers compiled and simulated, composed with the collectives simulated on the
+  system; where nothing fits or compiles, why.
 - The stages the planner sizes, one chip's share compiled for real (Llama-2-70B's
-  heaviest at 2k on TSPs, Llama-3-70B's on LP30): resident, or weights streamed.
+  heaviest at 2k and 4k on TSPs, Llama-3-70B's on LP30): resident, or weights streamed.
 - The system simulator's speed on the 16-chip decode step: simulated chip-cycles per wall
   second, functional, and timing-only inline against timing-only in 2 worker processes.
 

@@ -192,10 +192,14 @@ def stage_spec(spec: DecoderSpec, stage: "PipelineStage | None") -> DecoderSpec:
     return spec if stage is None else replace(spec, layers=stage.attention_layers)
 
 
-def rope_table_values(spec: DecoderSpec) -> int:
+def rope_table_values(spec: DecoderSpec, lanes: "int | None" = None) -> int:
     """Values of the tables the steps add to the model's weights: RoPE's cosine and
-    (signed) sine, a row of ``head_dim`` per position (:func:`decoder_step`); none for GPT-2."""
-    return 0 if spec.family == "gpt2" else 2 * spec.max_context * spec.head_dim
+    (signed) sine, a row of ``head_dim`` per position (:func:`decoder_step`); none for
+    GPT-2. With ``lanes``, as stored: each row whole lane tiles (:func:`stored_rows`)."""
+    if spec.family == "gpt2":
+        return 0
+    return 2 * (spec.max_context * spec.head_dim if lanes is None else stored_rows(spec.max_context, spec.head_dim,
+                                                                                    lanes))
 
 
 def half_layer_values(model, spec: DecoderSpec) -> tuple:
@@ -203,8 +207,7 @@ def half_layer_values(model, spec: DecoderSpec) -> tuple:
     :func:`split_stages_of` balances."""
     layer = model.transformer.h[0] if spec.family == "gpt2" else model.model.layers[0]
     attention = layer.attn if spec.family == "gpt2" else layer.self_attn
-    values = [sum(p.numel() for p in m.parameters() if p.dim() == 2) for m in (attention, layer.mlp)]
-    return values[0], values[1]
+    return tuple(sum(p.numel() for p in m.parameters() if p.dim() == 2) for m in (attention, layer.mlp))
 
 
 def _layer_matrix_shapes(model, spec: DecoderSpec) -> dict:

@@ -400,7 +400,7 @@ def _sized(spec, runs: _Runs, t: int, stages: int, batch: int, micro: int) -> tu
     # The tables (and norms) on the first stage when the embedding is gathered on chip (a
     # lane tile of it fits a slice), else the host looks its rows up.
     tables = (spec.parameters - runs.matrices) * fb if runs.embeds else 0
-    rope = 2 * decoders.stored_rows(spec.max_context, spec.head_dim, lanes) * fb if spec.family != "gpt2" else 0
+    rope = decoders.rope_table_values(spec, lanes) * fb
     local = decoders.shard_spec(replace(spec, batch=batch * micro), t)
     per_chip = []
     for st in parts:

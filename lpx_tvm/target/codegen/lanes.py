@@ -10,14 +10,20 @@ from .graph import UnsupportedOnLPX
 from .storage import Stored, chunk_of, one, runs
 
 
-def lane_map(ctx: LoweringContext, src: int, dst: int, length: int) -> int:
-    """A permutation table moving lanes src..src+length-1 to dst.., zero elsewhere."""
-    key = (src, dst, length)
+def permute_table(ctx: LoweringContext, table: np.ndarray) -> int:
+    """The program's index of ``sxm.permute`` map ``table`` (``lanes`` entries, -1 for a
+    zero lane), added once however many permutes use it."""
+    key = table.astype(np.int32).tobytes()
     if key not in ctx.lane_maps:
-        table = np.full(ctx.cfg.lanes, -1, np.int32)
-        table[dst:dst + length] = np.arange(src, src + length)
         ctx.lane_maps[key] = ctx.builder.table(table)
     return ctx.lane_maps[key]
+
+
+def lane_map(ctx: LoweringContext, src: int, dst: int, length: int) -> int:
+    """A permutation table moving lanes src..src+length-1 to dst.., zero elsewhere."""
+    table = np.full(ctx.cfg.lanes, -1, np.int32)
+    table[dst:dst + length] = np.arange(src, src + length)
+    return permute_table(ctx, table)
 
 
 def gather_lanes(ctx: LoweringContext, tag: str, x: Stored, y: Stored, source):
@@ -25,7 +31,7 @@ def gather_lanes(ctx: LoweringContext, tag: str, x: Stored, y: Stored, source):
     column tile of ``y`` and tile of ``x`` it draws from, one SXM permute whose table
     picks all those lanes at once (the other lanes become zero), the pieces from
     different tiles of ``x`` added."""
-    lanes = ctx.cfg.lanes
+    lanes, rows = ctx.cfg.lanes, y.tensor.layout.rows
     source = np.asarray(source)
     for yt in range(y.tensor.ntiles):
         cols = source[yt * lanes:(yt + 1) * lanes]
@@ -33,13 +39,10 @@ def gather_lanes(ctx: LoweringContext, tag: str, x: Stored, y: Stored, source):
             table = np.full(lanes, -1, np.int32)
             mine = cols // lanes == xt
             table[:len(cols)][mine] = cols[mine] - xt * lanes
-            key = ("table", table.tobytes())
-            if key not in ctx.lane_maps:
-                ctx.lane_maps[key] = ctx.builder.table(table)
-            rows = y.tensor.layout.rows
+            index = permute_table(ctx, table)
             for r0, r1 in runs(rows, lambda r: (chunk_of(x.tensor, r), chunk_of(y.tensor, r))):
                 g = ctx.builder.group(tag)
-                v = g.sxm("sxm.permute", g.read(one(x.tensor.segments(xt, r0, r1))), map=ctx.lane_maps[key])
+                v = g.sxm("sxm.permute", g.read(one(x.tensor.segments(xt, r0, r1))), map=index)
                 out = one(y.tensor.segments(yt, r0, r1))
                 if n:
                     v = g.vxm("vxm.add", v, g.read(out))

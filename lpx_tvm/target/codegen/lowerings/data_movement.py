@@ -143,14 +143,19 @@ def lower_reshape(ctx: LoweringContext, op: RegionOp, is_output: bool):
     ctx.values[op.out] = Stored(x.tensor, tuple(op.shape))
 
 
+def _slice_bounds(step, width: int) -> tuple:
+    """(begin, end) of a ``strided_slice`` step of the last axis of a ``width``-wide value,
+    negative bounds counted from the end and the end clipped to the width."""
+    begin, end = (int(np.asarray(a.const).reshape(-1)[0]) for a in step.args[2:4])
+    begin, end = (b + width if b < 0 else b for b in (begin, end))
+    return begin, min(end, width)
+
+
 @register_lowering("lpx.slice")
 def lower_slice(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """Elements begin .. end - 1 of the last axis (stride 1), moved to lane 0 on."""
     x = ctx.value(op.main.args[0])
-    _, begin, end = (int(np.asarray(a.const).reshape(-1)[0]) for a in op.main.args[1:4])
-    width = x.shape[-1]
-    begin, end = (b + width if b < 0 else b for b in (begin, end))
-    end = min(end, width)
+    begin, end = _slice_bounds(op.main, x.shape[-1])
     moves = [(0, 0, x.tensor.layout.rows, begin, 0, end - begin)]
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x], beside=[_moved_into(ctx, moves, op.shape)])
     move_lanes(ctx, f"{op.out}.slice", x, y, moves)
@@ -163,12 +168,9 @@ def lower_permute_lanes(ctx: LoweringContext, op: RegionOp, is_output: bool):
     head swapped): each row's lanes picked in one SXM permute per pair of column tiles,
     instead of the two slices written and moved again by the concat."""
     x = ctx.value(op.main.args[0])
-    width = x.shape[-1]
     source, moves = [], []
     for s in (op.main, op.epilogue[0]):
-        begin, end = (int(np.asarray(a.const).reshape(-1)[0]) for a in s.args[2:4])
-        begin, end = (b + width if b < 0 else b for b in (begin, end))
-        end = min(end, width)
+        begin, end = _slice_bounds(s, x.shape[-1])
         moves.append((0, 0, x.tensor.layout.rows, begin, len(source), end - begin))
         source += range(begin, end)
     if len(source) != op.shape[-1]:
