@@ -12,6 +12,10 @@ LLAMA = dict(vocab_size=320, hidden_size=240, intermediate_size=400, num_hidden_
              num_key_value_heads=3, head_dim=40, max_position_embeddings=128)
 
 
+# A value this close (relative) to an 8-bit rounding boundary may round either way.
+TIE = 1e-6
+
+
 def random_decoder(kind, seed=0, scale=4.0):
     torch.manual_seed(seed)
     if kind == "llama":
@@ -32,21 +36,66 @@ def random_decoder(kind, seed=0, scale=4.0):
     return model.eval()
 
 
-def torch_logits(model, spec, ids, tokens, quant=None):
+def torch_logits(model, spec, ids, tokens, quant=None, ties=None):
     """The logits of every step in the model's dtype, teacher-forced with ``tokens`` (the
-    tokens LPX chose); with ``quant``, of the int8 steps."""
+    tokens LPX chose); with ``quant``, of the int8 steps. With ``ties`` (a list), appends
+    each step's smallest relative distance of a value to an 8-bit rounding boundary
+    (:func:`tie_distance`)."""
     prefill, decode, _ = decoders.decoder_steps(model, spec.max_context, ids.shape[1], spec.batch, quant=quant)
     _, _, *caches = decoders.example_inputs(spec, ids.shape[1], dtype=next(model.parameters()).dtype)
+    closest = [np.inf]
+    if ties is not None and quant is not None:
+        for step in (prefill, decode):
+            _watch_ties(step, quant, closest)
     out = []
+
+    def record():
+        if ties is not None:
+            ties.append(closest[0])
+            closest[0] = np.inf
+
     with torch.no_grad():
         _, logits, *caches = prefill(torch.as_tensor(ids.reshape(-1), dtype=torch.int32),
                                      torch.zeros(1, dtype=torch.int32), *caches)
         out.append(logits.float().numpy())
+        record()
         for k in range(tokens.shape[1] - 1):
             _, logits, *caches = decode(torch.as_tensor(tokens[:, k], dtype=torch.int32),
                                         torch.tensor([ids.shape[1] + k], dtype=torch.int32), *caches)
             out.append(logits.float().numpy())
+            record()
     return np.stack(out)
+
+
+def tie_distance(v: np.ndarray, fmt: str) -> float:
+    """The smallest relative distance of the scaled values ``v`` to a point where their
+    8-bit rounding changes (a midpoint between two int8 or fp8 e4m3 values): 0 on a tie."""
+    v = np.abs(v.astype(np.float64)).ravel()
+    v = v[v > 0]
+    if fmt == "fp8":
+        top = float(decoders.FP8_MAX)
+        v = v[v < top]  # the clamp sends all beyond to the top
+        # e4m3: 3 mantissa bits; below 2^-6 the spacing is that of the subnormals, 2^-9.
+        spacing = 2.0 ** (np.maximum(np.floor(np.log2(np.maximum(v, 2.0**-6))), -6) - 3)
+    else:
+        v = v[v < 127.5]
+        spacing = np.ones_like(v)
+    if not v.size:
+        return np.inf
+    mid = (np.floor(v / spacing - 0.5) + 0.5) * spacing
+    return float(np.min(np.minimum(np.abs(v - mid), np.abs(v - mid - spacing)) / v))
+
+
+def _watch_ties(step, quant, closest):
+    """Have ``step`` record its quantized values' distance to a rounding boundary."""
+    dense_input = step.dense_input
+
+    def watched(x, site):
+        scaled = (x * quant.inverse(site)).detach().float().numpy()
+        closest[0] = min(closest[0], tie_distance(scaled, quant.fmt))
+        return dense_input(x, site)
+
+    step.dense_input = watched
 
 
 def rel_err(got, want) -> float:
@@ -76,14 +125,27 @@ def check_8bit_layers(session, model, ids, new_tokens: int):
     """A session with fp32 around its 8-bit layers against the torch steps with the same
     scales: the logits far closer to that reference (under a tenth) than the reference
     is to the float model, the tokens equal wherever the margin is clear. Returns the
-    tokens."""
+    tokens.
+
+    A value within ``TIE`` of an 8-bit rounding boundary may round one way on LPX and the
+    other in torch (their fp32 sums differ in order, by about 1e-7 of a value); the
+    changed value then stays in the KV cache, and every later step differs by about one
+    rounding step's effect. So a step may miss the tight bound only from the first step
+    holding such a near-tie on, and then stays within the reference's own distance from
+    the float model."""
     tokens, logits = session.generate(ids, new_tokens, return_logits=True)
-    want = torch_logits(model, session.spec, ids, tokens, session.quantization)
+    ties = []
+    want = torch_logits(model, session.spec, ids, tokens, session.quantization, ties=ties)
     flt = torch_logits(model, session.spec, ids, tokens)
     errs = [rel_err(logits[k], want[k]) for k in range(len(want))]
     quant_errs = [rel_err(flt[k], want[k]) for k in range(len(want))]
-    assert max(errs) < 0.1 * np.median(quant_errs), (errs, quant_errs)
+    tight = 0.1 * np.median(quant_errs)
+    first_tie = next((k for k, d in enumerate(ties) if d < TIE), len(ties))
     for k in range(len(want)):
+        if k < first_tie:
+            assert errs[k] < tight, (k, first_tie, errs, quant_errs)
+        else:
+            assert errs[k] < quant_errs[k], (k, first_tie, errs, quant_errs)
         assert_tokens_where_clear(tokens[:, k], want[k], 2 * errs[k])
     return tokens
 

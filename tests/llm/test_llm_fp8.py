@@ -133,3 +133,22 @@ def test_fp8_session_against_its_reference_and_the_floor():
     assert rep["floors"]["weights_over_install"] == pytest.approx(
         session.matrix_parameters / (cfg.mxm_planes * cfg.mxm_install_streams * cfg.lanes))
     assert rep["decode_cycles_per_token"] > rep["decode_floor_cycles"]
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+def test_tie_distance_finds_rounding_boundaries(fmt):
+    """The near-tie finder the 8-bit decoder checks rely on: a value just off a midpoint
+    between two 8-bit values is found at that distance; an 8-bit value itself is far."""
+    from decoder_models import tie_distance
+
+    rng = np.random.default_rng(0)
+    if fmt == "fp8":
+        grid = np.unique(np.abs(np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)))
+        grid = grid[np.isfinite(grid)]
+    else:
+        grid = np.arange(0.0, 128.0)
+    mids = (grid[:-1] + grid[1:]) / 2
+    for m in rng.choice(mids[1:], 20):
+        eps = 10.0 ** rng.uniform(-8, -4)
+        assert tie_distance(np.array([m * (1 + eps), 1.0]), fmt) == pytest.approx(eps, rel=1e-3)
+    assert tie_distance(grid[1:], fmt) > 3e-3  # half a step of 127, the least
