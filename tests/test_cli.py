@@ -107,6 +107,7 @@ def test_demo_on_a_small_onnx_file(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "output y: relative L2 error vs onnxruntime" in out
     assert "logits m (the softmax input): relative L2 error vs onnxruntime" in out
+    assert out.splitlines()[-1].startswith("PASS: 2 output(s) match onnxruntime within tolerance")
 
 
 @pytest.mark.parametrize("wrong", ["swapped classes", "one logit off by 1%"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
@@ -79,8 +80,11 @@ class Layer:
 
 
 @dataclass
-class Report:
+class Report(Mapping):
     """A run's cycles, latency, utilization, traffic and per-layer numbers (docs/report.md).
+
+    It reads as a read-only mapping of its JSON form, as the written file has it:
+    ``report["cycles"]``, ``report.get(...)``, ``keys()``, ``items()``, ``dict(report)``.
 
     For a program binary the compiler's fields are empty: ``precision`` None, ``offload``
     empty, ``weight_bytes`` and ``streamed_weight_bytes`` 0, ``tuning`` None.
@@ -143,10 +147,18 @@ class Report:
             raise ReportError(f"{path}: not a JSON report ({e})") from None
 
     def __getitem__(self, key: str):
-        return self.to_json()[key]
+        if key not in _REPORT_FIELDS:
+            raise KeyError(key)
+        return self.to_json()[key]  # a copy: the report stays as it is
 
-    def __contains__(self, key: str) -> bool:
-        return key in {f.name for f in fields(self)}
+    def __iter__(self):
+        return iter(_REPORT_FIELDS)
+
+    def __len__(self) -> int:
+        return len(_REPORT_FIELDS)
+
+
+_REPORT_FIELDS = tuple(f.name for f in fields(Report))
 
 
 # ---- per-layer attribution ---------------------------------------------------------

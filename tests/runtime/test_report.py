@@ -111,6 +111,15 @@ def test_report_json_round_trip_and_schema_checks(tmp_path):
     assert back["offload"]["lpx"] == {"nn.conv2d": 1} and back["layers"][0] == {"name": "conv", "cycles": 20,
                                                                                 "macs": 7, "instructions": 3,
                                                                                 "weights": rep.layers[0].weights}
+    # a read-only mapping of the JSON form, as the README's example uses it
+    assert dict(back) == rep.to_json() and list(back.keys()) == list(rep.to_json())
+    assert back.get("cycles") == 25 and back.get("no such field", "none") == "none"
+    assert dict(back.items())["macs"] == 7 and len(back) == len(rep.to_json())
+    assert "cycles" in back and "mxm_dtype" not in back
+    back["offload"]["lpx"]["cos"] = 9  # a copy: the report is unchanged
+    assert back.offload.lpx == {"nn.conv2d": 1}
+    with pytest.raises(TypeError):
+        back["cycles"] = 3
     # a report written before layers had weights reads back with none
     old = rep.to_json()
     for row in old["layers"]:
