@@ -45,6 +45,7 @@ from .relax_passes import canonicalize, import_onnx, partition_for_lpx
 from .relax_passes.constant_range import check_constant_ranges
 from .relax_passes.qdq import FoldQDQ, has_qdq
 from .relax_passes.split_region import op_calls, split_region
+from .relax_passes.tvm_output import quiet_tvm
 from .runtime.compiled_model import CompiledModel
 from .runtime.executable import LPXExecutable
 from .runtime.region import TARGET_TAG
@@ -54,6 +55,7 @@ from .target.codegen.outline import lpx_functions, outline_regions
 
 # ---- the stages ----------------------------------------------------------------------
 
+@quiet_tvm()  # TVM's C++ log lines stay off the user's stderr (docs/errors.md)
 def import_model(model, input_shapes=None):
     """An ONNX model (path or ``onnx.ModelProto``) imported into Relax; a model already
     imported (an ``ImportedModel`` or ``ImportedTorch``: it has ``mod``, ``inputs`` and
@@ -63,6 +65,7 @@ def import_model(model, input_shapes=None):
     return import_onnx(model, input_shapes)
 
 
+@quiet_tvm()
 def canonicalize_model(mod: tvm.IRModule, precision: str) -> tvm.IRModule:
     """The module in the forms the LPX patterns expect (for int8, its Q/DQ pairs first
     become integer ops, before constant folding turns the int8 weights into floats)."""
@@ -75,6 +78,7 @@ def canonicalize_model(mod: tvm.IRModule, precision: str) -> tvm.IRModule:
     return canonicalize(mod)
 
 
+@quiet_tvm()
 def partition(mod: tvm.IRModule, cfg: LPXConfig, precision: str) -> tuple:
     """``(module with LPX regions as Codegen="lpx" functions, OffloadReport)``; a machine
     the compiler cannot target is refused here, before any region is made."""
@@ -149,6 +153,7 @@ def build_executable(cpu_mod: tvm.IRModule, regions: dict, cfg: LPXConfig, preci
 
 # ---- composed ------------------------------------------------------------------------
 
+@quiet_tvm()
 def lower(mod: tvm.IRModule, cfg: LPXConfig, precision: str, policy: "TilingPolicy | None" = None) -> tuple:
     """Canonicalize, partition, check constant ranges, lower and outline: ``(cpu module,
     {name: CompiledRegion}, OffloadReport)``. ``policy`` gives the tilings and records the
@@ -164,6 +169,7 @@ def lower(mod: tvm.IRModule, cfg: LPXConfig, precision: str, policy: "TilingPoli
     return outline(mod, names), regions, offload
 
 
+@quiet_tvm()
 def build(mod: tvm.IRModule, target=TARGET_TAG, params=None, preset="tsp", precision="fp16",
           policy: "TilingPolicy | None" = None) -> LPXExecutable:
     """Compile a Relax IRModule for LPX (the successor of ``relay.build(mod, target="lpx")``).
@@ -195,6 +201,7 @@ def build(mod: tvm.IRModule, target=TARGET_TAG, params=None, preset="tsp", preci
     return build_executable(cpu_mod, regions, cfg, precision, offload, summary(precision) if summary else None)
 
 
+@quiet_tvm()
 def compile_model(model, preset="tsp", precision="fp16", input_shapes=None,
                   policy: "TilingPolicy | None" = None) -> CompiledModel:
     """An ONNX model (path or ``ModelProto``) or an imported model, compiled into a
@@ -209,6 +216,7 @@ def _offload(report) -> "Offload | None":
 
 # ---- tvm.compile(mod, target="lpx", relax_pipeline="lpx") ------------------------------
 
+@quiet_tvm()
 def lower_for_tvm_compile(mod: tvm.IRModule, preset: str, precision: str) -> tvm.IRModule:
     """The Relax pipeline ``"lpx"`` (registered by :mod:`lpx_tvm.tvm_hooks`): the LPX
     regions lowered and their extern calls registered, the rest through TVM's default

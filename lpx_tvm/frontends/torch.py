@@ -10,11 +10,13 @@ is called, never when :mod:`lpx_tvm` is imported.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..relax_passes.errors import ModelError
+from ..relax_passes.tvm_output import quiet_tvm
 
 __all__ = ["ImportedTorch", "from_torch", "import_torch"]
 
@@ -77,14 +79,17 @@ def import_torch(module, example_inputs) -> ImportedTorch:
     if not isinstance(module, torch.nn.Module):
         raise ModelError(f"from_torch expects a torch.nn.Module, got {name}")
     args = _example_tuple(torch, example_inputs, name)
-    try:
-        with torch.no_grad():
-            exported = torch.export.export(module, args)
-    except Exception as e:  # torch.export raises many unrelated types
-        raise ModelError(
-            f"torch.export could not export {name}: {type(e).__name__}: {first_line(e)}"
-        ) from e
-    mod = exported_to_relax(exported, name)
+    with warnings.catch_warnings():
+        # torch 2.13 warns about its own pytree internals (LeafSpec) as it copies a program
+        warnings.filterwarnings("ignore", message=r".*LeafSpec", category=FutureWarning)
+        try:
+            with torch.no_grad():
+                exported = torch.export.export(module, args)
+        except Exception as e:  # torch.export raises many unrelated types
+            raise ModelError(
+                f"torch.export could not export {name}: {type(e).__name__}: {first_line(e)}"
+            ) from e
+        mod = exported_to_relax(exported, name)
     inputs = _user_inputs(exported, args, name)
     outputs = [f"output_{i}" for i in range(len(_user_output_specs(exported)))]
     return ImportedTorch(mod=mod, inputs=inputs, outputs=outputs, exported_program=exported)
@@ -112,6 +117,7 @@ def check_options(preset, precision):
     load_config(preset)
 
 
+@quiet_tvm()  # its notes on each 2-D index_put (a decoder's cache updates), among others
 def exported_to_relax(exported, name: str):
     """An ``ExportedProgram`` to a Relax module whose weights are constants, its calls
     named by the torch module they came from (see :func:`layer_name`)."""
