@@ -9,6 +9,8 @@ The pass order, top to bottom:
    statistics) become single constants, and the tuple plumbing the decomposition
    leaves goes away (an unused tuple would still count as a use and stop the folds
    below).
+   ``lpx.TakeAsSlice``: a ``take`` of a runtime value at constant indices (a ViT's
+   class token ``x[:, 0]``) becomes slices of runs of rows or lanes.
 3. ``lpx.PadFromTIR``: the TIR pads the ONNX importer generates (``Pad``, ``auto_pad``)
    become ``nn.pad``, as the torch importer writes them, for the patterns and step 8.
    ``lpx.RemoveDropout``: dropout is the identity at inference.
@@ -33,6 +35,11 @@ The pass order, top to bottom:
    C, permute back) run on the (N*H*W, C) pixel-rows view of their values.
 11. ``lpx.HeadsTo3D``: unit-batch multi-head attention runs on (heads, seq, dim) 3-D
    values instead of 4-D ones (which LPX stores as images).
+   ``lpx.ChannelSoftmaxConv``: a softmax over the channels of a reshaped value and a 1x1
+   convolution (YOLOv8's box distribution, once HeadsTo3D made its source 3-D) become a
+   softmax and a matmul on the 3-D value with the channels last.
+   ``lpx.FlattenAsTranspose``: ``reshape`` (n, c, h, w) -> (n, c, h*w) becomes the free
+   pixel flatten and a transpose (a detection head's flattened feature maps).
 12. ``CanonicalizeBindings`` and dead code elimination: the aliases and the unused
    bindings and PrimFuncs the rewrites leave.
 
@@ -44,27 +51,32 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .channel_softmax_conv import ChannelSoftmaxConv
 from .channels_last import ChannelsLast
 from .collapse_affine import CollapseAffine
 from .conv_transpose import ConvTransposeAsConv
 from .decompose import Decompose
 from .eval_constants import EvalConstants, has_constant_calls
+from .flatten_as_transpose import FlattenAsTranspose
 from .fold_pad import FoldPad
 from .fold_scale_shift import FoldScaleShift
 from .heads_3d import HeadsTo3D
 from .masking_add import MaskingAdd
 from .normalize_clip import NormalizeClip
 from .remove_dropout import RemoveDropout
+from .take_as_slice import TakeAsSlice
 from .tir_pad import PadFromTIR
 from .unstack_reduce import UnstackReduce
 
 __all__ = [
     "canonicalize",
+    "ChannelSoftmaxConv",
     "ChannelsLast",
     "CollapseAffine",
     "ConvTransposeAsConv",
     "Decompose",
     "EvalConstants",
+    "FlattenAsTranspose",
     "FoldPad",
     "FoldScaleShift",
     "HeadsTo3D",
@@ -72,6 +84,7 @@ __all__ = [
     "NormalizeClip",
     "PadFromTIR",
     "RemoveDropout",
+    "TakeAsSlice",
     "UnstackReduce",
 ]
 
@@ -100,6 +113,7 @@ def canonicalize(mod: tvm.IRModule) -> tvm.IRModule:
             _fold_rest,
             relax.transform.CanonicalizeBindings(),
             _remove_unused,
+            TakeAsSlice(),
             PadFromTIR(),
             RemoveDropout(),
             UnstackReduce(),
@@ -113,6 +127,8 @@ def canonicalize(mod: tvm.IRModule) -> tvm.IRModule:
             ChannelsLast(),
             relax.transform.CanonicalizeBindings(),  # HeadsTo3D follows values, not aliases
             HeadsTo3D(),
+            ChannelSoftmaxConv(),
+            FlattenAsTranspose(),
             relax.transform.CanonicalizeBindings(),
             _remove_unused,
         ],

@@ -10,8 +10,10 @@ its statistics. On the ONNX light models that was most of the compile time.
 This pass evaluates the ops whose numpy counterpart is bit-exact (data movement, and
 IEEE add / subtract / multiply / divide / sqrt, which are correctly rounded in both;
 integer add / subtract / multiply, which wrap in both; comparisons, logic, selects and
-integer casts; ``arange``, which starts torch's attention masks)
-and leaves everything else to ``FoldConstant``, which still runs after it. A result is
+integer casts; ``arange``, which starts torch's attention masks; ``take`` of constant
+indices; the shape of a value of static shape as a tensor, ``shape_to_tensor(shape_of(x))``,
+which the ONNX importer writes to wrap a negative Gather index, as in a ViT's class token
+``x[:, 0]``) and leaves everything else to ``FoldConstant``, which still runs after it. A result is
 kept only when its shape and dtype are exactly the call's type.
 """
 
@@ -96,7 +98,37 @@ def _evaluate(call, args, out_shape):
         return _BINARY[name](args[0], args[1])
     if name == "relax.sqrt" and args[0].dtype.name in _IEEE:
         return np.sqrt(args[0])
+    if name == "relax.take" and args[1].dtype.kind in "iu":
+        return _take(call, args[0], args[1])
     return None
+
+
+def _take(call, data, indices):
+    """``take`` of constants as TVM computes it: "wrap" wraps every index, "clip" clamps,
+    "fast" assumes them in bounds (None when one is not: left to TVM)."""
+    axis = int(call.attrs.axis) if call.attrs.axis is not None else None
+    if axis is None:
+        data, axis = data.reshape(-1), 0
+    mode = str(call.attrs.mode)
+    n = data.shape[axis]
+    if mode == "fast" and not np.all((indices >= -n) & (indices < n)):
+        return None
+    return np.take(data, indices, axis=axis, mode="wrap" if mode == "fast" else mode)
+
+
+def _static_shape_of(value, shapes):
+    """The int64 array of a ``shape_to_tensor`` of a static shape (a ShapeExpr, or
+    ``shape_of`` a value whose type has a static shape), else None."""
+    arg = value.args[0]
+    if isinstance(arg, relax.Var):
+        arg = shapes.get(arg)
+    if isinstance(arg, relax.Call) and isinstance(arg.op, tvm.ir.Op) and arg.op.name == "relax.shape_of":
+        dims = static_shape(arg.args[0])
+    elif isinstance(arg, relax.ShapeExpr) and all(isinstance(v, tvm.tirx.IntImm) for v in arg.values):
+        dims = _ints(arg.values)
+    else:
+        return None
+    return None if dims is None else np.array(dims, "int64")
 
 
 def _array(const):
@@ -127,7 +159,11 @@ def _plan(func):
     """{var: constant} for every binding computable from constants by ``_evaluate``."""
     known = {}  # var -> numpy value of a constant or folded binding, for chains
     folded = {}
+    shapes = {}  # var -> its shape_of call
     for var, value in bindings(func):
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.shape_of":
+            shapes[var] = value
+            continue
         if is_const(value):
             if str(value.ty.dtype) in _PLAIN:
                 known[var] = _array(value)
@@ -137,6 +173,12 @@ def _plan(func):
         out_shape = static_shape(value)
         dtype = str(getattr(value.ty, "dtype", ""))
         if out_shape is None or dtype not in _PLAIN:
+            continue
+        if value.op.name == "relax.shape_to_tensor":
+            result = _static_shape_of(value, shapes)
+            if result is not None and result.shape == out_shape and dtype == "int64":
+                folded[var] = _const(result, dtype)
+                known[var] = _array(folded[var])
             continue
         if value.op.name == "relax.arange":
             bounds = [_scalar(a) for a in value.args]

@@ -85,6 +85,7 @@ from ..precision import Precision
 from ..target.codegen.rules import (
     activation_row_problem,
     binary_operands_problem,
+    channel_axis,
     concat_axis_problem,
     divide_operands_problem,
     flattens_pixels,
@@ -664,9 +665,10 @@ def _slice_rule(a, settings, rows=False):
         return found if rows or found else (op, "a slice of rows (lpx.slice_rows)")
     if rows:
         return op, "not a slice of rows"
-    if rank == 4 or axes != [rank - 1] or strides != [1]:
+    # A 4-D value keeps its channels (axis 1) in lanes: their slice is a lane slice too.
+    if axes != [channel_axis(rank)] or strides != [1]:
         return op, (f"strided_slice over axes {axes} with strides {strides} of a {rank}-D value: LPX slices "
-                    "the last axis of a value of rank <= 3 with stride 1")
+                    "the channels (the last axis; axis 1 of a 4-D value) with stride 1")
     return None
 
 
@@ -689,8 +691,8 @@ def _permute_lanes_rule(a, settings):
     if found:
         return found
     rank = len(expr_shape(concat))
-    if concat.attrs.axis is None or int(concat.attrs.axis) % rank != rank - 1:
-        return concat, "not a concat along the last axis"
+    if rank == 4 or concat.attrs.axis is None or int(concat.attrs.axis) % rank != rank - 1:
+        return concat, "not a concat along the last axis of a value of rank <= 3"
     for key in ("first", "second"):
         found = _slice_rule({"root": a[key], "input": a["input"]}, settings)
         if found:

@@ -72,6 +72,24 @@ def activation_row_problem(shape: tuple, itemsize: int, cfg, precision: str) -> 
         return (f"one row of activation {_ints(shape)} needs {nbytes} bytes at {precision}, more than "
                 f"1/{round(1 / SMALLEST_BAND_SHARE)} of the {cfg.name} SRAM ({cfg.sram_bytes} bytes), "
                 "the least a band must leave")
+    return image_row_slice_problem(shape, itemsize, cfg, precision)
+
+
+def image_row_slice_problem(shape: tuple, itemsize: int, cfg, precision: str) -> "str | None":
+    """Why a 4-D activation's image rows cannot be stored, or None.
+
+    A 4-D value is stored in chunks of whole image rows, one chunk to a slice, so that a
+    window never reads a row split over two slices: an image row of W pixels (one vector
+    of ``itemsize`` lines each per lane tile) must fit one slice.
+    """
+    shape = _ints(shape)
+    if len(shape) != 4:
+        return None
+    fit = cfg.lines_per_slice // itemsize  # pixels one slice holds
+    if shape[3] > fit:
+        return (f"an image row of {shape[3]} pixels of activation {shape} needs {shape[3] * itemsize} SRAM lines "
+                f"at {precision}, more than one {cfg.name} slice holds ({cfg.lines_per_slice}): image rows are "
+                "stored whole in one slice")
     return None
 
 

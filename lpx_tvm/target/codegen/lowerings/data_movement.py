@@ -71,16 +71,32 @@ def _swap_last(ctx: LoweringContext, x: Stored, y: Stored, tag: str):
     lanes = ctx.cfg.lanes
     m, n = x.shape[-2:]
     batches = x.shape[0] if len(x.shape) == 3 else 1
-    x = whole_groups(ctx, x, m, f"{tag}.rows")  # blocks of rows are read whole
+    dtype = x.tensor.layout.dtype
+    if m * dtype.itemsize <= ctx.cfg.lines_per_slice:
+        x = whole_groups(ctx, x, m, f"{tag}.rows")  # blocks of rows are read whole
+        sources = [(x, i * m) for i in range(batches)]
+    elif batches == 1:
+        # A batch larger than a slice: chunks of whole blocks of ``lanes`` rows suffice.
+        sources = [(whole_groups(ctx, x, lanes, f"{tag}.rows"), 0)]
+    else:
+        sources = None  # each batch copied into chunks of whole blocks (below)
     for i in range(batches):
+        if sources is None:
+            src = Stored(ctx.builder.tensor(f"{tag}.batch", (m, n), dtype, row_align=lanes), (m, n))
+            move_lanes(ctx, f"{tag}.batch", x, src, [(i * m, 0, m, 0, 0, n)])
+            base = 0
+        else:
+            src, base = sources[i]
         for r0 in range(0, m, lanes):
             r1 = min(m, r0 + lanes)
-            for cb in range(x.tensor.ntiles):
+            for cb in range(src.tensor.ntiles):
                 c0, c1 = cb * lanes, min(n, (cb + 1) * lanes)
                 g = ctx.builder.group(f"{tag}.transpose")
-                v = g.sxm("sxm.transpose", g.read(one(x.tensor.segments(cb, i * m + r0, i * m + r1))),
+                v = g.sxm("sxm.transpose", g.read(one(src.tensor.segments(cb, base + r0, base + r1))),
                           out=c1 - c0)
                 write_rows(ctx, g, v, y, r0 // lanes, i * n + c0, i * n + c1)
+        if sources is None:
+            ctx.builder.free(src.tensor)
 
 
 def _swap_first(ctx: LoweringContext, x: Stored, y: Stored, tag: str):
@@ -144,7 +160,7 @@ def lower_reshape(ctx: LoweringContext, op: RegionOp, is_output: bool):
 
 
 def _slice_bounds(step, width: int) -> tuple:
-    """(begin, end) of a ``strided_slice`` step of the last axis of a ``width``-wide value,
+    """(begin, end) of a ``strided_slice`` step of the sliced axis of a ``width``-wide value,
     negative bounds counted from the end and the end clipped to the width."""
     begin, end = (int(np.asarray(a.const).reshape(-1)[0]) for a in step.args[2:4])
     begin, end = (b + width if b < 0 else b for b in (begin, end))
@@ -153,11 +169,13 @@ def _slice_bounds(step, width: int) -> tuple:
 
 @register_lowering("lpx.slice")
 def lower_slice(ctx: LoweringContext, op: RegionOp, is_output: bool):
-    """Elements begin .. end - 1 of the last axis (stride 1), moved to lane 0 on."""
+    """Elements begin .. end - 1 of the channels (stride 1), moved to lane 0 on: the last
+    axis, or axis 1 of a 4-D value (stored NHWC, its channels in lanes: a C2f block's split)."""
     x = ctx.value(op.main.args[0])
-    begin, end = _slice_bounds(op.main, x.shape[-1])
+    begin, end = _slice_bounds(op.main, stored_shape(x.shape)[-1])
     moves = [(0, 0, x.tensor.layout.rows, begin, 0, end - begin)]
-    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x], beside=[_moved_into(ctx, moves, op.shape)])
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x],
+                  beside=[_moved_into(ctx, moves, stored_shape(op.shape))])
     move_lanes(ctx, f"{op.out}.slice", x, y, moves)
     ctx.values[op.out] = y
 
