@@ -14,20 +14,24 @@ or names a generated topology instead of listing links::
 
     {"name": "my-node", "preset": "tsp", "chips": 8, "topology": "all_to_all", "links_per_pair": 2}
 
-The presets (:data:`SYSTEM_PRESETS`) are generated; their assumptions are stated with
-them.
+A system file is validated against the schema of ``system_schema.py``: whatever is
+wrong is one :class:`ConfigError` line naming the key. A relative ``preset`` path is read
+from the system file's folder. The presets (:data:`SYSTEM_PRESETS`) are generated; their
+assumptions are stated with them.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from .config import LPXConfig, load_config
+from .config import PRESETS, LPXConfig, load_config
+from .system_schema import MAX_CHIPS, MAX_LINK_CYCLES, one_line, validate_system_file
 
 
 @dataclass(frozen=True)
@@ -60,9 +64,11 @@ class System:
 
     def __post_init__(self):
         self.links = tuple(self.links)
-        problems = _link_problems(self)
+        problems = _problems(self.config, self.chips, self.links)
         if problems:
-            raise ConfigError("\n".join(f"system {self.name}: {p}" for p in problems))
+            raise ConfigError(one_line(f"system {self.name}", [
+                text if isinstance(where, str) else f"link {where} {self.links[where].to_json()}: {text}"
+                for where, text in problems]))
         peer, between = {}, {}
         for k in self.links:
             peer[k.chip_a, k.link_a] = (k.chip_b, k.link_b)
@@ -160,26 +166,52 @@ class System:
                 "assumptions": list(self.assumptions), "sources": list(self.sources)}
 
 
-def _link_problems(s: System) -> list:
-    problems = []
-    if s.chips < 1:
-        problems.append(f"{s.chips} chips: a system has at least one")
-    used = {}
-    for n, k in enumerate(s.links):
+def _problems(cfg: LPXConfig, chips: int, links: tuple) -> list:
+    """[(where, problem)] of ``chips`` chips of machine ``cfg`` joined by ``links``:
+    ``where`` is the index of the link at fault, or the key of the system file whose value
+    is (``"chips"``, ``"preset"``, ``"links"``)."""
+    if not isinstance(chips, int) or isinstance(chips, bool) or not 1 <= chips <= MAX_CHIPS:
+        return [("chips", f"{chips!r} chips: a system has 1..{MAX_CHIPS}")]
+    problems = [("preset", p) for p in _link_rate_problems(cfg)]
+    ports = chips * cfg.c2c_links
+    if 2 * len(links) > ports:  # refused before looking at each link: a long list gets one line
+        return problems + [("links", f"{len(links)} links, but {chips} chips of {cfg.name} have "
+                                     f"{ports} ports ({cfg.c2c_links} a chip), two a link")]
+    used, seen = {}, {}
+    for n, k in enumerate(links):
+        same = seen.setdefault(frozenset(((k.chip_a, k.link_a), (k.chip_b, k.link_b))), n)
+        if same != n:
+            problems.append((n, f"the same link as link {same}"))
+            continue
+        if k.chip_a == k.chip_b:
+            problems.append((n, f"joins chip {k.chip_a} to itself"))
+            continue
         for chip, link in ((k.chip_a, k.link_a), (k.chip_b, k.link_b)):
-            if not 0 <= chip < s.chips:
-                problems.append(f"link {n} {k.to_json()}: chip {chip} out of range 0..{s.chips - 1}")
-            elif not 0 <= link < s.config.c2c_links:
-                problems.append(f"link {n} {k.to_json()}: port {link} out of range 0..{s.config.c2c_links - 1} "
-                                f"({s.config.name} has {s.config.c2c_links} C2C links)")
+            if not 0 <= chip < chips:
+                problems.append((n, f"chip {chip} out of range 0..{chips - 1}"))
+            elif not 0 <= link < cfg.c2c_links:
+                problems.append((n, f"port {link} out of range 0..{cfg.c2c_links - 1} "
+                                    f"({cfg.name} has {cfg.c2c_links} C2C links)"))
             elif (chip, link) in used:
-                problems.append(f"link {n} {k.to_json()}: port {link} of chip {chip} is already link "
-                                f"{used[chip, link]}")
+                problems.append((n, f"port {link} of chip {chip} is already link {used[chip, link]}"))
             else:
                 used[chip, link] = n
-        if k.chip_a == k.chip_b:
-            problems.append(f"link {n} {k.to_json()}: joins chip {k.chip_a} to itself")
     return problems
+
+
+def _link_rate_problems(cfg: LPXConfig) -> list:
+    """A link that takes more than MAX_LINK_CYCLES a vector, or as latency: cycles past
+    what the schedulers count in (a c2c.bytes_per_s of 1e-300 is a positive number)."""
+    out = []
+    per_vector = cfg.lanes * 4 * cfg.clock_hz / cfg.c2c_bytes_per_s  # fp32, the widest dtype a link carries
+    if not math.isfinite(per_vector) or per_vector > MAX_LINK_CYCLES:
+        out.append(f"machine {cfg.name}: a link of c2c.bytes_per_s={cfg.c2c_bytes_per_s:g} (at clock_hz="
+                   f"{cfg.clock_hz:g}) takes {per_vector:.3g} cycles a vector of fp32, more than the "
+                   f"{MAX_LINK_CYCLES} a system allows")
+    if cfg.c2c_latency > MAX_LINK_CYCLES:
+        out.append(f"machine {cfg.name}: c2c.latency_cycles={cfg.c2c_latency} is more than the {MAX_LINK_CYCLES} "
+                   "a system allows")
+    return out
 
 
 # ---- generated topologies -------------------------------------------------------------
@@ -289,7 +321,7 @@ _LOADED = {}
 
 def load_system(system) -> System:
     """A system preset by name (:data:`SYSTEM_PRESETS`), a system JSON file, a dict of
-    one, or a :class:`System`."""
+    one (its relative ``preset`` path read from the current folder), or a :class:`System`."""
     if isinstance(system, System):
         return system
     if isinstance(system, str) and system in SYSTEM_PRESETS:
@@ -298,51 +330,85 @@ def load_system(system) -> System:
         return _LOADED[system]
     if isinstance(system, dict):
         return parse_system(system, "system")
+    if not isinstance(system, (str, os.PathLike)):
+        raise ConfigError(f"system {_short(repr(system))}: expected a preset name ({', '.join(SYSTEM_PRESETS)}), a "
+                          f"system file, a dict or a System, got {type(system).__name__}")
     path = Path(os.fspath(system))
-    if not path.exists():
-        raise ConfigError(f"system {system!r}: not a preset ({', '.join(SYSTEM_PRESETS)}) and no such file")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        found = path.exists()
+    except (OSError, ValueError):  # a name too long for the file system
+        found = False
+    if not found:
+        raise ConfigError(f"system {_short(repr(os.fspath(system)))}: not a preset ({', '.join(SYSTEM_PRESETS)}) "
+                          "and no such file")
+    if path.is_dir():
+        raise ConfigError(f"system {path}: a folder, not a system file")
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"system file {path}: not a JSON system file (not UTF-8 text: byte {e.start})") from None
+    except json.JSONDecodeError as e:
         raise ConfigError(f"system file {path}: not valid JSON ({e})") from None
-    return parse_system(data, f"system file {path}")
+    except RecursionError:
+        raise ConfigError(f"system file {path}: not a system file (JSON nested too deeply)") from None
+    except OSError as e:
+        raise ConfigError(f"system file {path}: cannot be read ({e.strerror or e})") from None
+    return parse_system(data, f"system file {path}", base=path.parent)
 
 
-TOPOLOGIES = {"all_to_all": lambda d: all_to_all(d["chips"], d.get("links_per_pair", 1))}
-_KEYS = {"name", "preset", "chips", "links", "topology", "links_per_pair", "description", "assumptions", "sources"}
+def _short(text: str, most: int = 80) -> str:
+    return text if len(text) <= most else f"{text[:most - 3]}..."
 
 
-def parse_system(data: dict, source: str = "system") -> System:
-    """A :class:`System` from the JSON form (module docstring); every problem is named."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a JSON object, got {type(data).__name__}")
-    unknown = sorted(set(data) - _KEYS)
-    if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {unknown} (expected {sorted(_KEYS)})")
-    for key in ("name", "preset", "chips"):
-        if key not in data:
-            raise ConfigError(f"{source}: missing key {key!r}")
-    if not isinstance(data["chips"], int) or isinstance(data["chips"], bool) or data["chips"] < 1:
-        raise ConfigError(f"{source}: key 'chips': expected an integer >= 1, got {data['chips']!r}")
-    if ("links" in data) == ("topology" in data):
-        raise ConfigError(f"{source}: give 'links' (a list of [chip a, link a, chip b, link b]) or 'topology' "
-                          f"({', '.join(TOPOLOGIES)}), one of them")
-    if "topology" in data:
-        if data["topology"] not in TOPOLOGIES:
-            raise ConfigError(f"{source}: unknown topology {data['topology']!r} (expected one of "
-                              f"{', '.join(TOPOLOGIES)})")
-        links = TOPOLOGIES[data["topology"]](data)
-    else:
-        links = []
-        for n, k in enumerate(data["links"]):
-            if not (isinstance(k, list) and len(k) == 4 and all(isinstance(v, int) and not isinstance(v, bool)
-                                                                 for v in k)):
-                raise ConfigError(f"{source}: links[{n}] = {k!r}: expected [chip a, link a, chip b, link b] "
-                                  "(integers)")
-            links.append(Link(*k))
-    cfg = load_config(data["preset"])
+def _topology_links(d, cfg: LPXConfig, source: str) -> list:
+    """The links of ``d["topology"]``, once the ports it needs are known to exist."""
+    chips, per_pair = d.chips, d.links_per_pair or 1
+    if per_pair * (chips - 1) > cfg.c2c_links:
+        raise ConfigError(f"{source}: key 'topology': all_to_all of {chips} chips by {per_pair} link(s) a pair needs "
+                          f"{per_pair * (chips - 1)} ports a chip, machine {cfg.name} has {cfg.c2c_links} "
+                          "(c2c.links)")
+    return all_to_all(chips, per_pair)
+
+
+def _machine(preset: str, base: "Path | None", source: str) -> LPXConfig:
+    """The machine ``preset`` names: a machine preset, or a machine file (relative to
+    ``base``, the system file's folder)."""
+    if preset in PRESETS:
+        return load_config(preset)
+    path = Path(preset)
+    if base is not None and not path.is_absolute():
+        path = base / path
     try:
-        return System(str(data["name"]), cfg, data["chips"], links, data.get("description", ""),
-                      tuple(data.get("assumptions", ())), tuple(data.get("sources", ())))
+        return load_config(path)
     except ConfigError as e:
-        raise ConfigError(str(e).replace("system ", f"{source}: system ", 1)) from None
+        lines = str(e).splitlines()
+        more = f" (and {len(lines) - 1} more problems of that machine file)" if len(lines) > 1 else ""
+        raise ConfigError(f"{source}: key 'preset': {_short(lines[0], 300)}{more}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: key 'preset': machine file {path}: JSON nested too deeply") from None
+    except OSError as e:
+        raise ConfigError(f"{source}: key 'preset': machine file {path} cannot be read ({e.strerror or e})") from None
+
+
+def parse_system(data: dict, source: str = "system", base=None) -> System:
+    """A :class:`System` from the JSON form (module docstring), ``source`` first on the
+    error line. A relative ``preset`` path is read from ``base`` (the system file's
+    folder; the current folder without one).
+
+    Raises
+    ------
+    ConfigError
+        One line naming each key that is wrong (the first few, and how many more).
+    """
+    d = validate_system_file(data, source)
+    cfg = _machine(d.preset, None if base is None else Path(base), source)
+    if d.topology is not None:
+        links = _topology_links(d, cfg, source)
+    else:
+        links = tuple(Link(*k) for k in d.links)
+    problems = _problems(cfg, d.chips, links)
+    if problems:
+        raise ConfigError(one_line(source, [
+            f"key '{where}': {text}" if isinstance(where, str)
+            else f"key 'links[{where}]' = {links[where].to_json()}: {text}" for where, text in problems]))
+    return System(d.name, cfg, d.chips, links, d.description, tuple(d.assumptions), tuple(d.sources))

@@ -3,11 +3,13 @@ all-gather of a ``rows x lanes`` tensor over a group of chips that are pairwise 
 (a GroqNode, an LP30 tray: the groups tensor parallelism uses), and a point-to-point
 transfer along a path of links (a pipeline stage's hand-off).
 
-The algorithm is the direct one: the rows are cut into one shard per chip; in the
-reduce-scatter each chip sends shard ``d`` to chip ``d`` (all N - 1 transfers at once, on
-N - 1 links) and chip ``d`` adds the N copies of its shard, its own first, then its
-peers' in ascending chip order, on the VXM as they arrive; in the all-gather each chip
-sends its shard to every peer. An all-reduce is the two, back to back: 2 (N - 1) / N of
+The algorithm is the direct one: the rows are cut into one shard per chip (in the
+group's order, its ranks); in the reduce-scatter each chip sends shard ``d`` to chip
+``d`` (all N - 1 transfers at once, on N - 1 links) and chip ``d`` adds the N copies of
+its shard, its own first, then its peers' in the group's order, on the VXM as they
+arrive; in the all-gather each chip sends its shard to every peer. A shard is sent one
+message per SRAM chunk of the tensors it is read from and written to (one message for a
+tensor a slice holds). An all-reduce is the two, back to back: 2 (N - 1) / N of
 the tensor crosses each chip's links, in two link latencies.
 
 Each chip gets one program (inputs ``X``, outputs ``Y``), built by the program builder.
@@ -21,6 +23,7 @@ hand.
 from __future__ import annotations
 
 import functools
+import operator
 import threading
 from dataclasses import dataclass
 
@@ -92,15 +95,13 @@ def collective(kind: str, system, chips, rows: int, dtype="fp32") -> Collective:
     lanes`` tensor of ``dtype``: ``X`` is each chip's input (all rows; for all_gather its
     shard) and ``Y`` its result (all rows; for reduce_scatter its shard)."""
     system = load_system(system)
-    chips = tuple(chips)
-    dt = DType.parse(dtype)
     if kind not in KINDS:
         raise LPXError(f"collective {kind!r}: expected one of {', '.join(KINDS)}")
+    chips = _chips(system, chips)
+    dt = _dtype(dtype)
+    rows = _rows(rows, f"{kind} of")
     if len(set(chips)) != len(chips) or len(chips) < 2:
         raise LPXError(f"collective over chips {list(chips)}: needs two or more distinct chips")
-    for c in chips:
-        if not 0 <= c < system.chips:
-            raise LPXError(f"chip {c}: system {system.name} has chips 0..{system.chips - 1}")
     for a in chips:
         for b in chips:
             if a != b and not system.links_between(a, b):
@@ -119,16 +120,53 @@ def point_to_point(system, src: int, dst: int, rows: int, dtype="fp16") -> Colle
     message as it receives it (a receive's stream straight into the next send), once
     the whole message has arrived. ``Collective.chips`` is the path."""
     system = load_system(system)
-    dt = DType.parse(dtype)
-    for c in (src, dst):
-        if not 0 <= c < system.chips:
-            raise LPXError(f"chip {c}: system {system.name} has chips 0..{system.chips - 1}")
+    src, dst = _chip(system, src), _chip(system, dst)
+    dt = _dtype(dtype)
+    rows = _rows(rows, "a transfer of")
     if src == dst:
         raise LPXError(f"a transfer from chip {src} to itself")
-    if rows < 1:
-        raise LPXError(f"a transfer of {rows} rows")
     path = tuple(system.path(src, dst))
     return _settle("send", system, path, rows, dt, lambda c, place: _forward(place, rows, dt))
+
+
+def _whole(v) -> "int | None":
+    """``v`` as an int when it is a whole number (numpy's too), else None."""
+    if isinstance(v, bool):
+        return None
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
+
+
+def _chips(system: System, chips) -> tuple:
+    try:
+        chips = tuple(chips)
+    except TypeError:
+        raise LPXError(f"chips {chips!r}: expected a list of chip numbers") from None
+    return tuple(_chip(system, c) for c in chips)
+
+
+def _chip(system: System, c) -> int:
+    n = _whole(c)
+    if n is None or not 0 <= n < system.chips:
+        raise LPXError(f"chip {c!r}: system {system.name} has chips 0..{system.chips - 1}")
+    return n
+
+
+def _dtype(dtype) -> DType:
+    try:
+        return DType.parse(dtype)
+    except ValueError:
+        names = ", ".join(d.short for d in DType if d is not DType.NONE)
+        raise LPXError(f"dtype {dtype!r}: expected one of {names}") from None
+
+
+def _rows(rows, what: str) -> int:
+    n = _whole(rows)
+    if n is None or n < 1:
+        raise LPXError(f"{what} {rows!r} rows: expected a whole number of rows, at least 1")
+    return n
 
 
 def _settle(kind, system, chips, rows, dt, build) -> Collective:
@@ -291,8 +329,12 @@ class ChipPlace:
         return [d for d in self.chips if d != self.chip]
 
     def port(self, peer: int) -> int:
-        """This chip's port to ``peer`` (and from it)."""
-        return self.system.links_between(self.chip, peer)[0][0]
+        """This chip's port to ``peer`` (and from it): of the links joining them, the one
+        on the lower-numbered chip's lowest port, so that both ends pick the same link
+        (each end's own lowest port may belong to different links)."""
+        low, high = sorted((self.chip, peer))
+        port_low, port_high = self.system.links_between(low, high)[0]
+        return port_low if self.chip == low else port_high
 
     def attach(self, b: ProgramBuilder):
         """Let ``b`` post its sends to the board as it places them."""
@@ -320,8 +362,9 @@ def emit_all_reduce(b: ProgramBuilder, place: ChipPlace, x, y, tag: str = "all_r
     """Groups of ``b`` that all-reduce SRAM tensor ``x`` over ``place``'s group into ``y``
     (same shape): the direct algorithm of this module, on the value's vectors (column
     tile by column tile, row by row) cut into one shard per chip, each shard's rows one
-    message per SRAM chunk. Every chip adds its shard's copies in the same order (its own,
-    then its peers' ascending), so every chip's ``y`` is the same, bit for bit."""
+    message per SRAM chunk of ``x`` and of ``y``. Every chip adds its shard's copies in the
+    same order (its own, then its peers' in the group's order), so every chip's ``y`` is
+    the same, bit for bit."""
     n, rows = len(place.chips), x.layout.rows
     parts = shards(rows * x.ntiles, n)
 
@@ -332,7 +375,10 @@ def emit_all_reduce(b: ProgramBuilder, place: ChipPlace, x, y, tag: str = "all_r
         for j in range(x.ntiles):
             lo, hi = max(first, j * rows), min(first + size, (j + 1) * rows)
             if lo < hi:
-                out += [(j, r, reg) for r, reg in x.segments(j, lo - j * rows, hi - j * rows)]
+                for r, reg in x.segments(j, lo - j * rows, hi - j * rows):
+                    # cut again where y's chunks change: a value goes to one slice, on one side
+                    for r0, part in y.segments(j, r, r + reg.count):
+                        out.append((j, r0, reg if part.count == reg.count else reg.rows(r0 - r, r0 - r + part.count)))
         return out
 
     def write(g, v, j, r):
@@ -388,7 +434,7 @@ def _messages(t) -> list:
 
 def _reduced(b: ProgramBuilder, place: ChipPlace, reg, tag: str) -> tuple:
     """(group, value): this chip's rows ``reg`` plus each peer's copy of them as it
-    arrives, its own first and then its peers' in ascending order (the order every chip
+    arrives, its own first and then its peers' in the group's order (the order every chip
     adds in)."""
     place.expect(b, *place.peers)
     g = b.group(f"{tag}.reduce")
@@ -399,25 +445,52 @@ def _reduced(b: ProgramBuilder, place: ChipPlace, reg, tag: str) -> tuple:
     return g, v
 
 
+@functools.lru_cache(maxsize=None)
+def _rows_per_chunk(cfg, rows: int, dt: DType) -> int:
+    """Rows a chunk of a ``rows x lanes`` tensor of ``dt`` holds, as the program builder
+    lays out a chip's input or output (a peer's tensors are cut as this chip's own)."""
+    return ProgramBuilder(cfg, "layout", loopback=False).tensor("t", (rows, cfg.lanes), dt).layout.rows_per_chunk
+
+
+def _cut(first: int, size: int, grids) -> list:
+    """[(row, rows)] of rows ``first .. first + size - 1`` cut at each chunk boundary of
+    the tensors ``grids`` ([(the row their row 0 is, rows a chunk)]): each piece lies in
+    one chunk of every tensor, so it is one message, read from and written to one slice."""
+    points = {first, first + size}
+    for origin, step in grids:
+        points.update(range(origin + step * -(-(first - origin + 1) // step), first + size, step))
+    points = sorted(points)
+    return list(zip(points, (b - a for a, b in zip(points, points[1:]))))
+
+
+def _region(t, r: int, n: int):
+    """Rows ``r .. r + n - 1`` of column tile 0 of ``t``, one chunk's (a :func:`_cut` piece)."""
+    (_, reg), = t.segments(0, r, r + n)
+    return reg
+
+
 def _forward(place: ChipPlace, rows: int, dt: DType):
-    """Chip ``place.chip``'s part of a transfer along the path ``place.chips``."""
+    """Chip ``place.chip``'s part of a transfer along the path ``place.chips``: a message
+    per SRAM chunk of the tensor, each forwarded as it arrives."""
     system, path, c = place.system, place.chips, place.chip
     cfg = system.config
     k = path.index(c)
     b = ProgramBuilder(cfg, f"send chip {c}", loopback=False)
     place.attach(b)
-    if k == 0:
-        x = b.input("X", (rows, cfg.lanes), dt)
-        g = b.group("send")
-        v = g.read(x.tile(0))
-    else:
-        place.expect(b, path[k - 1])
-        g = b.group("send.forward" if k < len(path) - 1 else "send.receive")
-        v = g.recv(place.port(path[k - 1]), rows, dt)
-    if k < len(path) - 1:
-        g.send(place.port(path[k + 1]), v)
-    else:
-        g.write(v, b.output("Y", (rows, cfg.lanes), dt).tile(0))
+    x = b.input("X", (rows, cfg.lanes), dt) if k == 0 else None
+    y = b.output("Y", (rows, cfg.lanes), dt) if k == len(path) - 1 else None
+    for r, n in _cut(0, rows, [(0, _rows_per_chunk(cfg, rows, dt))]):
+        if k == 0:
+            g = b.group("send")
+            v = g.read(_region(x, r, n))
+        else:
+            place.expect(b, path[k - 1])
+            g = b.group("send.forward" if k < len(path) - 1 else "send.receive")
+            v = g.recv(place.port(path[k - 1]), n, dt)
+        if k < len(path) - 1:
+            g.send(place.port(path[k + 1]), v)
+        else:
+            g.write(v, _region(y, r, n))
     return b.build()
 
 
@@ -434,26 +507,36 @@ def _program(kind, place: ChipPlace, rows: int, dt: DType):
     if kind == "all_reduce":
         emit_all_reduce(b, place, x, y, kind)
         return b.build()
-    xt, yt = x.tile(0), y.tile(0)
     first, size = parts[me]
     if kind == "reduce_scatter":
-        for d in place.peers:  # each peer's shard to it
+        def pieces(d):  # shard d's messages: chunks of x (alike on every chip) and of chip d's y
             a, n = parts[chips.index(d)]
-            g = b.group(f"{kind}.send")
-            g.send(place.port(d), g.read(xt.rows(a, a + n)))
-        g, v = _reduced(b, place, xt.rows(first, first + size), kind)
-        g.write(v, yt)
+            return _cut(a, n, [(0, x.layout.rows_per_chunk), (a, _rows_per_chunk(cfg, n, dt))])
+
+        for d in place.peers:  # each peer's shard to it
+            for r, n in pieces(d):
+                g = b.group(f"{kind}.send")
+                g.send(place.port(d), g.read(_region(x, r, n)))
+        for r, n in pieces(c):
+            g, v = _reduced(b, place, _region(x, r, n), kind)
+            g.write(v, _region(y, r - first, n))
         return b.build()
-    g = b.group(f"{kind}.send")  # all-gather: this chip's shard to every peer, and in place
-    v = g.read(xt)
-    for d in place.peers:
-        g.send(place.port(d), v)
-    g.write(v, yt.rows(first, first + size))
-    for d in place.peers:
+
+    def pieces(d):  # all-gather: shard d's messages, chunks of chip d's x and of y (alike on every chip)
         a, n = parts[chips.index(d)]
-        place.expect(b, d)
-        g = b.group(f"{kind}.gather")
-        g.write(g.recv(place.port(d), n, dt), yt.rows(a, a + n))
+        return _cut(a, n, [(a, _rows_per_chunk(cfg, n, dt)), (0, y.layout.rows_per_chunk)])
+
+    for r, n in pieces(c):  # this chip's shard to every peer, and in place
+        g = b.group(f"{kind}.send")
+        v = g.read(_region(x, r - first, n))
+        for d in place.peers:
+            g.send(place.port(d), v)
+        g.write(v, _region(y, r, n))
+    for d in place.peers:
+        for r, n in pieces(d):
+            place.expect(b, d)
+            g = b.group(f"{kind}.gather")
+            g.write(g.recv(place.port(d), n, dt), _region(y, r, n))
     return b.build()
 
 

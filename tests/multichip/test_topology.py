@@ -67,7 +67,7 @@ BAD = [
     ({"chips": 2, "links": [[0, 0, 2, 0]]}, "chip 2 out of range 0..1"),
     ({"chips": 2, "links": [[0, 0, 1, 0], [0, 0, 1, 1]]}, "port 0 of chip 0 is already link 0"),
     ({"chips": 2, "links": [[1, 0, 1, 1]]}, "joins chip 1 to itself"),
-    ({"chips": 2, "links": [[0, 0, 1]]}, "links[0] = [0, 0, 1]: expected [chip a, link a, chip b, link b]"),
+    ({"chips": 2, "links": [[0, 0, 1]]}, "links[0]' = [0, 0, 1]: expected [chip a, link a, chip b, link b]"),
     ({"chips": 0, "links": []}, "key 'chips': expected an integer >= 1, got 0"),
     ({"chips": 2}, "give 'links'"),
     ({"chips": 2, "topology": "torus"}, "unknown topology 'torus'"),
