@@ -35,6 +35,7 @@ import transformers
 
 import lpx_tvm
 from lpx_tvm.frontends import decoders
+from lpx_tvm.frontends.decoder_config import with_layers
 from lpx_tvm.llm import DoesNotFit
 
 # Llama-architecture configs sized to one chip (weights + KV cache + working space within
@@ -58,8 +59,8 @@ WEIGHT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "fp8": 1}
 def config(preset: str, precision: str, context: int, small: bool) -> transformers.LlamaConfig:
     kw = dict(MODELS[preset, min(2, WEIGHT_BYTES[precision])])
     if small:  # a quick check of the script itself
-        kw.update(num_hidden_layers=2, hidden_size=256, intermediate_size=512, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=1024)
+        kw = with_layers(dict(kw, hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                              vocab_size=1024), 2)
     return transformers.LlamaConfig(**kw, max_position_embeddings=max(context, 128), tie_word_embeddings=False)
 
 

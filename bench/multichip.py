@@ -109,10 +109,11 @@ def compiled_stages(name, config, system, precision, context, t, layers, stages,
     ``stages`` pipeline stages, compiled and timed for real, to check what the planner
     sized from the samples: does each stage's chip hold its weights resident, or does the
     compiler stream some of them over the off-chip path?"""
+    from lpx_tvm.frontends.decoder_config import with_layers
     from lpx_tvm.llm.plan import shard_config
 
     start = time.perf_counter()
-    s = lpx_tvm.compile_llm(shard_config(dict(config, num_hidden_layers=layers), t), system=system, tensor_parallel=1,
+    s = lpx_tvm.compile_llm(shard_config(with_layers(config, layers), t), system=system, tensor_parallel=1,
                             pipeline_stages=stages, split_layers=split, precision=precision, max_context=context,
                             embed_on_chip=False)
     chips = []

@@ -35,11 +35,10 @@ import numpy as np
 
 from ..machine.isa import FP8_MAX
 from ..relax_passes.errors import ModelError
-
-# Families with the Llama layer: RMSNorm, RoPE, grouped-query attention, a SwiGLU MLP.
-LLAMA_FAMILIES = ("llama", "mistral", "qwen2")
+from .decoder_config import check_decoder_config
+# Families with the Llama layer: RMSNorm, RoPE, grouped-query attention, a SwiGLU MLP;
 # GPT-2: LayerNorm, learned positions, multi-head attention, a GELU MLP, biases.
-FAMILIES = LLAMA_FAMILIES + ("gpt2",)
+from .decoder_config import FAMILIES, LLAMA_FAMILIES  # noqa: F401
 # The mask value added to a score a query may not attend to, per position of distance:
 # exp(-1e4) is 0 in every float format.
 MASK_SCALE = 1e4
@@ -294,49 +293,25 @@ def vocab_slice(vocab: int, shard: TensorShard) -> slice:
 
 def spec_of(model, max_context: int, batch: int = 1) -> DecoderSpec:
     """The :class:`DecoderSpec` of a ``transformers`` causal LM, or a ModelError naming
-    what the steps do not support."""
-    cfg = model.config
-    family = getattr(cfg, "model_type", None)
+    what the steps do not support (its config checked by
+    :func:`~lpx_tvm.frontends.decoder_config.check_decoder_config`)."""
+    family = getattr(model.config, "model_type", None)
     if family not in FAMILIES:
         raise ModelError(f"decoder family {family!r}: the LPX decoder steps support {', '.join(FAMILIES)}")
-    if max_context < 1 or batch < 1:
-        raise ModelError(f"max_context {max_context} and batch {batch} must be at least 1")
+    if isinstance(max_context, bool) or not isinstance(max_context, (int, np.integer)) or \
+            isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or max_context < 1 or batch < 1:
+        raise ModelError(f"max_context {max_context!r} and batch {batch!r} must be integers of at least 1")
+    cfg = check_decoder_config(model.config, int(max_context))
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     if family == "gpt2":
-        act = getattr(cfg, "activation_function", "gelu_new")
-        if act not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise ModelError(f"activation_function {act!r}: the GPT-2 steps' MLP is GELU (tanh form)")
-        if max_context > cfg.n_positions:
-            raise ModelError(f"max_context {max_context} > the model's n_positions {cfg.n_positions}")
-        if getattr(cfg, "scale_attn_by_inverse_layer_idx", False) or not getattr(cfg, "scale_attn_weights", True):
-            raise ModelError("GPT-2 attention scaled other than by 1/sqrt(head_dim) is not supported")
-        heads = cfg.n_head
-        return DecoderSpec(family, cfg.n_layer, heads, heads, cfg.n_embd // heads, cfg.n_embd, cfg.vocab_size,
-                           max_context, batch, params)
-    heads, hidden = cfg.num_attention_heads, cfg.hidden_size
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
-    if heads % kv_heads:
-        raise ModelError(f"{heads} attention heads over {kv_heads} key/value heads: not a whole group each")
-    if head_dim % 2:
-        raise ModelError(f"head_dim {head_dim}: RoPE rotates halves of an even head dimension")
-    window = getattr(cfg, "sliding_window", None)
-    if window is not None and getattr(cfg, "use_sliding_window", True) and window < max_context:
-        raise ModelError(f"sliding_window {window} < max_context {max_context}: the steps attend to the whole "
-                         "cache; use max_context <= sliding_window")
-    act = getattr(cfg, "hidden_act", "silu")
-    if act != "silu":
-        raise ModelError(f"hidden_act {act!r}: the steps' MLP is SwiGLU (silu)")
-    if getattr(cfg, "mlp_bias", False):
-        raise ModelError("mlp_bias=True: the steps' MLP has no biases")
-    if getattr(cfg, "attention_bias", False) and family == "llama" and \
-            model.model.layers[0].self_attn.o_proj.bias is not None:
+        heads = cfg["n_head"]
+        return DecoderSpec(family, cfg["n_layer"], heads, heads, cfg["n_embd"] // heads, cfg["n_embd"],
+                           cfg["vocab_size"], int(max_context), int(batch), params)
+    if family == "llama" and model.model.layers[0].self_attn.o_proj.bias is not None:
         raise ModelError("attention_bias=True on the output projection is not supported")
-    limit = getattr(cfg, "max_position_embeddings", None)
-    if limit is not None and max_context > limit:
-        raise ModelError(f"max_context {max_context} > the model's max_position_embeddings {limit}")
-    return DecoderSpec(family, cfg.num_hidden_layers, heads, kv_heads, head_dim, hidden, cfg.vocab_size,
-                       max_context, batch, params)
+    heads = cfg["num_attention_heads"]
+    return DecoderSpec(family, cfg["num_hidden_layers"], heads, cfg.get("num_key_value_heads") or heads,
+                       cfg["head_dim"], cfg["hidden_size"], cfg["vocab_size"], int(max_context), int(batch), params)
 
 
 # The dense layers' inputs a quantized step scales, each shared by the layers that read it:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..errors import ConfigError, LPXError
-from ..frontends import decoders
+from ..frontends import decoder_config, decoders
 from ..machine.system import load_system
 from ..target.collectives import collective, point_to_point
 from .session import (compile_llm, fit_problem, host_table_values, load_decoder, matrix_parameters,
@@ -222,9 +222,11 @@ def shard_config(config: dict, t: int) -> dict:
     kv = config.get("num_key_value_heads") or heads
     if kv % t:
         raise LPXError(f"{kv} key/value heads over {t} chips: tensor parallelism gives each chip whole kv heads")
+    # The share's step reads no token ids: the model's may lie past its share of the vocabulary.
     return dict(config, num_attention_heads=heads // t, num_key_value_heads=kv // t,
                 head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-                intermediate_size=-(-config["intermediate_size"] // t), vocab_size=-(-config["vocab_size"] // t))
+                intermediate_size=-(-config["intermediate_size"] // t), vocab_size=-(-config["vocab_size"] // t),
+                bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
 def _groups(system, t: int, stages: int) -> "list | None":
@@ -282,9 +284,8 @@ class _Runs:
         return (_sample, self._config(layers), self.seed, self.system, t, stages, batch, self.kw, self.prompt_len)
 
     def _config(self, layers: int) -> dict:
-        cfg = self.model.config.to_dict()
-        cfg["n_layer" if cfg.get("model_type") == "gpt2" else "num_hidden_layers"] = layers
-        return cfg
+        """The model's config with ``layers`` layers, its per-layer lists kept in step."""
+        return decoder_config.with_layers(self.model.config.to_dict(), layers)
 
     def result(self, key) -> tuple:
         if key not in self._done:
