@@ -9,6 +9,8 @@ here and nowhere else.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import re
 import sys
 import time
 import warnings
@@ -18,6 +20,133 @@ from .errors import LPXError
 from .precision import Precision
 
 PROG = "lpx-tvm"
+# The precisions of the decoder LLM commands (lpx_tvm.llm.session.PRECISIONS, restated:
+# ``--help`` imports neither torch nor TVM).
+LLM_PRECISIONS = ["fp32", "fp16", "bf16", "int8", "fp8"]
+
+
+# ---- flag values: each numeric flag's range is checked as it is parsed ---------------
+
+INT64_MAX = 2**63 - 1
+
+
+def _whole(text: str, low: int, high: int = INT64_MAX) -> int:
+    t = text.strip()
+    if not re.fullmatch(r"[+-]?[0-9]+", t):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    v = int(t)
+    if v > high == INT64_MAX:
+        raise argparse.ArgumentTypeError(f"{v} is beyond int64")
+    if not low <= v <= high:
+        want = f"of at least {low}" if high == INT64_MAX else f"from {low} to {high}"
+        raise argparse.ArgumentTypeError(f"{v} is out of range: expected an integer {want}")
+    return v
+
+
+def whole_number(low: int):
+    """An argparse ``type``: an integer of at least ``low`` (and within int64)."""
+    def parse(text: str) -> int:
+        return _whole(text, low)
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+positive_int, natural_int = whole_number(1), whole_number(0)
+
+
+def int_list(low: int, unique: bool = True):
+    """An argparse ``type``: comma-separated integers of at least ``low``; an empty list, an
+    empty item or (``unique``) a repeated value is refused."""
+    def parse(text: str) -> list:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("an empty list: expected comma-separated integers, e.g. 1,2,4")
+        values = []
+        for item in text.split(","):
+            if not item.strip():
+                raise argparse.ArgumentTypeError(f"{text!r} has an empty item: expected comma-separated integers")
+            v = _whole(item, low)
+            if unique and v in values:
+                raise argparse.ArgumentTypeError(f"{v} is given twice")
+            values.append(v)
+        return values
+
+    parse.__name__ = "list of integers"
+    return parse
+
+
+def fraction(text: str) -> float:
+    """An argparse ``type``: a number in (0, 1]."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < v <= 1:  # nan fails too
+        raise argparse.ArgumentTypeError(f"{text} is out of range: expected a share in (0, 1], e.g. 0.9")
+    return v
+
+
+def non_negative(text: str) -> float:
+    """An argparse ``type``: a finite number of at least 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is out of range: expected a finite number of at least 0")
+    return v
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its errors one line (argparse prints its usage above them)."""
+
+    def error(self, message):
+        self.exit(EXIT_INPUT, f"{PROG}: error: {message} (see {self.prog} --help)\n")
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' notes on a config it builds (a bos or eos id outside a scaled-down
+    vocabulary) held back: the results and errors are ours to print."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        yield
+        return
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def _check_ray(address) -> None:
+    """Refuse a Ray address where nothing answers, within seconds (Ray itself retries for
+    minutes): ``auto`` and ``local`` are Ray's to resolve."""
+    if not address or address in ("auto", "local"):
+        return
+    import socket
+
+    host, sep, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise LPXError(f"--ray {address}: expected HOST:PORT of a Ray cluster's head (or ray://HOST:PORT, or auto)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_S).close()
+    except OSError as e:
+        raise LPXError(f"--ray {address}: nothing answers at {host}:{port} ({e.strerror or e or 'timed out'}); "
+                       "start the cluster (ray start --head) or give its address") from None
+
+
+RAY_CONNECT_S = 3.0
+
+
+def _save_npz(path: str, arrays: dict) -> None:
+    """An npz archive at exactly ``path`` (numpy would add ``.npz`` to a name without it)."""
+    import numpy as np
+
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
 
 
 def _write_text(text: str, out) -> None:
@@ -36,9 +165,11 @@ def _disasm_args(p: argparse.ArgumentParser) -> None:
 
 
 def _disasm(args) -> int:
+    from .files import Output, check_outputs
     from .machine.asm import format_program
     from .machine.encoding import load_program
 
+    check_outputs([Output("-o", args.output)], inputs=[args.file])
     _write_text(format_program(load_program(args.file)), args.output)
     return 0
 
@@ -52,9 +183,11 @@ def _asm_args(p: argparse.ArgumentParser) -> None:
 
 def _asm(args) -> int:
     from .errors import EncodingError
+    from .files import Output, check_outputs
     from .machine.asm import parse_program
     from .machine.encoding import save_program
 
+    check_outputs([Output("-o", args.output)], inputs=[args.file])
     try:
         with open(args.file, encoding="utf-8") as f:
             text = f.read()
@@ -144,6 +277,10 @@ def _load_npz(path):
 def _run(args) -> int:
     import os
 
+    from .files import Output, check_outputs
+
+    check_outputs([Output("--outputs", args.outputs), Output("--report", args.report), Output("--trace", args.trace)],
+                  inputs=[args.model, args.inputs, args.preset, args.tuning_log])
     if args.model.endswith(".lpx"):
         _refuse_flags(args, "program", args.model)
         return _run_program(args)
@@ -160,9 +297,7 @@ def _run(args) -> int:
     else:
         outputs = model.run(inputs)
     if args.outputs:
-        import numpy as np
-
-        np.savez(args.outputs, **outputs)
+        _save_npz(args.outputs, outputs)
     report = model.report
     if args.report:
         report.save(args.report)
@@ -184,12 +319,13 @@ def _load_model(args):
                          input_shapes=_parse_input_shapes(args.input_shapes), tuning_log=args.tuning_log)
 
 
-def _run_inputs(args, specs) -> dict:
-    """The inputs of a run: the ``--inputs`` npz, and ``--fill-mode`` values for the
-    inputs ``specs`` ``[(name, shape, dtype)]`` it does not give."""
+def _run_inputs(args, specs, fill_mode=None) -> dict:
+    """The inputs of a run: the ``--inputs`` npz, and ``--fill-mode`` values (or
+    ``fill_mode``'s) for the inputs ``specs`` ``[(name, shape, dtype)]`` it does not give."""
     inputs = _load_npz(args.inputs) if args.inputs else {}
-    if args.fill_mode:
-        inputs.update(fill_inputs([spec for spec in specs if spec[0] not in inputs], args.fill_mode))
+    fill_mode = args.fill_mode or fill_mode
+    if fill_mode:
+        inputs.update(fill_inputs([spec for spec in specs if spec[0] not in inputs], fill_mode))
     return inputs
 
 
@@ -269,7 +405,7 @@ def _run_program(args) -> int:
     result = Simulator(cfg).run(prog, inputs, timing_only=args.timing_only, trace=bool(args.trace))
     report = program_report(result, prog, time.perf_counter() - t)
     if args.outputs and not args.timing_only:
-        np.savez(args.outputs, **result.outputs)
+        _save_npz(args.outputs, result.outputs)
     if args.report:
         report.save(args.report)
     if args.trace:
@@ -291,7 +427,12 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
 
 def _compile(args) -> int:
     from . import compile_model
+    from .files import Output, check_outputs, manifest_says
+    from .runtime.artifact import FORMAT
 
+    # The rule of save_artifact (runtime/artifact.py), checked before the compile.
+    check_outputs([Output("-o", args.output, folder=True, ours=manifest_says(FORMAT),
+                          what="an LPX artifact")], inputs=[args.model, args.preset, args.tuning_log])
     shapes = _parse_input_shapes(args.input_shapes)
     model = compile_model(_bundled_model(args.model), preset=args.preset, precision=args.precision,
                           input_shapes=shapes, tuning_log=args.tuning_log)
@@ -335,14 +476,17 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True,
                    help=f"folder to write {', '.join(PROFILE_FILES.values())} into (made if missing)")
     p.add_argument("--inputs", help="npz file whose keys are the model's input names")
-    p.add_argument("--fill-mode", choices=FILL_MODES, default="random",
-                   help="fill the inputs --inputs does not give: random (the default), zeros or ones")
+    p.add_argument("--fill-mode", choices=FILL_MODES, default=None,
+                   help="ONNX models: fill the inputs --inputs does not give: random (the default), zeros or ones")
     _input_shapes_arg(p)
-    p.add_argument("--preset", default=None, help="ONNX models: tsp, mini, lp30 or a JSON file (default: tsp)")
-    p.add_argument("--precision", default=None, choices=Precision.names(), help="ONNX models (default: fp16)")
+    p.add_argument("--preset", default=None, help="tsp, mini, lp30 or a JSON file (default: tsp)")
+    p.add_argument("--precision", default=None, choices=LLM_PRECISIONS,
+                   help="default: fp16; fp8 for decoder configs on an MXM that multiplies it (lp30)")
     p.add_argument("--tuning-log", help="ONNX models: tuning log folder (lpx-tvm tune) whose schedules to use")
-    p.add_argument("--max-context", type=int, default=256, help="decoder configs: positions of the KV cache")
-    p.add_argument("--batch", type=int, default=1, help="decoder configs: sequences decoded together")
+    p.add_argument("--max-context", type=whole_number(2), default=None,
+                   help="decoder configs: positions of the KV cache (default 256)")
+    p.add_argument("--batch", type=positive_int, default=None,
+                   help="decoder configs: sequences decoded together (default 1)")
 
 
 def _profile(args) -> int:
@@ -352,6 +496,7 @@ def _profile(args) -> int:
     import os
 
     from .errors import LPXError
+    from .files import Output, check_outputs, holds_only
     from .runtime.profile import profile_model
     from .runtime.profile_trace import model_trace, save_trace
     from .runtime.roofline import pyplot, save_roofline
@@ -360,21 +505,26 @@ def _profile(args) -> int:
         raise LPXError(f"{args.model}: lpx-tvm profile takes a model; a program binary's trace is "
                        "lpx-tvm run PROGRAM --trace FILE")
     path = _bundled_model(args.model)
+    decoder = path.endswith(".json")  # a decoder's config: its decode step
+    _profile_flags(args, decoder)
     if os.path.isdir(path):
         _refuse_flags(args, "artifact", args.model)
-    pyplot()  # before the run: a missing matplotlib says so now
     out = args.output
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise LPXError(f"{out}: exists and is not a folder")
-    if path.endswith(".json"):  # a decoder's config: its decode step
-        from .llm.session import compile_llm
+    check_outputs([Output("-o", out, folder=True, ours=holds_only(PROFILE_HEADS),
+                          what="a folder of lpx-tvm profile's files")],
+                  inputs=[path, args.inputs, args.tuning_log, args.preset])
+    pyplot()  # before the run: a missing matplotlib says so now
+    if decoder:
+        from .llm.session import compile_llm, llm_machine
 
-        session = compile_llm(path, preset=args.preset or "tsp", precision=args.precision or Precision.FP16,
-                              max_context=args.max_context, batch=args.batch)
+        llm_machine(args.precision or Precision.FP16, args.preset or "tsp", name="--precision")
+        with _quiet_transformers():
+            session = compile_llm(path, preset=args.preset or "tsp", precision=args.precision or Precision.FP16,
+                                  max_context=args.max_context or 256, batch=args.batch or 1)
         profile = session.profile()
     else:
         model = _load_model(args)
-        profile, _ = profile_model(model, _run_inputs(args, model.inputs))
+        profile, _ = profile_model(model, _run_inputs(args, model.inputs, args.fill_mode or "random"))
     os.makedirs(out, exist_ok=True)
     paths = {k: os.path.join(out, name) for k, name in PROFILE_FILES.items()}
     save_trace(model_trace(profile), paths["trace"])
@@ -384,6 +534,26 @@ def _profile(args) -> int:
     _print_profile(profile)
     print(f"wrote {paths['trace']} (open in https://ui.perfetto.dev), {paths['table']}, {paths['roofline']}")
     return 0
+
+
+# What each file of a profile folder begins with: a folder holding only these is one
+# profile wrote (written again), any other non-empty folder is the user's (refused).
+PROFILE_HEADS = {"trace.json": b'{"traceEvents"', "layers.json": b'{\n "preset"', "roofline.png": b"\x89PNG"}
+
+
+def _profile_flags(args, decoder: bool) -> None:
+    """Refuse the flags of ``profile`` the kind of model does not take (never ignore them)."""
+    if decoder:
+        given = [flag for flag, v in (("--inputs", args.inputs), ("--input-shapes", args.input_shapes),
+                                      ("--tuning-log", args.tuning_log), ("--fill-mode", args.fill_mode)) if v]
+        why = "a decoder config's profile is of its decode step, built from the config (they apply to ONNX models)"
+    else:
+        given = [flag for flag, v in (("--max-context", args.max_context), ("--batch", args.batch)) if v]
+        if args.precision == "fp8":
+            given.append("--precision fp8")
+        why = "they apply to decoder configs (config.json); an ONNX model compiles at fp32, fp16, bf16 or int8"
+    if given:
+        raise LPXError(f"{args.model}: {', '.join(given)} cannot be used here: {why}")
 
 
 def _print_profile(profile) -> None:
@@ -456,6 +626,7 @@ def _tune(args) -> int:
     from .relax_passes import import_onnx
     from .tune.tuner import extract_tasks, tune
 
+    _check_ray(args.ray)
     cfg = load_config(args.preset)
     path = _bundled_model(args.model)
     mod = import_onnx(path).mod
@@ -540,6 +711,9 @@ def _kernel(args) -> int:
     from .errors import ProgramError
     from .machine.encoding import save_program
 
+    from .files import Output, check_outputs
+
+    check_outputs([Output("-o", args.output)], inputs=[args.preset])
     need = 3 if args.name == "gemm" else 2
     if len(args.shape) != need:
         raise ProgramError(f"{args.name} takes {need} sizes, got {len(args.shape)}")
@@ -721,25 +895,27 @@ def _generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True,
                    help="a transformers config.json of a Llama, Qwen2, Mistral or GPT-2 decoder (random weights, "
                         "seeded by --seed: nothing is downloaded)")
-    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (seeded random ids; default 8)")
-    p.add_argument("--prompt-ids", help="the prompt's token ids, comma-separated (instead of --prompt-len)")
-    p.add_argument("--new-tokens", type=int, default=16, help="tokens to generate (default 16)")
-    p.add_argument("--max-context", type=int, default=None,
+    p.add_argument("--prompt-len", type=positive_int, default=None,
+                   help="prompt tokens (seeded random ids; default 8)")
+    p.add_argument("--prompt-ids", type=int_list(0, unique=False),
+                   help="the prompt's token ids, comma-separated (instead of --prompt-len)")
+    p.add_argument("--new-tokens", type=positive_int, default=16, help="tokens to generate (default 16)")
+    p.add_argument("--max-context", type=positive_int, default=None,
                    help="positions the KV cache holds (default: prompt + new tokens)")
-    p.add_argument("--batch", type=int, default=1, help="sequences decoded together (the prompt repeated)")
+    p.add_argument("--batch", type=positive_int, default=1, help="sequences decoded together (the prompt repeated)")
     p.add_argument("--preset", default="tsp")
-    p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "int8", "fp8"],
+    p.add_argument("--precision", default="fp16", choices=LLM_PRECISIONS,
                    help="fp16 by default; int8 / fp8: W8A8 dense layers in int8 or fp8 e4m3 (activation scales "
                         "calibrated on a seeded random prompt), the rest fp16; fp8 needs an MXM with an fp8 "
                         "rate (--preset lp30)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompt")
+    p.add_argument("--seed", type=natural_int, default=0, help="seed of the random weights and prompt")
     p.add_argument("--report", help="JSON file to write the report to")
     p.add_argument("--system", help="map the decoder over chips of this system by tensor and pipeline parallelism: "
                                      "a preset (groqnode, tsp-rack, tsp-576, lp30-rack) or a system JSON file; "
                                      "replaces --preset (docs/multichip.md)")
-    p.add_argument("--chips", help="the system's chips to use, comma-separated, in pipeline stages of "
-                                    "--tensor-parallel chips (default: all)")
-    p.add_argument("--tensor-parallel", type=int, default=None,
+    p.add_argument("--chips", type=int_list(0), help="the system's chips to use, comma-separated, in pipeline "
+                                                      "stages of --tensor-parallel chips (default: all)")
+    p.add_argument("--tensor-parallel", type=positive_int, default=None,
                    help="chips per pipeline stage, pairwise linked (default: all the chips, one stage)")
 
 
@@ -748,31 +924,38 @@ def _generate(args) -> int:
 
     import numpy as np
 
-    from .llm.session import compile_llm, load_decoder
+    from .files import Output, check_outputs
 
-    if args.prompt_ids and args.prompt_len is not None:
+    # Every refusal that needs no model comes first, then those that need its vocabulary,
+    # all before the compile.
+    if args.prompt_ids is not None and args.prompt_len is not None:
         raise LPXError("give --prompt-ids or --prompt-len, not both")
-    model = load_decoder(args.config, args.seed)
+    for flag, value in (("--chips", args.chips), ("--tensor-parallel", args.tensor_parallel)):
+        if value is not None and not args.system:
+            raise LPXError(f"{flag} needs --system")
+    check_outputs([Output("--report", args.report)], inputs=[args.config, args.system])
+    from .llm.session import check_cache_rows, compile_llm, llm_machine, load_decoder
+
+    cfg, _ = llm_machine(args.precision, args.preset, args.system, name="--precision")
+    prompt_len = len(args.prompt_ids) if args.prompt_ids else args.prompt_len or 8
+    need = max(prompt_len + 1, prompt_len + args.new_tokens - 1)  # the prefill's, the last decode step's
+    context = args.max_context or prompt_len + args.new_tokens
+    if context < need:
+        raise LPXError(f"--max-context {context}: a prompt of {prompt_len} tokens and {args.new_tokens} new ones "
+                       f"need a context of at least {need}")
+    check_cache_rows(cfg, args.precision, args.batch, context)
+    with _quiet_transformers():
+        model = load_decoder(args.config, args.seed)
+    vocab = model.get_input_embeddings().num_embeddings
     if args.prompt_ids:
-        try:
-            prompt = np.array([int(x) for x in args.prompt_ids.split(",")], np.int64)
-        except ValueError:
-            raise LPXError(f"--prompt-ids {args.prompt_ids!r}: expected comma-separated integers") from None
+        beyond = [i for i in args.prompt_ids if i >= vocab]
+        if beyond:
+            raise LPXError(f"--prompt-ids: {beyond[0]} is not a token id of this model (its vocabulary: "
+                           f"0..{vocab - 1})")
+        prompt = np.array(args.prompt_ids, np.int64)
     else:
-        prompt = np.random.default_rng(args.seed).integers(0, model.config.vocab_size, args.prompt_len or 8)
-    if args.new_tokens < 1:
-        raise LPXError(f"--new-tokens {args.new_tokens}: at least 1")
-    context = args.max_context or len(prompt) + args.new_tokens
-    chips = None
-    if args.chips:
-        if not args.system:
-            raise LPXError("--chips needs --system")
-        try:
-            chips = [int(x) for x in args.chips.split(",")]
-        except ValueError:
-            raise LPXError(f"--chips {args.chips!r}: expected comma-separated chip numbers") from None
-    if args.tensor_parallel is not None and not args.system:
-        raise LPXError("--tensor-parallel needs --system")
+        prompt = np.random.default_rng(args.seed).integers(0, vocab, prompt_len)
+    chips = args.chips
     t = time.perf_counter()
     session = compile_llm(model, preset=args.preset, precision=args.precision, max_context=context,
                           batch=args.batch, prompt_len=len(prompt), system=args.system, chips=chips,
@@ -792,6 +975,7 @@ def _generate(args) -> int:
     if args.report:
         with open(args.report, "w") as f:
             json.dump(rep, f, indent=1)
+        print(f"report: {args.report}")
     return 0
 
 
@@ -835,18 +1019,19 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
                                                    "decoder (random weights: nothing is downloaded)")
     p.add_argument("--system", required=True, help="a system preset (groqnode, tsp-rack, tsp-576, lp30-rack) or a "
                                                    "system JSON file")
-    p.add_argument("--precision", default="fp16", choices=["fp32", "fp16", "bf16", "int8", "fp8"])
-    p.add_argument("--context", type=int, default=256, help="positions the KV cache holds (default 256)")
-    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens for TTFT (default: context / 2)")
-    p.add_argument("--batches", default="1", help="batch sizes, comma-separated (default 1)")
-    p.add_argument("--slo-tokens-per-s-per-user", type=float, default=0.0,
+    p.add_argument("--precision", default="fp16", choices=LLM_PRECISIONS)
+    p.add_argument("--context", type=whole_number(2), default=256, help="positions the KV cache holds (default 256)")
+    p.add_argument("--prompt-len", type=positive_int, default=None,
+                   help="prompt tokens for TTFT (default: context / 2)")
+    p.add_argument("--batches", type=int_list(1), default=[1], help="batch sizes, comma-separated (default 1)")
+    p.add_argument("--slo-tokens-per-s-per-user", type=non_negative, default=0.0,
                    help="the best mapping is the one with the most tokens/s per chip at or above this")
-    p.add_argument("--max-chips", type=int, default=None, help="the most chips a mapping may use")
-    p.add_argument("--tensor-parallel", default=None,
+    p.add_argument("--max-chips", type=positive_int, default=None, help="the most chips a mapping may use")
+    p.add_argument("--tensor-parallel", type=int_list(1), default=None,
                    help="tensor-parallel degrees, comma-separated (default: the kv heads' divisors that fit a group)")
-    p.add_argument("--pipeline", default=None,
+    p.add_argument("--pipeline", type=int_list(1), default=None,
                    help="pipeline depths, comma-separated (default: 1, 2, 4, ... up to the layers, and the layers)")
-    p.add_argument("--workers", type=int, default=0,
+    p.add_argument("--workers", type=natural_int, default=0,
                    help="compile and simulate the sampled models in this many worker processes (default 0: inline)")
     p.add_argument("--ray", default=None, metavar="ADDRESS", help="run them on the Ray cluster at ADDRESS")
     p.add_argument("--samples", default="system", choices=["system", "chip"],
@@ -854,7 +1039,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
                         "the collectives added (a model too large to compile whole, docs/multichip.md)")
     p.add_argument("--split-layers", action="store_true",
                    help="let pipeline stages cut a layer between its attention and its MLP (with --samples chip)")
-    p.add_argument("--sram-budget", type=float, default=0.9,
+    p.add_argument("--sram-budget", type=fraction, default=0.9,
                    help="the share of a chip's SRAM weights and caches may fill; the rest is working space (0.9)")
     p.add_argument("--png", default=None, help="write the Pareto figure (tokens/s per user against per chip) here")
     p.add_argument("--report", default=None, help="write the plan as JSON here")
@@ -866,19 +1051,26 @@ def _plan(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from .files import Output, check_outputs
+
+    check_outputs([Output("--png", args.png, suffix=".png"), Output("--report", args.report)],
+                  inputs=[args.config, args.system])
+    if args.prompt_len is not None and args.prompt_len >= args.context:
+        raise LPXError(f"--prompt-len {args.prompt_len}: a prompt takes 1 to {args.context - 1} tokens in a "
+                       f"--context of {args.context}")
+    if args.split_layers and args.samples != "chip":
+        raise LPXError("--split-layers plans from one chip's samples: give --samples chip")
+    _check_ray(args.ray)
     from .llm.plan import PLAN_COLUMNS, plan, plan_table, save_pareto
+    from .llm.session import llm_machine
 
-    def ints(flag, text):
-        try:
-            return [int(b) for b in text.split(",")] if text else None
-        except ValueError:
-            raise LPXError(f"--{flag} {text!r}: expected comma-separated integers") from None
-
-    p = plan(args.config, args.system, precision=args.precision, context=args.context,
-             prompt_len=args.prompt_len or args.context // 2, batches=ints("batches", args.batches),
-             tensor_parallel=ints("tensor-parallel", args.tensor_parallel), pipeline=ints("pipeline", args.pipeline),
-             max_chips=args.max_chips, workers=args.workers, ray_address=args.ray, samples=args.samples,
-             split_layers=args.split_layers, sram_budget=args.sram_budget)
+    llm_machine(args.precision, system=args.system, name="--precision")
+    with _quiet_transformers():
+        p = plan(args.config, args.system, precision=args.precision, context=args.context,
+                 prompt_len=args.prompt_len or args.context // 2, batches=args.batches,
+                 tensor_parallel=args.tensor_parallel, pipeline=args.pipeline, max_chips=args.max_chips,
+                 workers=args.workers, ray_address=args.ray, samples=args.samples, split_layers=args.split_layers,
+                 sram_budget=args.sram_budget)
     table = Table(title=f"{p.model} on {p.system} ({p.precision}, context {p.context}, {p.layers} layers): "
                         "predicted from simulated layers (docs/multichip.md)")
     for c in PLAN_COLUMNS:
@@ -900,6 +1092,7 @@ def _plan(args) -> int:
     if args.report:
         with open(args.report, "w") as f:
             json.dump(dict(p.to_json(), best=best.to_json() if best else None), f, indent=1)
+        console.print(f"plan: {args.report}")
     return 0
 
 
@@ -924,7 +1117,7 @@ COMMANDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one subparser per entry of :data:`COMMANDS`."""
-    parser = argparse.ArgumentParser(prog=PROG, description="LPX compiler, simulator and tools.")
+    parser = _Parser(prog=PROG, description="LPX compiler, simulator and tools.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -954,7 +1147,12 @@ def main(argv=None) -> int:
     ``lpx-tvm: warning:`` line at the end; after a failure only the error line is
     printed, and ``--debug`` shows the warnings (and TVM's log lines) below it.
     """
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # a flag's value refused: one line (_Parser.error); --help and --version: 0
+        if e.code == EXIT_INPUT:
+            return EXIT_INPUT
+        raise
     failure = []  # the exception, held until _release_failure
     with warnings.catch_warnings(record=True) as caught:
         try:

@@ -11,10 +11,11 @@ asked, the logits); the caches never leave the chip.
 
 from __future__ import annotations
 
-import json
 import math
+import numbers
 import os
 import time
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from ..frontends.torch import import_torch, require_torch
 from ..machine.config import LPXConfig, load_config
 from ..precision import Precision
 from ..relax_passes.errors import ModelError
+from ..relax_passes.tvm_output import quiet_tvm
 from ..runtime.floors import floors_of
 from ..sim import Simulator
 from ..target.builder import SharedSram, chunk_lines
@@ -41,8 +43,13 @@ CALIBRATION_PROMPT, CALIBRATION_TOKENS = 16, 8
 
 def load_decoder(model_or_config, seed: int = 0):
     """A ``transformers`` causal LM in eval mode: the model itself, or one built with
-    random weights (seeded; nothing is downloaded) from a config object, a dict, or the
-    path of a ``config.json``."""
+    random fp32 weights (seeded; nothing is downloaded) from a config object, a dict, or
+    the path of a ``config.json``. A config is checked before the model is built
+    (:func:`~lpx_tvm.frontends.decoder_config.check_decoder_config`): a field the steps
+    do not honour, or a model whose weights would not fit the host's memory, is refused
+    by name."""
+    from ..frontends import decoder_config
+
     torch = require_torch()
     try:
         import transformers
@@ -51,25 +58,28 @@ def load_decoder(model_or_config, seed: int = 0):
             from None
     if isinstance(model_or_config, torch.nn.Module):
         return model_or_config.eval()
-    cfg = model_or_config
+    cfg, where = model_or_config, "model config"
     if isinstance(cfg, (str, os.PathLike)):
-        try:
-            with open(cfg) as f:
-                cfg = json.load(f)
-        except OSError as e:
-            raise ModelError(f"cannot read the model config {str(cfg)!r}: {e.strerror}") from None
-        except json.JSONDecodeError as e:
-            raise ModelError(f"model config {str(model_or_config)!r} is not JSON: {e}") from None
-    if isinstance(cfg, dict):
-        kind = cfg.get("model_type")
-        if kind not in decoders.FAMILIES:
-            raise ModelError(f"model_type {kind!r}: the LPX decoder steps support {', '.join(decoders.FAMILIES)}")
-        cfg = transformers.AutoConfig.for_model(**cfg)
-    if not isinstance(cfg, transformers.PretrainedConfig):
+        where = f"model config {str(cfg)!r}"
+        cfg = decoder_config.read_config(cfg)
+    if not isinstance(cfg, (dict, transformers.PretrainedConfig)):
         raise ModelError(f"compile_llm expects a transformers model, a config or a config.json path, got "
                          f"{type(model_or_config).__name__}")
+    try:
+        checked = decoder_config.check_decoder_config(cfg)
+        if torch.get_default_device().type != "meta":  # a model of shapes only allocates nothing
+            decoder_config.check_host_memory(checked)
+    except ModelError as e:
+        raise ModelError(f"{where}: {e}") from None
+    if isinstance(cfg, dict):
+        try:
+            cfg = transformers.AutoConfig.for_model(**cfg)
+        except Exception as e:  # what the checks did not foresee: transformers' own words, one line
+            raise ModelError(f"{where}: transformers refuses it: {str(e).strip().splitlines()[-1]}") from None
     torch.manual_seed(seed)
-    return transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    # The checkpoint's dtype (torch_dtype) does not apply to random weights: fp32, and
+    # compile_llm's precision decides the chip's.
+    return transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
 
 
 def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: int = 128, batch: int = 1,
@@ -124,31 +134,40 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
     -------
     LLMSession
     """
+    cfg, system = llm_machine(precision, preset, system)
     precision = str(precision)
-    if precision not in PRECISIONS:
-        raise LPXError(f"precision {precision!r}: decoder LLMs compile at {', '.join(PRECISIONS)}")
-    if system is not None:
-        from ..machine.system import load_system
-
-        system = load_system(system)
-        cfg = system.config
-    else:
-        cfg = preset if isinstance(preset, LPXConfig) else load_config(preset)
-    if precision not in cfg.mxm_cycles_per_vector:
-        raise LPXError(f"precision {precision}: the MXM of {cfg.name} does not multiply {precision} "
-                       f"(its rates: {', '.join(cfg.mxm_cycles_per_vector)}); fp8 runs on lp30")
+    max_context = whole_number("max_context", max_context, 2)  # a prompt token and a generated one
+    batch = whole_number("batch", batch, 1)
+    seed = whole_number("seed", seed, 0)
+    if prompt_len is not None:
+        prompt_len = whole_number("prompt_len", prompt_len, 1)
+        if prompt_len >= max_context:
+            raise LPXError(f"prompt_len={prompt_len}: a prompt takes 1 to {max_context - 1} tokens in a context of "
+                           f"{max_context}")
+    chips, tensor_parallel, pipeline_stages = _mapping_arguments(system, chips, tensor_parallel, pipeline_stages,
+                                                                 split_layers)
+    if embed_on_chip not in (None, True, False):
+        raise LPXError(f"embed_on_chip={embed_on_chip!r}: expected None, True or False")
+    if calibration_ids is not None and precision not in EIGHT_BIT:
+        raise LPXError(f"calibration_ids: they set an 8-bit path's activation scales; precision {precision} has "
+                       "none (int8 or fp8 take them)")
     model = load_decoder(model_or_config, seed)
     spec = decoders.spec_of(model, max_context, batch)
+    problem = None if system is not None else fit_problem(
+        spec, cfg, precision, matrix_parameters(model), host_table_values(model, spec, cfg, precision, embed_on_chip))
+    if problem:  # before calibrating or compiling
+        raise DoesNotFit(problem)
+    check_cache_rows(cfg, precision, batch, max_context)
     quant = None
     if precision in EIGHT_BIT:
-        problem = None if system is not None else fit_problem(
-            spec, cfg, str(precision), matrix_parameters(model),
-            host_table_values(model, spec, cfg, str(precision), embed_on_chip))
-        if problem:  # before calibrating
-            raise DoesNotFit(problem)
         if calibration_ids is None:
             prompt = min(CALIBRATION_PROMPT, max_context - 1)
             calibration_ids = np.random.default_rng(seed).integers(0, spec.vocab, (batch, prompt))
+        else:
+            calibration_ids = token_ids("calibration_ids", calibration_ids, spec)
+            if calibration_ids.shape[1] >= max_context:
+                raise ModelError(f"calibration_ids: a prompt of {calibration_ids.shape[1]} tokens in a context of "
+                                 f"{max_context}: it takes 1 to {max_context - 1} tokens")
         quant = decoders.calibrate(model, spec, calibration_ids, CALIBRATION_TOKENS, precision)
     if system is not None:
         from .system_session import SystemLLMSession
@@ -165,12 +184,117 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
         if prompt_len is not None:
             session.prefill_step(prompt_len)
         return session
-    if split_layers:
-        raise LPXError("split_layers cuts pipeline stages: give a system")
     session = LLMSession(model, spec, cfg, precision, quant, embed_on_chip=embed_on_chip)
     if prompt_len is not None:
         session.prefill_step(prompt_len)
     return session
+
+
+def llm_machine(precision, preset="tsp", system=None, name: str = "precision") -> tuple:
+    """(the machine config, the loaded system or None) a decoder compiles for at
+    ``precision``: an LPXError, before any model is built, for a precision decoders do not
+    compile at or one the machine's MXM does not multiply (``name``: the argument's, or
+    the flag's)."""
+    precision = str(precision)
+    if precision not in PRECISIONS:
+        raise LPXError(f"{name} {precision!r}: decoder LLMs compile at {', '.join(PRECISIONS)}")
+    if system is not None:
+        from ..machine.system import load_system
+
+        system = load_system(system)
+        cfg = system.config
+    else:
+        cfg = preset if isinstance(preset, LPXConfig) else load_config(preset)
+    if precision not in cfg.mxm_cycles_per_vector:
+        raise LPXError(f"{name} {precision}: the MXM of {cfg.name} does not multiply {precision} "
+                       f"(its rates: {', '.join(cfg.mxm_cycles_per_vector)}); fp8 runs on lp30")
+    return cfg, system
+
+
+def whole_number(name: str, value, low: int) -> int:
+    """``value`` as an int of at least ``low``, or an LPXError naming the argument (a bool,
+    a float such as 2.5 or a string is no count)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise LPXError(f"{name}={value!r}: expected an integer of at least {low}")
+    if value < low:
+        raise LPXError(f"{name}={value}: expected an integer of at least {low}")
+    return int(value)
+
+
+def _mapping_arguments(system, chips, tensor_parallel, pipeline_stages, split_layers) -> tuple:
+    """``chips``, ``tensor_parallel`` and ``pipeline_stages`` checked: they map a decoder over
+    chips of a system, and without one are refused rather than ignored."""
+    if system is None:
+        given = [name for name, v in (("chips", chips), ("tensor_parallel", tensor_parallel),
+                                      ("pipeline_stages", pipeline_stages)) if v is not None]
+        if given:
+            raise LPXError(f"{', '.join(given)}: map a decoder over chips of a system; give system= (one chip "
+                           "takes none of them)")
+        if split_layers:
+            raise LPXError("split_layers cuts pipeline stages: give a system")
+    if tensor_parallel is not None:
+        tensor_parallel = whole_number("tensor_parallel", tensor_parallel, 1)
+    if pipeline_stages is not None:
+        pipeline_stages = whole_number("pipeline_stages", pipeline_stages, 1)
+    if chips is not None:
+        if isinstance(chips, (str, bytes)) or not isinstance(chips, Iterable):
+            raise LPXError(f"chips={chips!r}: expected a sequence of chip numbers")
+        chips = list(chips)
+        bad = [c for c in chips if isinstance(c, bool) or not isinstance(c, numbers.Integral)]
+        if bad:
+            raise LPXError(f"chips={chips!r}: chip numbers are integers, got {bad[0]!r}")
+        chips = [int(c) for c in chips]
+    return chips, tensor_parallel, pipeline_stages
+
+
+def check_cache_rows(cfg: LPXConfig, precision: str, batch: int, max_context: int) -> None:
+    """A DoesNotFit error when a KV cache's rows (batch x context of them, each kept in one
+    slice by the step's layout) overflow a slice: found from the sizes, before any
+    compile."""
+    rows = batch * max_context
+    fit = cfg.lines_per_slice // float_bytes(precision)
+    if rows > fit:
+        raise DoesNotFit(f"batch {batch} x context {max_context} = {rows:,} KV cache rows, but a cache's rows are "
+                         f"kept in one slice, which holds {fit:,} rows of {FLOAT_OF.get(precision, precision)} on "
+                         f"{cfg.name}: use a smaller batch or context (batch x context <= {fit:,})")
+
+
+def token_ids(name: str, value, spec: decoders.DecoderSpec) -> np.ndarray:
+    """``value`` ([batch, P] token ids, or [P] for a batch of one) as an int64 array
+    [batch, P], or a ModelError naming the argument: a ragged prompt, values that are not
+    whole numbers, ids outside the vocabulary, another batch, no tokens."""
+    try:
+        ids = np.asarray(value)
+    except (ValueError, TypeError):  # numpy refuses rows of different lengths
+        raise ModelError(f"{name}: rows of different lengths; a batch's prompts have one length") from None
+    if ids.dtype == object:
+        raise ModelError(f"{name}: rows of different lengths or values that are not token ids")
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2 or ids.shape[0] != spec.batch:
+        raise ModelError(f"{name} of shape {ids.shape}: this session decodes a batch of {spec.batch} "
+                         f"([{spec.batch}, prompt length])")
+    if ids.shape[1] == 0:
+        raise ModelError(f"{name}: an empty prompt; a prompt takes at least one token")
+    if ids.dtype.kind not in "iu":
+        raise ModelError(f"{name} of dtype {ids.dtype}: expected integer token ids")
+    if ids.min() < 0 or ids.max() >= spec.vocab:
+        bad = ids[(ids < 0) | (ids >= spec.vocab)][0]
+        raise ModelError(f"{name}: {bad} is not a token id of this model (its vocabulary: 0..{spec.vocab - 1})")
+    return ids.astype(np.int64)
+
+
+def generation_arguments(spec: decoders.DecoderSpec, input_ids, max_new_tokens) -> np.ndarray:
+    """The prompt of ``generate(input_ids, max_new_tokens)`` as [batch, P] ids, both
+    arguments checked (ModelError naming the argument)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
+        raise ModelError(f"max_new_tokens={max_new_tokens!r}: expected an integer of at least 1")
+    ids = token_ids("input_ids", input_ids, spec)
+    prompt = ids.shape[1]
+    if prompt >= spec.max_context or prompt + max_new_tokens - 1 > spec.max_context:
+        raise ModelError(f"{prompt} prompt tokens and {max_new_tokens} new ones do not fit the context of "
+                         f"{spec.max_context} positions (it holds the prompt, and all new tokens but the last)")
+    return prompt_ids(spec, ids, int(max_new_tokens))
 
 
 def matrix_parameters(model) -> int:
@@ -273,6 +397,7 @@ class LLMSession:
         self._last = {}
 
     # ---- compiling -------------------------------------------------------------------
+    @quiet_tvm()
     def _compile(self, tokens: int, shared: "SharedSram | None") -> StepProgram:
         from ..pipeline import lower
 
@@ -321,7 +446,7 @@ class LLMSession:
         Returns int64 ids [batch, max_new_tokens]; with ``return_logits`` also the logits
         of every step, [max_new_tokens, batch, vocab] (float32)."""
         spec = self.spec
-        ids = prompt_ids(spec, input_ids, max_new_tokens)
+        ids = generation_arguments(spec, input_ids, max_new_tokens)
         prompt = ids.shape[1]
         prefill = self.prefill_step(prompt)
         out, all_logits = [], []

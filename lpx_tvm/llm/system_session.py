@@ -25,11 +25,13 @@ from ..frontends import decoders
 from ..frontends.torch import import_torch
 from ..machine.system import System
 from ..relax_passes.errors import ModelError
+from ..relax_passes.tvm_output import quiet_tvm
 from ..sim.multichip import SystemSimulator
 from ..target.builder import SharedSram
 from ..target.codegen.options import codegen_options
 from ..target.collectives import build_together
-from .steps import EIGHT_BIT, FLOAT_OF, embed_choice, prompt_ids, shared_with, step_program
+from .session import generation_arguments
+from .steps import EIGHT_BIT, FLOAT_OF, embed_choice, shared_with, step_program
 
 
 class SystemLLMSession:
@@ -104,6 +106,7 @@ class SystemLLMSession:
     def programs(steps: dict) -> dict:
         return {c: s.program for c, s in steps.items()}
 
+    @quiet_tvm()
     def _compile(self, tokens: int, shared: "dict | None") -> dict:
         """{chip: StepProgram} of the step of ``tokens`` tokens."""
         from ..pipeline import lower
@@ -180,7 +183,7 @@ class SystemLLMSession:
     def generate(self, input_ids, max_new_tokens: int, return_logits: bool = False):
         """Greedy tokens after ``input_ids`` ([batch, P] ints, or [P] for a batch of one)."""
         spec = self.spec
-        ids = prompt_ids(spec, input_ids, max_new_tokens)
+        ids = generation_arguments(spec, input_ids, max_new_tokens)
         prompt = ids.shape[1]
         ttft, next_ids, logits = self._run(self.prefill_step(prompt), ids, 0, True, return_logits)
         out, all_logits = [], []
