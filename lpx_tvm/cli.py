@@ -392,8 +392,6 @@ def _parse_input_shapes(text):
 def _run_program(args) -> int:
     import time
 
-    import numpy as np
-
     from .machine.encoding import load_program
     from .runtime.report import program_report
     from .sim import Simulator

@@ -31,7 +31,7 @@ from ..sim import Simulator
 from ..target.builder import SharedSram, chunk_lines
 from ..target.codegen.options import codegen_options
 from .steps import (EIGHT_BIT, FLOAT_OF, WEIGHT_BUDGET, DoesNotFit, StepProgram, cache_bytes_as_stored, embed_choice,
-                    embeds_on_chip, float_bytes, prompt_ids, shared_with, step_program)
+                    embeds_on_chip, float_bytes, generation_arguments, shared_with, step_program, token_ids)
 
 # The precisions a decoder compiles at: float, or an 8-bit path (W8A8 dense layers in
 # int8, or in fp8 e4m3 on a machine whose MXM multiplies fp8; the rest fp16).
@@ -257,44 +257,6 @@ def check_cache_rows(cfg: LPXConfig, precision: str, batch: int, max_context: in
         raise DoesNotFit(f"batch {batch} x context {max_context} = {rows:,} KV cache rows, but a cache's rows are "
                          f"kept in one slice, which holds {fit:,} rows of {FLOAT_OF.get(precision, precision)} on "
                          f"{cfg.name}: use a smaller batch or context (batch x context <= {fit:,})")
-
-
-def token_ids(name: str, value, spec: decoders.DecoderSpec) -> np.ndarray:
-    """``value`` ([batch, P] token ids, or [P] for a batch of one) as an int64 array
-    [batch, P], or a ModelError naming the argument: a ragged prompt, values that are not
-    whole numbers, ids outside the vocabulary, another batch, no tokens."""
-    try:
-        ids = np.asarray(value)
-    except (ValueError, TypeError):  # numpy refuses rows of different lengths
-        raise ModelError(f"{name}: rows of different lengths; a batch's prompts have one length") from None
-    if ids.dtype == object:
-        raise ModelError(f"{name}: rows of different lengths or values that are not token ids")
-    if ids.ndim == 1:
-        ids = ids[None]
-    if ids.ndim != 2 or ids.shape[0] != spec.batch:
-        raise ModelError(f"{name} of shape {ids.shape}: this session decodes a batch of {spec.batch} "
-                         f"([{spec.batch}, prompt length])")
-    if ids.shape[1] == 0:
-        raise ModelError(f"{name}: an empty prompt; a prompt takes at least one token")
-    if ids.dtype.kind not in "iu":
-        raise ModelError(f"{name} of dtype {ids.dtype}: expected integer token ids")
-    if ids.min() < 0 or ids.max() >= spec.vocab:
-        bad = ids[(ids < 0) | (ids >= spec.vocab)][0]
-        raise ModelError(f"{name}: {bad} is not a token id of this model (its vocabulary: 0..{spec.vocab - 1})")
-    return ids.astype(np.int64)
-
-
-def generation_arguments(spec: decoders.DecoderSpec, input_ids, max_new_tokens) -> np.ndarray:
-    """The prompt of ``generate(input_ids, max_new_tokens)`` as [batch, P] ids, both
-    arguments checked (ModelError naming the argument)."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
-        raise ModelError(f"max_new_tokens={max_new_tokens!r}: expected an integer of at least 1")
-    ids = token_ids("input_ids", input_ids, spec)
-    prompt = ids.shape[1]
-    if prompt >= spec.max_context or prompt + max_new_tokens - 1 > spec.max_context:
-        raise ModelError(f"{prompt} prompt tokens and {max_new_tokens} new ones do not fit the context of "
-                         f"{spec.max_context} positions (it holds the prompt, and all new tokens but the last)")
-    return prompt_ids(spec, ids, int(max_new_tokens))
 
 
 def matrix_parameters(model) -> int:

@@ -4,6 +4,7 @@ and the refusal of what does not fit."""
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -152,3 +153,41 @@ def shared_with(decode: StepProgram) -> SharedSram:
     layouts = {b.name: b.layout for b in d.bindings if b.role == "input"}
     return SharedSram(inputs=tuple((n, layouts[n]) for n in decode.caches), images=tuple(d.sram_init),
                       constants=decode.region.constants)
+
+
+def token_ids(name: str, value, spec: decoders.DecoderSpec) -> np.ndarray:
+    """``value`` ([batch, P] token ids, or [P] for a batch of one) as an int64 array
+    [batch, P], or a ModelError naming the argument: a ragged prompt, values that are not
+    whole numbers, ids outside the vocabulary, another batch, no tokens."""
+    try:
+        ids = np.asarray(value)
+    except (ValueError, TypeError):  # numpy refuses rows of different lengths
+        raise ModelError(f"{name}: rows of different lengths; a batch's prompts have one length") from None
+    if ids.dtype == object:
+        raise ModelError(f"{name}: rows of different lengths or values that are not token ids")
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2 or ids.shape[0] != spec.batch:
+        raise ModelError(f"{name} of shape {ids.shape}: this session decodes a batch of {spec.batch} "
+                         f"([{spec.batch}, prompt length])")
+    if ids.shape[1] == 0:
+        raise ModelError(f"{name}: an empty prompt; a prompt takes at least one token")
+    if ids.dtype.kind not in "iu":
+        raise ModelError(f"{name} of dtype {ids.dtype}: expected integer token ids")
+    if ids.min() < 0 or ids.max() >= spec.vocab:
+        bad = ids[(ids < 0) | (ids >= spec.vocab)][0]
+        raise ModelError(f"{name}: {bad} is not a token id of this model (its vocabulary: 0..{spec.vocab - 1})")
+    return ids.astype(np.int64)
+
+
+def generation_arguments(spec: decoders.DecoderSpec, input_ids, max_new_tokens) -> np.ndarray:
+    """The prompt of ``generate(input_ids, max_new_tokens)`` as [batch, P] ids, both
+    arguments checked (ModelError naming the argument)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
+        raise ModelError(f"max_new_tokens={max_new_tokens!r}: expected an integer of at least 1")
+    ids = token_ids("input_ids", input_ids, spec)
+    prompt = ids.shape[1]
+    if prompt >= spec.max_context or prompt + max_new_tokens - 1 > spec.max_context:
+        raise ModelError(f"{prompt} prompt tokens and {max_new_tokens} new ones do not fit the context of "
+                         f"{spec.max_context} positions (it holds the prompt, and all new tokens but the last)")
+    return prompt_ids(spec, ids, int(max_new_tokens))

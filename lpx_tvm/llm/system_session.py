@@ -30,8 +30,7 @@ from ..sim.multichip import SystemSimulator
 from ..target.builder import SharedSram
 from ..target.codegen.options import codegen_options
 from ..target.collectives import build_together
-from .session import generation_arguments
-from .steps import EIGHT_BIT, FLOAT_OF, embed_choice, shared_with, step_program
+from .steps import EIGHT_BIT, FLOAT_OF, embed_choice, generation_arguments, shared_with, step_program
 
 
 class SystemLLMSession:
