@@ -70,15 +70,22 @@ class Sandbox:
         self._proc = self._conn = None
         self._served = 0
 
-    def run(self, family: str, index: int, seed: int, preset: str) -> Outcome:
+    # What a worker runs (a module-level function, so that a spawned process finds it) and
+    # the outcome type it replies with: a sandbox of other cases sets these two.
+    serve = _serve
+    outcome = Outcome
+
+    def run(self, *case) -> Outcome:
+        """The outcome of ``case`` (here: family, index, seed, preset)."""
         if self._proc is None or not self._proc.is_alive() or self._served >= self.recycle:
             self._restart()
         start = time.perf_counter()
-        self._conn.send((family, index, seed, preset))
+        self._conn.send(case)
         self._served += 1
         if not self._conn.poll(self.timeout):
             self.close()
-            return Outcome("timeout", f"no result after {self.timeout:g} s", seconds=time.perf_counter() - start)
+            return self.outcome("timeout", f"no result after {self.timeout:g} s",
+                                seconds=time.perf_counter() - start)
         try:
             reply = self._conn.recv()
         except (EOFError, ConnectionError):
@@ -87,17 +94,17 @@ class Sandbox:
             self._proc = None
             why = (f"killed by {signal.Signals(-status).name}" if status is not None and status < 0
                    else f"worker exited with status {status}")
-            return Outcome("crash", why, seconds=time.perf_counter() - start)
+            return self.outcome("crash", why, seconds=time.perf_counter() - start)
         if "harness_error" in reply:
-            raise HarnessError(f"{family}-{index}-s{seed} on {preset}:\n{reply['harness_error']}")
+            raise HarnessError(f"{case}:\n{reply['harness_error']}")
         if reply["rss_mib"] > self.max_rss_mib:
             self.close()
-        return Outcome.from_json(reply["outcome"])
+        return self.outcome.from_json(reply["outcome"])
 
     def _restart(self) -> None:
         self.close()
         self._conn, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(child, self.log), daemon=True)
+        self._proc = self._ctx.Process(target=type(self).serve, args=(child, self.log), daemon=True)
         self._proc.start()
         child.close()
         self._served = 0

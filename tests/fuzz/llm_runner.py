@@ -24,15 +24,15 @@ with the logits. The outcome is one of :data:`OUTCOMES`:
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import signal
 import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+
+from fuzz_sandbox import Sandbox
 
 OUTCOMES = ("ok", "tie", "wrong", "refused", "internal", "crash", "timeout")
 FAILURES = ("wrong", "internal", "crash", "timeout")
@@ -176,10 +176,6 @@ def _innermost(e: BaseException) -> str:
 
 # ---- the sandbox ----------------------------------------------------------------------
 
-class HarnessError(RuntimeError):
-    """The generator or the reference failed (a bug of the fuzzer, not of lpx_tvm)."""
-
-
 def _serve(conn, log: "str | None") -> None:
     if log:  # TVM's and the compiler's prints go to the log
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -205,63 +201,15 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-class LLMSandbox:
+class LLMSandbox(Sandbox):
     """Runs cases (family, index, seed) in one worker process with a per-case
     ``timeout``; a case past it is a ``timeout``, a worker that dies a ``crash``, and the
     next case gets a fresh worker (so does every ``recycle``-th case, or a worker grown
     past ``max_rss_mib``: compiled sessions are not all freed)."""
 
+    serve = _serve
+    outcome = Outcome
+
     def __init__(self, timeout: float = 300.0, recycle: int = 25, max_rss_mib: float = 2000.0,
                  log: "str | None" = None):
-        self.timeout, self.recycle, self.max_rss_mib, self.log = timeout, recycle, max_rss_mib, log
-        self._ctx = mp.get_context("spawn")
-        self._proc = self._conn = None
-        self._served = 0
-
-    def run(self, family: str, index: int, seed: int) -> Outcome:
-        if self._proc is None or not self._proc.is_alive() or self._served >= self.recycle:
-            self._restart()
-        start = time.perf_counter()
-        self._conn.send((family, index, seed))
-        self._served += 1
-        if not self._conn.poll(self.timeout):
-            self.close()
-            return Outcome("timeout", f"no result after {self.timeout:g} s", seconds=time.perf_counter() - start)
-        try:
-            reply = self._conn.recv()
-        except (EOFError, ConnectionError):
-            self._proc.join(10)
-            status = self._proc.exitcode
-            self._proc = None
-            why = (f"killed by {signal.Signals(-status).name}" if status is not None and status < 0
-                   else f"worker exited with status {status}")
-            return Outcome("crash", why, seconds=time.perf_counter() - start)
-        if "harness_error" in reply:
-            raise HarnessError(f"{family}-{index}-s{seed}:\n{reply['harness_error']}")
-        if reply["rss_mib"] > self.max_rss_mib:
-            self.close()
-        return Outcome.from_json(reply["outcome"])
-
-    def _restart(self) -> None:
-        self.close()
-        self._conn, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(child, self.log), daemon=True)
-        self._proc.start()
-        child.close()
-        self._served = 0
-
-    def close(self) -> None:
-        if self._proc is not None:
-            if self._proc.is_alive():
-                self._proc.kill()
-            self._proc.join()
-            self._proc = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        super().__init__(timeout, recycle, max_rss_mib, log)
