@@ -9,7 +9,6 @@ here and nowhere else.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import re
 import sys
 import time
@@ -102,23 +101,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(EXIT_INPUT, f"{PROG}: error: {message} (see {self.prog} --help)\n")
-
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    """transformers' notes on a config it builds (a bos or eos id outside a scaled-down
-    vocabulary) held back: the results and errors are ours to print."""
-    try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:
-        yield
-        return
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
 
 
 def _check_ray(address) -> None:
@@ -513,10 +495,10 @@ def _profile(args) -> int:
                   inputs=[path, args.inputs, args.tuning_log, args.preset])
     pyplot()  # before the run: a missing matplotlib says so now
     if decoder:
-        from .llm.session import compile_llm, llm_machine
+        from .llm.session import compile_llm, llm_machine, quiet_transformers
 
         llm_machine(args.precision or Precision.FP16, args.preset or "tsp", name="--precision")
-        with _quiet_transformers():
+        with quiet_transformers():
             session = compile_llm(path, preset=args.preset or "tsp", precision=args.precision or Precision.FP16,
                                   max_context=args.max_context or 256, batch=args.batch or 1)
         profile = session.profile()
@@ -932,7 +914,7 @@ def _generate(args) -> int:
         if value is not None and not args.system:
             raise LPXError(f"{flag} needs --system")
     check_outputs([Output("--report", args.report)], inputs=[args.config, args.system])
-    from .llm.session import check_cache_rows, compile_llm, llm_machine, load_decoder
+    from .llm.session import check_cache_rows, compile_llm, llm_machine, load_decoder, quiet_transformers
 
     cfg, _ = llm_machine(args.precision, args.preset, args.system, name="--precision")
     prompt_len = len(args.prompt_ids) if args.prompt_ids else args.prompt_len or 8
@@ -942,7 +924,7 @@ def _generate(args) -> int:
         raise LPXError(f"--max-context {context}: a prompt of {prompt_len} tokens and {args.new_tokens} new ones "
                        f"need a context of at least {need}")
     check_cache_rows(cfg, args.precision, args.batch, context)
-    with _quiet_transformers():
+    with quiet_transformers():
         model = load_decoder(args.config, args.seed)
     vocab = model.get_input_embeddings().num_embeddings
     if args.prompt_ids:
@@ -1060,10 +1042,10 @@ def _plan(args) -> int:
         raise LPXError("--split-layers plans from one chip's samples: give --samples chip")
     _check_ray(args.ray)
     from .llm.plan import PLAN_COLUMNS, plan, plan_table, save_pareto
-    from .llm.session import llm_machine
+    from .llm.session import llm_machine, quiet_transformers
 
     llm_machine(args.precision, system=args.system, name="--precision")
-    with _quiet_transformers():
+    with quiet_transformers():
         p = plan(args.config, args.system, precision=args.precision, context=args.context,
                  prompt_len=args.prompt_len or args.context // 2, batches=args.batches,
                  tensor_parallel=args.tensor_parallel, pipeline=args.pipeline, max_chips=args.max_chips,

@@ -1,5 +1,6 @@
-"""The Python API keeps TVM's C++ log lines off the user's stderr (LPX_TVM_LOG=1 lets
-them through); everything else written to stderr meanwhile still reaches it."""
+"""The Python API keeps TVM's C++ log lines and transformers' notes on a scaled-down
+config off the user's stderr (LPX_TVM_LOG=1 lets TVM's through); everything else
+written to stderr meanwhile still reaches it."""
 
 import os
 import subprocess
@@ -39,7 +40,8 @@ _SCRIPT = textwrap.dedent("""
     import numpy as np
     import lpx_tvm
     cfg = dict(model_type="llama", vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+               bos_token_id=128000, eos_token_id=128001)  # a published config's ids, its vocabulary scaled down
     session = lpx_tvm.compile_llm(cfg, preset="tsp", precision="fp32", max_context=32)
     print(session.generate(np.array([[1, 2, 3]]), 2).shape)
 """)

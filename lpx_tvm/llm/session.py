@@ -11,6 +11,7 @@ asked, the logits); the caches never leave the chip.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -39,6 +40,23 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 # Tokens the float model generates to calibrate an 8-bit path's activation scales, after
 # a prompt of random ids (seeded).
 CALIBRATION_PROMPT, CALIBRATION_TOKENS = 16, 8
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers' notes on a config it builds (a bos or eos id outside a scaled-down
+    vocabulary) held back for the block: the results and errors are ours to print."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        yield
+        return
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def load_decoder(model_or_config, seed: int = 0):
@@ -73,13 +91,15 @@ def load_decoder(model_or_config, seed: int = 0):
         raise ModelError(f"{where}: {e}") from None
     if isinstance(cfg, dict):
         try:
-            cfg = transformers.AutoConfig.for_model(**cfg)
+            with quiet_transformers():
+                cfg = transformers.AutoConfig.for_model(**cfg)
         except Exception as e:  # what the checks did not foresee: transformers' own words, one line
             raise ModelError(f"{where}: transformers refuses it: {str(e).strip().splitlines()[-1]}") from None
     torch.manual_seed(seed)
     # The checkpoint's dtype (torch_dtype) does not apply to random weights: fp32, and
     # compile_llm's precision decides the chip's.
-    return transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    with quiet_transformers():
+        return transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
 
 
 def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: int = 128, batch: int = 1,
