@@ -74,26 +74,26 @@ def int_list(low: int, unique: bool = True):
     return parse
 
 
-def fraction(text: str) -> float:
-    """An argparse ``type``: a number in (0, 1]."""
+def _number(text: str, within, expected: str) -> float:
+    """``text`` as a float for which ``within`` holds (nan never does), or argparse's error
+    saying what was ``expected``."""
     try:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < v <= 1:  # nan fails too
-        raise argparse.ArgumentTypeError(f"{text} is out of range: expected a share in (0, 1], e.g. 0.9")
+    if not within(v):
+        raise argparse.ArgumentTypeError(f"{text} is out of range: expected {expected}")
     return v
+
+
+def fraction(text: str) -> float:
+    """An argparse ``type``: a number in (0, 1]."""
+    return _number(text, lambda v: 0 < v <= 1, "a share in (0, 1], e.g. 0.9")
 
 
 def non_negative(text: str) -> float:
     """An argparse ``type``: a finite number of at least 0."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= v < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} is out of range: expected a finite number of at least 0")
-    return v
+    return _number(text, lambda v: 0 <= v < float("inf"), "a finite number of at least 0")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -26,27 +26,31 @@ class HarnessError(RuntimeError):
     """The generator or the runner failed (a bug of the fuzzer, not of lpx_tvm)."""
 
 
-def _serve(conn, log: "str | None") -> None:
-    """The worker: receive (family, index, seed, preset), send back an Outcome's JSON (or
-    the traceback of a failure of the fuzzer itself)."""
+def _serve(conn, log: "str | None", run) -> None:
+    """The worker: receive a case's tuple, send back the JSON of ``run(*case)``'s outcome
+    (or the traceback of a failure of the fuzzer itself)."""
     if log:  # what TVM and the compiler print goes to the log, not between the bench's lines
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
-    sys.path.insert(0, _HERE)
-    import onnx_graphs
-    import fuzz_runner
-
     while True:
         try:
-            family, index, seed, preset = conn.recv()
+            case = conn.recv()
         except EOFError:
             return
         try:
-            case = onnx_graphs.case(family, index, seed)
-            conn.send({"outcome": fuzz_runner.run_case(case, preset).to_json(), "rss_mib": _rss_mib()})
+            conn.send({"outcome": run(*case).to_json(), "rss_mib": _rss_mib()})
         except Exception:
             conn.send({"harness_error": traceback.format_exc()})
+
+
+def run_onnx_case(family: str, index: int, seed: int, preset: str) -> Outcome:
+    """The ONNX fuzzer's case (family, index, seed) run on ``preset``."""
+    sys.path.insert(0, _HERE)
+    import fuzz_runner
+    import onnx_graphs
+
+    return fuzz_runner.run_case(onnx_graphs.case(family, index, seed), preset)
 
 
 def _rss_mib() -> float:
@@ -70,9 +74,9 @@ class Sandbox:
         self._proc = self._conn = None
         self._served = 0
 
-    # What a worker runs (a module-level function, so that a spawned process finds it) and
-    # the outcome type it replies with: a sandbox of other cases sets these two.
-    serve = _serve
+    # What a worker runs for a case (a module-level function, so that a spawned process
+    # finds it) and the outcome type it replies with: a sandbox of other cases sets these two.
+    run_case = run_onnx_case
     outcome = Outcome
 
     def run(self, *case) -> Outcome:
@@ -104,7 +108,7 @@ class Sandbox:
     def _restart(self) -> None:
         self.close()
         self._conn, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=type(self).serve, args=(child, self.log), daemon=True)
+        self._proc = self._ctx.Process(target=_serve, args=(child, self.log, type(self).run_case), daemon=True)
         self._proc.start()
         child.close()
         self._served = 0

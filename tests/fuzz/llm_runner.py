@@ -176,29 +176,12 @@ def _innermost(e: BaseException) -> str:
 
 # ---- the sandbox ----------------------------------------------------------------------
 
-def _serve(conn, log: "str | None") -> None:
-    if log:  # TVM's and the compiler's prints go to the log
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
+def run_generated_case(family: str, index: int, seed: int) -> Outcome:
+    """The decoder fuzzer's case (family, index, seed), run."""
     sys.path.insert(0, _HERE)
     import decoder_configs
 
-    while True:
-        try:
-            family, index, seed = conn.recv()
-        except EOFError:
-            return
-        try:
-            out = run_case(decoder_configs.case(family, index, seed))
-            conn.send({"outcome": out.to_json(), "rss_mib": _rss_mib()})
-        except Exception:
-            conn.send({"harness_error": traceback.format_exc()})
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return run_case(decoder_configs.case(family, index, seed))
 
 
 class LLMSandbox(Sandbox):
@@ -207,7 +190,7 @@ class LLMSandbox(Sandbox):
     next case gets a fresh worker (so does every ``recycle``-th case, or a worker grown
     past ``max_rss_mib``: compiled sessions are not all freed)."""
 
-    serve = _serve
+    run_case = run_generated_case
     outcome = Outcome
 
     def __init__(self, timeout: float = 300.0, recycle: int = 25, max_rss_mib: float = 2000.0,
