@@ -6,7 +6,11 @@ The set (each model compiled whole, every LPX region's program hashed):
 - BERT-tiny and GPT-2 tiny (transformers configs, random weights), fp16 on tsp;
 - the test CNNs on mini, fp32: the small CNN of tests/e2e/test_build.py (resident) and
   the wide CNN of tests/e2e/test_offchip.py (activations off chip, run by bands);
-- the hand-written kernels (lpx_tvm.kernels), which share the builder and placer.
+- the hand-written kernels (lpx_tvm.kernels), which share the builder and placer;
+- decoder LLMs (random weights, tests/llm/decoder_models.py's odd-sized Llama and a
+  GPT-2): the decode step and a 13-token prefill step, on one chip (fp16 and int8 on
+  tsp, fp8 on lp30) and on chips of a groqnode (GPT-2 int8 over tensor 2 x pipeline 2, the Llama fp16 over
+  two pipeline stages).
 
 A refactor of the compiler must leave every hash unchanged (tests/test_program_hashes.py).
 Region names carry a per-build random tag (extern-call names are process-global); it is
@@ -35,6 +39,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 GOLDEN = os.path.join(HERE, "program_hashes.json")
 sys.path.insert(0, os.path.join(HERE, "e2e"))
+sys.path.insert(0, os.path.join(HERE, "llm"))
 
 _REGION_TAG = re.compile(r"\b[0-9a-f]{8}_(\d+)\b")
 
@@ -134,6 +139,23 @@ def _kernels():
     return {name: program_hash(p) for name, p in progs.items()}
 
 
+PROMPT = 13  # tokens of the prefill step hashed
+
+
+def _llm(kind: str, precision: str, preset: str = "tsp", **mapping):
+    """{step: hash} of a decoder's decode step and its prefill step of PROMPT tokens (on a
+    system: {step/chip: hash})."""
+    import lpx_tvm
+    from decoder_models import random_decoder
+
+    model = random_decoder(kind)
+    session = lpx_tvm.compile_llm(model, preset=preset, precision=precision, max_context=32, seed=0, **mapping)
+    steps = {"decode": session.decode, f"prefill_{PROMPT}": session.prefill_step(PROMPT)}
+    if "system" not in mapping:
+        return {name: program_hash(step.program) for name, step in steps.items()}
+    return {f"{name}/chip_{c}": program_hash(s.program) for name, chips in steps.items() for c, s in chips.items()}
+
+
 MODELS = {
     "light_resnet50_tsp_bf16": lambda: _resnet50(tuned=False),
     "light_resnet50_tsp_bf16_shipped_log": lambda: _resnet50(tuned=True),
@@ -143,6 +165,13 @@ MODELS = {
     "small_cnn_mini_fp32": _small_cnn,
     "wide_cnn_mini_fp32": _wide_cnn,
     "kernels": _kernels,
+    "llm_llama_tsp_fp16": lambda: _llm("llama", "fp16"),
+    "llm_llama_tsp_int8": lambda: _llm("llama", "int8"),
+    "llm_llama_lp30_fp8": lambda: _llm("llama", "fp8", "lp30"),
+    "llm_gpt2_tsp_fp16": lambda: _llm("gpt2", "fp16"),
+    "llm_gpt2_groqnode_tp2_pp2_int8": lambda: _llm("gpt2", "int8", system="groqnode", chips=(0, 1, 2, 3),
+                                                   tensor_parallel=2),
+    "llm_llama_groqnode_pp2_fp16": lambda: _llm("llama", "fp16", system="groqnode", pipeline_stages=2),
 }
 
 
