@@ -240,6 +240,11 @@ VXM_TRANSCENDENTAL = ("vxm.exp", "vxm.tanh", "vxm.sigmoid", "vxm.gelu", "vxm.gel
 VXM_REDUCE = ("vxm.reduce_sum", "vxm.reduce_max")
 NOPS = ("mem.nop", "dma.nop", "mxm.nop", "vxm.nop", "sxm.nop", "c2c.nop")
 
+# The per-opcode meanings of the two auxiliary fields: {opcode: {name: "aux0" | "aux1"}}
+# (mem.read's inner and outer, dma's host, mxm.install's width and lane, ...), read
+# through Instr's named accessors.
+AUX_NAMES = {s.mnemonic: {name: f for name, f in s.fields if f in ("aux0", "aux1")} for s in _OP_LIST}
+
 _DEFAULTS = {"dtype": DType.NONE, "out_dtype": DType.NONE, "src0": None, "src1": None, "dst": None,
              "buf": 0, "slice": 0, "addr": 0, "stride": 0, "imm": 0.0, "aux0": 0, "aux1": 0}
 
@@ -284,6 +289,25 @@ class Instr:
     def queue(self) -> tuple:
         """The instruction queue this instruction sits in: (unit kind, unit index)."""
         return (self.spec.unit, self.unit)
+
+    def _aux(self, name: str) -> int:
+        f = AUX_NAMES[self.op].get(name)
+        if f is None:
+            raise AttributeError(f"{self.op} has no field {name!r}")
+        return getattr(self, f)
+
+    # Named accessors of the auxiliary fields (an opcode without the field raises).
+    inner = property(lambda self: self._aux("inner"), doc="mem.read/write: 2-D rows per outer step (0: 1-D)")
+    outer = property(lambda self: self._aux("outer"), doc="mem.read/write: 2-D line step between outer rows")
+    host = property(lambda self: self._aux("host"), doc="dma.load/store: the off-chip byte offset")
+    width = property(lambda self: self._aux("width"),
+                     doc="mxm.install: columns installed; vxm.reduce_*: lanes reduced; sxm.pad: lanes kept")
+    lane = property(lambda self: self._aux("lane"), doc="mxm.install: the install lane; sxm.broadcast: the lane")
+    zp = property(lambda self: self._aux("zp"), doc="vxm.requant: the zero point")
+    by = property(lambda self: self._aux("by"), doc="sxm.shift/rotate: lanes moved")
+    map = property(lambda self: self._aux("map"), doc="sxm.permute: the permutation table's index")
+    out = property(lambda self: self._aux("out"), doc="sxm.transpose: the output vector index")
+    before = property(lambda self: self._aux("before"), doc="sxm.pad: lanes of zeros before")
 
     def unused_fields_set(self) -> list:
         """Fields set away from their default that the opcode does not use."""

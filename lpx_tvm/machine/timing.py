@@ -156,7 +156,7 @@ def timing(cfg: LPXConfig, ins: Instr, *, mxm_weights: DType = None) -> Timing:
         d = dma_cycles(cfg, n, ins.dtype)
         return Timing((("dma", idx),), d, None, None, 0, t + d)
     if op == "mxm.install":
-        ports = install_ports(ins.dtype, ins.aux1, idx)
+        ports = install_ports(ins.dtype, ins.lane, idx)
         return Timing(ports, n, pos, None, 0, t + n + lat["mxm_install"])
     if op in ("mxm.mul", "mxm.mac"):
         r = mxm_rate(cfg, ins.dtype, mxm_weights or ins.dtype)
@@ -169,7 +169,7 @@ def timing(cfg: LPXConfig, ins: Instr, *, mxm_weights: DType = None) -> Timing:
         e = t + vxm_latency(cfg, op)
         return Timing((("vxm", idx),), n, pos, e, n, e + n)
     if op == "sxm.transpose":
-        out = ins.aux0
+        out = ins.out
         e = t + n + lat["sxm_transpose"]
         return Timing((("sxm", idx),), n + out, pos, e, out, e + out)
     if unit is Unit.SXM:

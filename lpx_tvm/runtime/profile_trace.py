@@ -166,7 +166,7 @@ def sram_occupancy(tl: RegionTimeline) -> np.ndarray:
     """
     cfg, prog, n = tl.cfg, tl.region.program, tl.cycles
     lanes, lines_per_slice = cfg.lanes, cfg.lines_per_slice
-    mem = [(ins.unit, ins.addr, ins.stride, ins.aux0, ins.aux1, ins.count,
+    mem = [(ins.unit, ins.addr, ins.stride, ins.inner, ins.outer, ins.count,
             ins.dtype.itemsize, ins.cycle, ins.op == "mem.write")
            for ins in tl.instrs if ins.op in ("mem.read", "mem.write")]
     parts = [_access_lines(np.array(mem, np.int64).reshape(-1, 9))]

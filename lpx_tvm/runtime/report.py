@@ -259,7 +259,7 @@ def weight_placement(cfg: LPXConfig, program) -> dict:
                                                  "hops": [], "busy": {}})
         row["installs"] += 1
         row["rows"] += ins.count
-        row["lanes"].add(ins.aux1)
+        row["lanes"].add(ins.lane)
         plane_pos = timing(cfg, ins).position
         src = reads.get((ins.src0, ins.cycle - ins.src0.sign * plane_pos))
         if src is not None:

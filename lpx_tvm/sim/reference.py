@@ -249,10 +249,10 @@ class Machine:
 
 def _starts(ins: Instr) -> np.ndarray:
     """First line of each vector of a MEM/DMA access: ``addr + k * stride``, or with a 2-D
-    pattern (``inner`` = aux0 > 0) ``addr + (k // inner) * outer + (k % inner) * stride``."""
+    pattern (``inner`` > 0) ``addr + (k // inner) * outer + (k % inner) * stride``."""
     k = np.arange(ins.count, dtype=np.int64)
-    if ins.op in ("mem.read", "mem.write") and ins.aux0 > 0:
-        return ins.addr + (k // ins.aux0) * ins.aux1 + (k % ins.aux0) * ins.stride
+    if ins.op in ("mem.read", "mem.write") and ins.inner > 0:
+        return ins.addr + (k // ins.inner) * ins.outer + (k % ins.inner) * ins.stride
     return ins.addr + k * ins.stride
 
 
@@ -289,7 +289,7 @@ def mem_scatter(m: Machine, ins: Instr, t):
 # ---- DMA ------------------------------------------------------------------------
 
 def _host_vectors(m: Machine, ins: Instr) -> slice:
-    return slice(ins.aux0, ins.aux0 + ins.count * m.lanes * ins.dtype.itemsize)
+    return slice(ins.host, ins.host + ins.count * m.lanes * ins.dtype.itemsize)
 
 
 def dma_load(m: Machine, ins: Instr, t):
@@ -313,7 +313,7 @@ def mxm_install(m: Machine, ins: Instr, t):
     w = m.wbuf[ins.unit][ins.buf]
     if w is None or w.parts is None:
         w = m.wbuf[ins.unit][ins.buf] = _Weights(None, ins.dtype, {})
-    w.parts[ins.addr] = rows[:, :ins.aux0].copy()
+    w.parts[ins.addr] = rows[:, :ins.width].copy()
 
 
 def mxm_multiply(m: Machine, ins: Instr, t):
@@ -401,13 +401,13 @@ def vxm_requant(m: Machine, ins: Instr, t):
     a = m.take(ins, t, ins.src0).astype(np.float64)
     scale = m.take(ins, t, ins.src1).astype(np.float64) if ins.src1 is not None else float(np.float32(ins.imm))
     with np.errstate(all="ignore"):
-        m.emit(ins, t, nx.to_dtype(np.rint(a * scale) + ins.aux0, ins.out_dtype))
+        m.emit(ins, t, nx.to_dtype(np.rint(a * scale) + ins.zp, ins.out_dtype))
 
 
 def vxm_reduce(m: Machine, ins: Instr, t):
     """sum or max of the first ``width`` lanes of each vector, in every lane of the result
     (float sums in fp32, numpy's order over a C-ordered row; int32 sums wrap)."""
-    part = m.take(ins, t, ins.src0)[:, :ins.aux0]
+    part = m.take(ins, t, ins.src0)[:, :ins.width]
     dt = ins.dtype
     with np.errstate(all="ignore"):
         if ins.op == "vxm.reduce_max":
@@ -438,24 +438,24 @@ def _lane_map(m: Machine, ins: Instr) -> np.ndarray:
     """Output lane i <- input lane map[i] (-1: zero) for shift, rotate, permute, broadcast, pad."""
     i = np.arange(m.lanes)
     if ins.op == "sxm.shift":
-        src = i - ins.aux0
+        src = i - ins.by
         return np.where((src >= 0) & (src < m.lanes), src, -1)
     if ins.op == "sxm.rotate":
-        return (i - ins.aux0) % m.lanes
+        return (i - ins.by) % m.lanes
     if ins.op == "sxm.permute":
-        return np.asarray(m.program.tables[ins.aux0], np.int64)
+        return np.asarray(m.program.tables[ins.map], np.int64)
     if ins.op == "sxm.broadcast":
-        return np.full(m.lanes, ins.aux0)
-    kept = max(0, min(ins.aux1, m.lanes - ins.aux0))  # sxm.pad
-    return np.where((i >= ins.aux0) & (i < ins.aux0 + kept), i - ins.aux0, -1)
+        return np.full(m.lanes, ins.lane)
+    kept = max(0, min(ins.width, m.lanes - ins.before))  # sxm.pad
+    return np.where((i >= ins.before) & (i < ins.before + kept), i - ins.before, -1)
 
 
 def sxm(m: Machine, ins: Instr, t):
     x = m.take(ins, t, ins.src0)
     if ins.op == "sxm.transpose":
         # out vectors: y_j[i] = x_i[j] for the n <= lanes vectors read, 0 past them
-        out = np.zeros((ins.aux0, m.lanes), x.dtype)
-        out[:, :len(x)] = x[:, :ins.aux0].T
+        out = np.zeros((ins.out, m.lanes), x.dtype)
+        out[:, :len(x)] = x[:, :ins.out].T
     else:
         lane = _lane_map(m, ins)
         out = np.where(lane >= 0, x[:, np.maximum(lane, 0)], np.zeros((), x.dtype))
