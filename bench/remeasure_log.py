@@ -18,7 +18,7 @@ import onnx
 from lpx_tvm.cli import _bundled_model
 from lpx_tvm.machine.config import load_config
 from lpx_tvm.relax_passes import import_onnx
-from lpx_tvm.tune.context import remeasure_applied
+from lpx_tvm.tune.refine import remeasure_applied
 from lpx_tvm.tune.database import TuningLog, shipped_log
 
 

@@ -43,7 +43,7 @@ from lpx_tvm.tir_schedules import DenseTiling, DenseWorkload
 from lpx_tvm.tir_schedules.schedules import Conv2dTiling
 from lpx_tvm.tune.measure import task_cycles
 from lpx_tvm.tune.space import _rows_loop_and_limit, fits, structures
-from lpx_tvm.tune.context import refine_in_context
+from lpx_tvm.tune.refine import refine_in_context
 from lpx_tvm.tune.database import APPLIED
 from lpx_tvm.tune.tuner import extract_tasks, tune
 

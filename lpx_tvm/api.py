@@ -17,7 +17,7 @@ from .runtime.executable import LPXExecutable
 def _policy(tuning_log, preset):
     if tuning_log is None:
         return None
-    from .tune.policy import policy_from_log  # MetaSchedule: imported only with a log
+    from .tune.log_policy import policy_from_log  # MetaSchedule: imported only with a log
 
     return policy_from_log(tuning_log, load_config(preset))
 

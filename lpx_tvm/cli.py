@@ -630,7 +630,7 @@ def _tune(args) -> int:
                        seed=args.seed, strategy=args.strategy, model=args.model, report=report)
         refined = None
         if args.context and tasks:
-            from .tune.context import refine_in_context
+            from .tune.refine import refine_in_context
 
             ctx_bar = progress.add_task("in context", total=None, unit="whole-model runs")
 
@@ -823,7 +823,7 @@ def _print_tuned(model, onnx_model, log: str, cfg, precision: str) -> None:
     import os
 
     from .relax_passes import import_onnx
-    from .tune.context import ModelContext
+    from .tune.refine import ModelContext
 
     report = model.report
     tuning = report.tuning or {}

@@ -48,7 +48,7 @@ from .relax_passes.split_region import op_calls, split_region
 from .relax_passes.tvm_output import quiet_tvm
 from .runtime.compiled_model import CompiledModel
 from .runtime.executable import LPXExecutable
-from .runtime.region import TARGET_TAG
+from .runtime.compiled_region import TARGET_TAG
 from .runtime.report import Offload, layer_of
 from .target.codegen import TilingPolicy, compile_region
 from .target.codegen.outline import lpx_functions, outline_regions

@@ -23,7 +23,7 @@ def register():
     import tvm
     from tvm import relax
 
-    from .runtime.region import TARGET_TAG
+    from .runtime.compiled_region import TARGET_TAG
 
     tvm.target.tag.register_tag(TARGET_TAG, {"kind": "llvm", "keys": ["lpx", "cpu"]}, override=True)
     if "lpx" in relax.pipeline.PIPELINE_MAP:

@@ -52,7 +52,7 @@ def test_a_freed_executable_leaves_no_region_functions():
     from onnx import TensorProto, helper, numpy_helper
 
     import lpx_tvm
-    from lpx_tvm.runtime.region import REGION_PREFIX
+    from lpx_tvm.runtime.compiled_region import REGION_PREFIX
 
     w = numpy_helper.from_array(np.ones((8, 8), np.float32), "w")
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",

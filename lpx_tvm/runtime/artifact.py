@@ -29,7 +29,7 @@ from ..files import user_mode
 from ..machine.config import parse_config
 from ..machine.encoding import load_program, save_program
 from .executable import LPXExecutable
-from .region import CompiledRegion
+from .compiled_region import CompiledRegion
 from .report import Offload
 
 FORMAT = "lpx-artifact"

@@ -33,7 +33,7 @@ from tvm import relax
 
 from ..machine.config import LPXConfig
 from ..sim import Simulator
-from .region import REGION_PREFIX
+from .compiled_region import REGION_PREFIX
 from .report import Layer, Offload, layer_cycles, layer_instructions, layer_of, mxm_dtypes, weight_placement
 
 

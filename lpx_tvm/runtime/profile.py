@@ -24,7 +24,7 @@ from functools import cached_property
 import numpy as np
 
 from .floors import Floors, add, floors_of
-from .region import REGION_PREFIX
+from .compiled_region import REGION_PREFIX
 from .report import instruction_timings, layer_of
 
 # A layer whose cycles exceed this many times its largest floor is bound by dependency

@@ -17,7 +17,7 @@ from lpx_tvm.machine.isa import DType, Instr, Stream
 from lpx_tvm.machine.program import Program
 from lpx_tvm.runtime.profile import DEPENDENCY, RegionTimeline, exclusive_cycles, profile_model
 from lpx_tvm.runtime.profile_trace import model_trace, sram_occupancy, stream_planes
-from lpx_tvm.runtime.region import CompiledRegion
+from lpx_tvm.runtime.compiled_region import CompiledRegion
 
 RNG = np.random.default_rng(5)
 

@@ -81,7 +81,7 @@ def _onnxruntime(model, feeds) -> dict:
 def test_resnet50_with_the_shipped_log_is_faster_and_matches_onnxruntime():
     # About 30 s (21 s with the constant weights and no logits): one compile and run, two
     # onnxruntime runs, three timing-only compiles.
-    from lpx_tvm.tune.context import ModelContext
+    from lpx_tvm.tune.refine import ModelContext
 
     bundled = onnx.load(_bundled_model("light_resnet50"))
     model = with_random_weights(bundled, seed=0)  # the demo's: the bundled weights are all 0.02

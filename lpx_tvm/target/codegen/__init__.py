@@ -4,10 +4,10 @@ The one entry is :func:`compile_region`; see docs/compiler.md for the registry o
 lowerings, the lowering context and how to add an op.
 """
 
-from ...runtime.region import CompiledRegion
+from ...runtime.compiled_region import CompiledRegion
 from .graph import UnsupportedOnLPX, read_region
 from .options import CodegenOptions, codegen_options
-from .policy import TilingPolicy
+from .tiling_policy import TilingPolicy
 from .region import compile_region
 from .storage import stored_shape
 

@@ -16,7 +16,7 @@ from ..builder import ProgramBuilder
 from .graph import Operand, UnsupportedOnLPX
 from .planes import Planes
 from .options import CodegenOptions
-from .policy import TilingPolicy
+from .tiling_policy import TilingPolicy
 from .quant import MXM_8BIT_IN_FLOAT, relax_dtype
 from .storage import Stored
 

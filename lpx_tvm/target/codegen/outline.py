@@ -6,7 +6,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ...runtime.region import REGION_PREFIX
+from ...runtime.compiled_region import REGION_PREFIX
 
 
 def lpx_functions(mod) -> dict:

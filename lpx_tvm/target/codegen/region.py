@@ -26,7 +26,7 @@ from ...errors import SchedulingError, SramFull
 from ...machine.config import LPXConfig
 from ...machine.isa import DType
 from ...precision import Precision
-from ...runtime.region import CompiledRegion
+from ...runtime.compiled_region import CompiledRegion
 from ..collectives import emit_receive, emit_send
 from .context import LoweringContext, check_precision
 from .graph import Region, read_region
@@ -34,7 +34,7 @@ from .im2col import float_image_stems, int8_image_stems
 from .lowerings import FAMILIES  # noqa: F401  (importing them registers every lowering)
 from .offchip import Spilled, lower_by_bands, spill_param
 from .options import CodegenOptions, current_options
-from .policy import TilingPolicy
+from .tiling_policy import TilingPolicy
 from .quant import fusable_dequantizes, relax_dtype
 from .registry import lower
 from .storage import Stored, StreamedWeights, row_align, stored_shape

@@ -11,7 +11,7 @@ import lpx_tvm
 from lpx_tvm.relax_passes import import_onnx
 from lpx_tvm.machine.config import load_config
 from lpx_tvm.tune import extract_tasks, refine_in_context, tune
-from lpx_tvm.tune.context import ModelContext
+from lpx_tvm.tune.refine import ModelContext
 from lpx_tvm.tune.database import APPLIED, TuningLog, TuningLogWarning, best_records, load_tuned, tiling_of_record
 
 from test_tune import _model, _w
