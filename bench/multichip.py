@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 import lpx_tvm
-from lpx_tvm.llm.plan import plan
+from lpx_tvm.llm.capacity import plan
 
 SYSTEM = "tsp-rack"
 CONFIG = dict(model_type="llama", vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
@@ -110,7 +110,7 @@ def compiled_stages(name, config, system, precision, context, t, layers, stages,
     sized from the samples: does each stage's chip hold its weights resident, or does the
     compiler stream some of them over the off-chip path?"""
     from lpx_tvm.frontends.decoder_config import with_layers
-    from lpx_tvm.llm.plan import shard_config
+    from lpx_tvm.llm.capacity import shard_config
 
     start = time.perf_counter()
     s = lpx_tvm.compile_llm(shard_config(with_layers(config, layers), t), system=system, tensor_parallel=1,

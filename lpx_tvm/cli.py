@@ -1041,7 +1041,7 @@ def _plan(args) -> int:
     if args.split_layers and args.samples != "chip":
         raise LPXError("--split-layers plans from one chip's samples: give --samples chip")
     _check_ray(args.ray)
-    from .llm.plan import PLAN_COLUMNS, plan, plan_table, save_pareto
+    from .llm.capacity import PLAN_COLUMNS, plan, plan_table, save_pareto
     from .llm.session import llm_machine, quiet_transformers
 
     llm_machine(args.precision, system=args.system, name="--precision")

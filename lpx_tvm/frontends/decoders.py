@@ -411,7 +411,7 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
     is_first = stage is None or stage.first
     is_last = stage is None or stage.last
     first_layer = 0 if stage is None else stage.start  # the model's index of the step's first layer
-    from .collectives import all_reduce  # the sum of the chips' partial products (identity in torch)
+    from .torch_collectives import all_reduce  # the sum of the chips' partial products (identity in torch)
 
     class DecoderStep(torch.nn.Module):
         def __init__(self):

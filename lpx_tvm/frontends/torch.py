@@ -264,7 +264,7 @@ def _to_copy(node, importer):
 
 
 def _all_reduce(node, importer):
-    """``lpx::all_reduce`` (:func:`lpx_tvm.frontends.collectives.all_reduce`): Relax's
+    """``lpx::all_reduce`` (:func:`lpx_tvm.frontends.torch_collectives.all_reduce`): Relax's
     ``ccl.allreduce`` by sum, which LPX runs over the chips of a system."""
     from tvm import relax
 

@@ -31,7 +31,7 @@ from ..runtime.floors import floors_of
 from ..sim import Simulator
 from ..target.builder import SharedSram, chunk_lines
 from ..target.codegen.options import codegen_options
-from .steps import (EIGHT_BIT, FLOAT_OF, WEIGHT_BUDGET, DoesNotFit, StepProgram, cache_bytes_as_stored, embed_choice,
+from .step_program import (EIGHT_BIT, FLOAT_OF, WEIGHT_BUDGET, DoesNotFit, StepProgram, cache_bytes_as_stored, embed_choice,
                     embeds_on_chip, float_bytes, generation_arguments, shared_with, step_program, token_ids)
 
 # The precisions a decoder compiles at: float, or an 8-bit path (W8A8 dense layers in

@@ -12,7 +12,7 @@ each stage's chip of rank ``r`` sends its hidden rows to the next stage's chip o
 starts; the last stage's norm, LM head and argmax are on each of its chips, so every one
 computes the same next token. The chips' programs are
 built side by side, each receive placed at its message's arrival from the peer's program
-(:func:`~lpx_tvm.target.collectives.build_together`), and run together on the system simulator,
+(:func:`~lpx_tvm.target.system_programs.build_together`), and run together on the system simulator,
 each chip keeping its caches in its SRAM between runs.
 """
 
@@ -29,8 +29,8 @@ from ..relax_passes.tvm_output import quiet_tvm
 from ..sim.multichip import SystemSimulator
 from ..target.builder import SharedSram
 from ..target.codegen.options import codegen_options
-from ..target.collectives import build_together
-from .steps import EIGHT_BIT, FLOAT_OF, embed_choice, generation_arguments, shared_with, step_program
+from ..target.system_programs import build_together
+from .step_program import EIGHT_BIT, FLOAT_OF, embed_choice, generation_arguments, shared_with, step_program
 
 
 class SystemLLMSession:

@@ -1,7 +1,7 @@
 """The functional half of a run: the machine's data, changed by one step per instruction.
 
 The schedule checker (``simulator._Run``) turns each instruction into a *step*
-(:mod:`lpx_tvm.sim.steps`): a call of one of this :class:`Executor`'s methods with the
+(:mod:`lpx_tvm.sim.replay_steps`): a call of one of this :class:`Executor`'s methods with the
 arguments that the checks resolved — which SRAM lines an access touches, which earlier
 instruction produced the values a stream operand reads and from which offset, which
 MXM blocks to compute when.
@@ -127,7 +127,7 @@ class Executor:
         return self.host[b.offchip:b.offchip + nbytes].view(lay.dtype.np).reshape(ntiles, lay.rows, L)
 
     def replay(self, steps):
-        """Run a plan's steps (see sim/plan.py), dropping each value after its last read."""
+        """Run a plan's steps (see sim/replay_plan.py), dropping each value after its last read."""
         vals = self.vals
         for step in steps:
             step.run(self)

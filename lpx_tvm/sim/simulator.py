@@ -8,9 +8,9 @@ with a :class:`~lpx_tvm.errors.ScheduleHazard` naming the instruction, unit and 
 
 This module is the orchestration. The checks live in :mod:`lpx_tvm.sim.checks`, one
 module per unit kind, driven in issue order by :class:`_Run`; checking a program
-records the steps its arithmetic takes (:mod:`lpx_tvm.sim.steps`), which the
+records the steps its arithmetic takes (:mod:`lpx_tvm.sim.replay_steps`), which the
 :class:`~lpx_tvm.sim.executor.Executor` carries out, and a Simulator replays the
-finalized steps (:mod:`lpx_tvm.sim.plan`) of a program it has verified without
+finalized steps (:mod:`lpx_tvm.sim.replay_plan`) of a program it has verified without
 checking it again (docs/design.md, "Verify once, replay"). What each instruction
 computes is defined plainly by the reference interpreter, :mod:`lpx_tvm.sim.reference`.
 """
@@ -40,8 +40,8 @@ from .counters import Counters
 from .executor import Executor, read_binding
 from .memory import Banked, Race, _bounds
 from .mxm import Accumulators
-from .plan import Plan, PlanNotes, addresses_from_data
-from .steps import Operand
+from .replay_plan import Plan, PlanNotes, addresses_from_data
+from .replay_steps import Operand
 from .trace import TraceRecorder
 
 
@@ -329,7 +329,7 @@ def _coerce_inputs(program: Program, inputs: dict, functional: bool, kept: froze
 class _Run:
     """The schedule checker: drives the unit checks (:mod:`lpx_tvm.sim.checks`) over the
     instructions in issue order. Each instruction's checks resolve where its operands come
-    from; what remains, the arithmetic, is recorded as a step (:mod:`lpx_tvm.sim.steps`)
+    from; what remains, the arithmetic, is recorded as a step (:mod:`lpx_tvm.sim.replay_steps`)
     and, in a functional run (``ex`` set), executed at once."""
 
     cfg: LPXConfig
@@ -360,7 +360,7 @@ class _Run:
         self.links = c2c.links(cfg)
         self.host_size = max(prog.host_bytes, len(prog.host_init))
         self.ex = None  # an Executor computing each step as it is recorded
-        self.steps = []  # steps (sim/steps.py), in execution order
+        self.steps = []  # steps (sim/replay_steps.py), in execution order
         self.notes = PlanNotes()  # what the steps read and make, for the replay plan
         self.written = {}  # bank -> (lowest, highest) line written
         for img in prog.sram_init:

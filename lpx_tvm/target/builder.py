@@ -751,7 +751,7 @@ class ProgramBuilder:
         """Data arrives on ``link`` from another chip at ``cycle`` (its sender's schedule):
         a later group's receive on that link issues no earlier. ``cycle`` may be a
         function, asked when the program is built (the sender's program being built
-        beside this one: target.collectives.build_together)."""
+        beside this one: target.system_programs.build_together)."""
         self._groups.append(("arrival", link, cycle))
 
     def nearest_sxm(self, node: Node) -> int:

@@ -2,7 +2,7 @@
 
 Candidates are measured timing only, so a fast schedule the compiler lowers wrongly would
 win the search. Before a record is applied (:func:`~lpx_tvm.tune.database.load_tuned`) or
-tried in the whole model (:mod:`.context`), its task's one-op region is compiled with the
+tried in the whole model (:mod:`.refine`), its task's one-op region is compiled with the
 record's tiling and with the default one, both run on the simulator on the same seeded
 random inputs, and the outputs compared: exactly for integer programs, within a relative
 L2 error of :data:`TOLERANCE` for floating point (another tiling sums a dot product in

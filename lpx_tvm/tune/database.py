@@ -23,7 +23,7 @@ A line that is not the truncated tail of a file is corruption: loading stops wit
 naming the file and the line.
 
 ``lpx_applied.json`` (JSON lines, appended the same way) holds the schedules chosen *in
-context* (:mod:`.context`): each line is one whole choice for a model's tasks, written
+context* (:mod:`.refine`): each line is one whole choice for a model's tasks, written
 once the refinement has measured it: ``{"kind": "context", "config_hash", "model",
 "cycles", "default_cycles", "isolated_cycles", "choices": [[workload hash, record | null],
 ...]}`` (null: the task keeps its default schedule). A line measured again after a change

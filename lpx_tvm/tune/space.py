@@ -15,7 +15,7 @@ instructions, over the decisions LPX codegen reads back from the tile block:
   planes; the others follow round robin), and ``install_ahead``: how many of each
   plane's first installs are issued ahead of the previous layers' remaining work (0, 1
   or 2: the weight buffers). Both place the layer among its neighbours, so they are
-  judged in context (:mod:`.context`); measured alone they change little;
+  judged in context (:mod:`.refine`); measured alone they change little;
 - the loop order of the tile loops (``mnk`` / ``nmk``, ``noc`` / ``nco``): a structural
   choice, so one design space per order;
 - for a convolution with few input channels (at most half a tile), whether and how its

@@ -11,11 +11,11 @@ pytest.importorskip("transformers")
 
 import lpx_tvm  # noqa: E402
 from lpx_tvm.cli import main  # noqa: E402
-from lpx_tvm.llm.plan import Mapping, Plan, plan, shard_config  # noqa: E402
+from lpx_tvm.llm.capacity import Mapping, Plan, plan, shard_config  # noqa: E402
 from lpx_tvm.llm.session import fit_problem, host_table_values, load_decoder, matrix_parameters  # noqa: E402
 from lpx_tvm.frontends import decoders  # noqa: E402
 from lpx_tvm.machine.config import load_config  # noqa: E402
-from lpx_tvm.target.collectives import collective, point_to_point  # noqa: E402
+from lpx_tvm.target.system_programs import collective, point_to_point  # noqa: E402
 
 from decoder_models import LLAMA  # noqa: E402
 

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 import lpx_tvm  # noqa: E402
 from lpx_tvm.frontends import decoders  # noqa: E402
 from lpx_tvm.frontends.decoder_config import check_decoder_config  # noqa: E402
-from lpx_tvm.llm.plan import plan  # noqa: E402
+from lpx_tvm.llm.capacity import plan  # noqa: E402
 from lpx_tvm.llm.session import load_decoder  # noqa: E402
 from lpx_tvm.relax_passes.errors import ModelError  # noqa: E402
 

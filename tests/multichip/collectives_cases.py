@@ -44,7 +44,7 @@ from lpx_tvm.machine import timing as tm
 from lpx_tvm.machine.system import all_to_all, load_system
 from lpx_tvm.sim.multichip import SystemSimulator
 from lpx_tvm.target.builder import ProgramBuilder
-from lpx_tvm.target.collectives import build_together, collective, emit_all_reduce, point_to_point, shards
+from lpx_tvm.target.system_programs import build_together, collective, emit_all_reduce, point_to_point, shards
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_reduce_tiles", "point_to_point")
 ADDABLE = ("fp32", "fp16", "bf16", "int32")

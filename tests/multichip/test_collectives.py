@@ -13,7 +13,7 @@ from lpx_tvm.errors import LPXError
 from lpx_tvm.machine.isa import DType
 from lpx_tvm.sim.multichip import SystemSimulator
 from lpx_tvm.machine.system import parse_system
-from lpx_tvm.target.collectives import collective, shards
+from lpx_tvm.target.system_programs import collective, shards
 
 QUAD = parse_system({"name": "quad", "preset": "mini", "chips": 5, "topology": "all_to_all"})
 CFG = QUAD.config
@@ -133,7 +133,7 @@ LINE = parse_system({"name": "line", "preset": "mini", "chips": 4,
 def test_point_to_point_forwards_along_the_path(dtype):
     """Three hops: each chip between forwards the message one cycle after it has all
     arrived (the receive emits the next cycle, the send reads it there)."""
-    from lpx_tvm.target.collectives import point_to_point
+    from lpx_tvm.target.system_programs import point_to_point
 
     rows = 5
     col = point_to_point(LINE, 0, 3, rows, dtype)
@@ -153,7 +153,7 @@ def test_point_to_point_forwards_along_the_path(dtype):
 def test_point_to_point_across_racks():
     """Between two racks of tsp-576: a shortest path through the racks' global link."""
     from lpx_tvm.machine.system import load_system
-    from lpx_tvm.target.collectives import point_to_point
+    from lpx_tvm.target.system_programs import point_to_point
 
     s = load_system("tsp-576")
     col = point_to_point(s, 5, 72 + 40, 2, "fp16")

@@ -12,8 +12,8 @@ import collectives_cases as cc
 from lpx_tvm.errors import LPXError
 from lpx_tvm.machine.system import parse_system
 from lpx_tvm.sim.multichip import SystemSimulator
-from lpx_tvm.target import collectives
-from lpx_tvm.target.collectives import collective, point_to_point
+from lpx_tvm.target import system_programs
+from lpx_tvm.target.system_programs import collective, point_to_point
 
 PER_KIND = 40
 SAMPLE = [(kind, i) for kind in cc.KINDS for i in range(PER_KIND)]
@@ -46,7 +46,7 @@ def test_cases_are_reproducible_and_varied():
             per_pair.setdefault((min(a, b), max(a, b)), []).append((la, lb) if a < b else (lb, la))
         if any(min(p)[1] != min(q for _, q in p) for p in per_pair.values()):
             seen.add("a pair whose lowest ports belong to different links")
-        if c.rows > cc._slice_lines(c.machine) // collectives.DType.parse(c.dtype).itemsize:
+        if c.rows > cc._slice_lines(c.machine) // system_programs.DType.parse(c.dtype).itemsize:
             seen.add(("rows past a chunk", c.kind))
         if c.kind == "point_to_point":
             dist = cc._bfs(c.links, c.system["chips"], c.chips[1])
@@ -66,7 +66,7 @@ def test_reference_sees_every_contribution():
     for kind in ("all_reduce", "reduce_scatter", "all_reduce_tiles"):
         for i in range(8):
             c = cc.case(kind, i, 0)
-            dt = collectives.DType.parse(c.dtype)
+            dt = system_programs.DType.parse(c.dtype)
             xs = cc.inputs(c, cc._lanes_of(c))
             want = cc.expected(c, xs, dt)
             for dropped in c.chips:
@@ -77,7 +77,7 @@ def test_reference_sees_every_contribution():
 
 def _fails(monkeypatch, cases, **patches) -> int:
     for name, value in patches.items():
-        monkeypatch.setattr(collectives, name, value)
+        monkeypatch.setattr(system_programs, name, value)
     caught = 0
     for kind, i in cases:
         try:
@@ -119,7 +119,7 @@ def test_a_missing_contribution_is_caught(monkeypatch):
 
 
 def test_a_wrong_chunk_order_is_caught(monkeypatch):
-    real = collectives.shards
+    real = system_programs.shards
     cases = [(k, i) for k in ("all_reduce", "reduce_scatter", "all_gather") for i in range(10)]
     assert _fails(monkeypatch, cases, shards=lambda rows, n: real(rows, n)[::-1]) >= len(cases) - 2
 
@@ -127,7 +127,7 @@ def test_a_wrong_chunk_order_is_caught(monkeypatch):
 def test_the_old_port_choice_is_caught(monkeypatch):
     """Each end of a pair joined by several links used its own lowest port: when those
     belong to different links, a receive waited on a port nothing was sent to."""
-    monkeypatch.setattr(collectives.ChipPlace, "port", lambda self, peer: self.system.links_between(self.chip, peer)[0][0])
+    monkeypatch.setattr(system_programs.ChipPlace, "port", lambda self, peer: self.system.links_between(self.chip, peer)[0][0])
     assert _fails(monkeypatch, [(k, i) for k in cc.KINDS for i in range(6)]) >= 10
 
 

@@ -9,14 +9,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import lpx_tvm  # noqa: E402
-from lpx_tvm.frontends.collectives import all_reduce  # noqa: E402
+from lpx_tvm.frontends.torch_collectives import all_reduce  # noqa: E402
 from lpx_tvm.frontends.torch import import_torch  # noqa: E402
 from lpx_tvm.machine.system import load_system  # noqa: E402
 from lpx_tvm.pipeline import lower  # noqa: E402
 from lpx_tvm.sim.multichip import SystemSimulator  # noqa: E402
 from lpx_tvm.target.codegen.graph import UnsupportedOnLPX  # noqa: E402
 from lpx_tvm.target.codegen.options import codegen_options  # noqa: E402
-from lpx_tvm.target.collectives import build_together  # noqa: E402
+from lpx_tvm.target.system_programs import build_together  # noqa: E402
 
 
 class RowShard(torch.nn.Module):

@@ -189,7 +189,7 @@ BATCHED_FP32_RTOL = 1e-3
 
 def batched_fp32_blocks(sim: Simulator, program) -> bool:
     """Whether ``sim``'s replay of ``program`` computes some fp32 blocks together."""
-    from lpx_tvm.sim.steps import MxmSettleEarly
+    from lpx_tvm.sim.replay_steps import MxmSettleEarly
 
     plan = sim._plans.get(id(program))
     return plan is not None and any(isinstance(s, MxmSettleEarly) for s in plan.steps)

@@ -19,7 +19,7 @@ import pytest
 from lpx_tvm.errors import ProgramError, ScheduleHazard
 from lpx_tvm.sim import Simulator
 from lpx_tvm.sim import simulator as simmod
-from lpx_tvm.sim.steps import MxmSettleEarly
+from lpx_tvm.sim.replay_steps import MxmSettleEarly
 from lpx_tvm.target.builder import ProgramBuilder
 from lpx_tvm.machine.isa import DType
 from lpx_tvm.machine.program import Binding, SramImage, TensorLayout

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ...machine.isa import DType
 from ..memory import Race
-from ..steps import C2cRecv, C2cRecvRemote, C2cSend
+from ..replay_steps import C2cRecv, C2cRecvRemote, C2cSend
 
 
 @dataclass

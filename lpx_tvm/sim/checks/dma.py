@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..memory import Race
-from ..steps import DmaLoad, DmaLoadLines, DmaStore
+from ..replay_steps import DmaLoad, DmaLoadLines, DmaStore
 
 
 def operand_problems(cfg, program, ins) -> list:

@@ -6,7 +6,7 @@ import numpy as np
 
 from ...machine.isa import DType
 from ..memory import _bounds
-from ..steps import MemRead, MemReadLines, MemWrite, MemWriteLines
+from ..replay_steps import MemRead, MemReadLines, MemWrite, MemWriteLines
 
 
 def operand_problems(cfg, program, ins) -> list:

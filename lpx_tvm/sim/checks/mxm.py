@@ -17,8 +17,8 @@ from ...machine.config import MXM_DTYPES
 from ...machine.isa import NOPS, DType
 from .. import numerics as nx
 from ..memory import Race
-from ..plan import Block
-from ..steps import MxmDrain, MxmInstall, MxmNow, MxmSeal, MxmSettle, MxmSplit
+from ..replay_plan import Block
+from ..replay_steps import MxmDrain, MxmInstall, MxmNow, MxmSeal, MxmSettle, MxmSplit
 
 
 def operand_problems(cfg, program, ins) -> list:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..steps import Sxm
+from ..replay_steps import Sxm
 
 
 def operand_problems(cfg, program, ins) -> list:

@@ -6,7 +6,7 @@ import numpy as np
 
 from ...machine.isa import VXM_BINARY, VXM_REDUCE, VXM_TRANSCENDENTAL, DType
 from .. import numerics as nx
-from ..steps import Vxm
+from ..replay_steps import Vxm
 
 
 def operand_problems(cfg, program, ins) -> list:

@@ -8,7 +8,7 @@ from ...runtime.compiled_region import CompiledRegion
 from .graph import UnsupportedOnLPX, read_region
 from .options import CodegenOptions, codegen_options
 from .tiling_policy import TilingPolicy
-from .region import compile_region
+from .region_compiler import compile_region
 from .storage import stored_shape
 
 __all__ = ["compile_region", "TilingPolicy", "CodegenOptions", "codegen_options", "CompiledRegion",

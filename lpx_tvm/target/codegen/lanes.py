@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .context import LoweringContext
+from .lowering_context import LoweringContext
 from .graph import UnsupportedOnLPX
 from .storage import Stored, chunk_of, one, runs
 

@@ -12,10 +12,10 @@ from ...machine.isa import DType
 from ...machine.timing import dma_cycles, install_cycles, nearest_vxm, slices_beside
 from ...tir_schedules import Conv2dWorkload, DenseTiling, DenseWorkload, default_tiling, round_up, schedule, tile_steps
 from ...tir_schedules.schedules import Conv2dTiling, block_parts, k_split_rule
-from .context import LoweringContext
+from .lowering_context import LoweringContext
 from .epilogue import apply_epilogue, epilogue_steps
 from .graph import RegionOp
-from .passes import write_rows
+from .row_passes import write_rows
 from .storage import Stored, StreamedWeights
 from .values import new_value
 

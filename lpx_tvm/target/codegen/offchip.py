@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..builder import OffchipTensor
-from .context import LoweringContext
+from .lowering_context import LoweringContext
 from .graph import Operand, RegionOp, UnsupportedOnLPX
-from .passes import finish
+from .row_passes import finish
 from .lowerings.resize import resize_band_rows
 from .registry import lower
 from .rules import activation_row_problem, flattens_pixels, reshape_keeps_storage

@@ -49,7 +49,7 @@ class CodegenOptions:
         SRAM held in common with another program of a session (state inputs pinned to
         its lines, its resident weights reused in place: docs/llm.md). Such a region
         compiles on chip or not at all.
-    system : target.collectives.ChipPlace or None
+    system : target.system_programs.ChipPlace or None
         The chip of a system this program is for, its group and the arrivals its peers'
         programs give (``lpx.all_reduce`` needs one; docs/multichip.md). Its links then
         reach other chips instead of looping back.

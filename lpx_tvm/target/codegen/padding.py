@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .context import LoweringContext
-from .passes import fill_vector
+from .lowering_context import LoweringContext
+from .row_passes import fill_vector
 from .storage import Stored, chunk_of, one, runs
 
 

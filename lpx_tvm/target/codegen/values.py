@@ -7,8 +7,8 @@ from ...errors import SramFull
 from ...machine.isa import DType
 from ...machine.timing import nearest_vxm
 from ..builder import OffchipTensor
-from .context import LoweringContext
-from .passes import rowwise
+from .lowering_context import LoweringContext
+from .row_passes import rowwise
 from .storage import Stored, row_align, slices_of, stored_shape
 
 

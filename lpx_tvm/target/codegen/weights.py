@@ -11,7 +11,7 @@ from ...machine.isa import DType
 from ...machine.timing import install_lanes, nearest_vxm, planes_beside, slices_beside
 from ...tir_schedules import round_up
 from ...tir_schedules.schedules import taps_per_tile
-from .context import LoweringContext
+from .lowering_context import LoweringContext
 from .graph import RegionOp
 from .mxm_tiles import conv_workload, dense_install_planes, tuned_pack
 from .quant import mxm_view

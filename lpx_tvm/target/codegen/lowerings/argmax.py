@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from ....machine.isa import DType
-from ..context import LoweringContext
+from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
-from ..passes import reduce_tiles
+from ..row_passes import reduce_tiles
 from ..registry import register_lowering
 from ..storage import chunk_of, one, runs
 from ..values import new_value

@@ -1,12 +1,12 @@
 """``lpx.all_reduce``: the sum of a value over the chips of a group (tensor parallelism's
 partial sums), inside the chip's program: the collective's groups
-(:func:`~lpx_tvm.target.collectives.emit_all_reduce`) on this region's builder, their
+(:func:`~lpx_tvm.target.system_programs.emit_all_reduce`) on this region's builder, their
 receives timed by the arrivals the peers' programs give (docs/multichip.md)."""
 
 from __future__ import annotations
 
-from ...collectives import emit_all_reduce
-from ..context import LoweringContext
+from ...system_programs import emit_all_reduce
+from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..registry import register_lowering
 from ..values import new_value

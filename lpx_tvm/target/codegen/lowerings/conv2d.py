@@ -11,7 +11,7 @@ from ....machine.isa import Unit
 from ....machine.timing import unit_count
 from ....tir_schedules import DenseTiling
 from ....tir_schedules.schedules import taps_per_tile
-from ..context import LoweringContext
+from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..lanes import lane_pass
 from ..mxm_tiles import conv_tiles, conv_workload, emit_mxm, layer_tiling, matmul, tuned_pack

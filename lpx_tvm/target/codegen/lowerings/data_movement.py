@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..context import LoweringContext
+from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..lanes import gather_lanes, lane_map, move_lanes, tiles_moved_into
-from ..passes import write_rows
+from ..row_passes import write_rows
 from ..registry import register_lowering
 from ..rules import concat_axis_problem, flattens_pixels, reshape_keeps_storage, row_axis_problem, row_blocks
 from ..storage import Stored, chunk_of, one, row_align, runs, stored_shape

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ....tir_schedules import DepthwiseWorkload, round_up
-from ..context import LoweringContext
+from ..lowering_context import LoweringContext
 from ..graph import RegionOp
 from ..mxm_tiles import TVM_DTYPE, conv_tiles, emit_mxm, layer_tiling
 from ..padding import padded

@@ -10,10 +10,10 @@ import math
 import numpy as np
 
 from ....errors import SramFull
-from ..context import LoweringContext
+from ..lowering_context import LoweringContext
 from ..epilogue import apply_epilogue, epilogue_steps
 from ..graph import Operand, RegionOp, UnsupportedOnLPX
-from ..passes import finish, rowwise
+from ..row_passes import finish, rowwise
 from ..quant import relax_dtype
 from ..registry import register_lowering
 from ..rules import binary_operands_problem, constant_broadcast, divide_operands_problem, prelu_slope_problem

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ....machine.isa import DType
-from ..context import LoweringContext
+from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..registry import register_lowering
 from ..storage import Stored, one

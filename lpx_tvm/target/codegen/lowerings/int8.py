@@ -26,10 +26,10 @@ import math
 import numpy as np
 
 from ....machine.isa import DType
-from ..context import LoweringContext
+from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..mxm_tiles import matmul, pixel_sums
-from ..passes import rowwise, write_rows
+from ..row_passes import rowwise, write_rows
 from ..quant import QEpilogue, dequantized, mxm_view, relax_dtype, scalar, step_of, zero_point
 from ..registry import register_lowering
 from ..rules import spatial_mean_problem

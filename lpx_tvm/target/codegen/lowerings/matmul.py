@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..context import LoweringContext
+from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..mxm_tiles import matmul
 from ..registry import register_lowering

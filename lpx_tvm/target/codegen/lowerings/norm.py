@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..context import LoweringContext
+from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
-from ..passes import finish, reduce_tiles
+from ..row_passes import finish, reduce_tiles
 from ..registry import register_lowering
 from ..storage import chunk_of, one, runs, slices_of
 from ..values import new_value

@@ -11,10 +11,10 @@ lanes.
 
 from __future__ import annotations
 
-from ..context import LoweringContext
+from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..rules import pad_problem, pad_source
-from ..passes import fill_vector
+from ..row_passes import fill_vector
 from ..registry import register_lowering
 from ..storage import Stored, chunk_of, one, runs
 from ..values import new_value

@@ -5,7 +5,7 @@ under the other shape."""
 
 from __future__ import annotations
 
-from ..context import LoweringContext
+from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..registry import register_lowering
 from ..storage import Stored

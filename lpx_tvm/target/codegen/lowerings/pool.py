@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..context import LoweringContext
+from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..mxm_tiles import pixel_sums
 from ..padding import padded
-from ..passes import finish, write_rows
+from ..row_passes import finish, write_rows
 from ..registry import register_lowering
 from ..rules import spatial_mean_problem
 from ..storage import Stored, chunk_of, one, runs, slices_of

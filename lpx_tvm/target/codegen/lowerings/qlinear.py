@@ -22,10 +22,10 @@ import math
 import numpy as np
 
 from ....machine.isa import FP8_MAX, DType
-from ..context import LoweringContext
+from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..mxm_tiles import matmul
-from ..passes import rowwise
+from ..row_passes import rowwise
 from ..quant import QEpilogue, mxm_view, scalar, step_of
 from ..registry import register_lowering
 from ..values import constant_beside, new_value

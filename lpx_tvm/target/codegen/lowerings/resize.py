@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..context import LoweringContext
+from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
-from ..passes import finish, rowwise
+from ..row_passes import finish, rowwise
 from ..registry import register_lowering
 from ..rules import resize_problem
 from ..storage import Stored, chunk_of, one, runs

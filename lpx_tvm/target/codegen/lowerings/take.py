@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 
 from ....machine.isa import DType
-from ..context import LoweringContext
+from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
-from ..passes import write_rows
+from ..row_passes import write_rows
 from ..registry import register_lowering
 from ..storage import one
 from ..values import new_value

@@ -15,7 +15,7 @@ each stage ends gives the span of a first stage (embedding, its layers, the hand
 out), of a middle one (from its rows' arrival) and of the last (to the argmax), each
 with two layers; a stage of ``n`` layers adds ``(n - 2) l``, and a boundary the topology
 puts more than one link apart adds what the longer path adds to a point-to-point
-transfer of the hidden rows (:func:`~lpx_tvm.target.collectives.point_to_point`,
+transfer of the hidden rows (:func:`~lpx_tvm.target.system_programs.point_to_point`,
 simulated). Prefill likewise. Nothing is a roofline guess: every cycle is the
 simulator's.
 
@@ -35,10 +35,10 @@ from dataclasses import dataclass, field, replace
 from ..errors import ConfigError, LPXError
 from ..frontends import decoder_config, decoders
 from ..machine.system import load_system
-from ..target.collectives import collective, point_to_point
+from ..target.system_programs import collective, point_to_point
 from .session import (compile_llm, fit_problem, host_table_values, load_decoder, matrix_parameters,
                       matrix_value_bytes)
-from .steps import FLOAT_OF, WEIGHT_BUDGET, cache_bytes_as_stored, embeds_on_chip, float_bytes
+from .step_program import FLOAT_OF, WEIGHT_BUDGET, cache_bytes_as_stored, embeds_on_chip, float_bytes
 
 SAMPLED = (2, 4)  # the layer counts simulated: the increment between them is a steady layer's
 # samples="chip": one chip's share of one and two layers (two fit an LP30 chip beside a
@@ -353,7 +353,7 @@ class _Runs:
         return {n: self.result(("chip", t, batch, n)) for n in self.chip_layers(t, batch)}
 
     def collective(self, kind: str, chips, vectors: int, dtype: str):
-        """The simulated :func:`~lpx_tvm.target.collectives.collective` (``kind``
+        """The simulated :func:`~lpx_tvm.target.system_programs.collective` (``kind``
         ``"send"``: the point-to-point transfer from ``chips[0]`` to ``chips[1]``) of
         ``vectors`` rows of lanes."""
         key = (kind, tuple(chips), vectors, dtype)

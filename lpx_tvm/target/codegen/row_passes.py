@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .context import LoweringContext
+from .lowering_context import LoweringContext
 from .storage import Stored, chunk_of, one, runs
 
 

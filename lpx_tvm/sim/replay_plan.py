@@ -1,7 +1,7 @@
 """The replay plan of a verified program: its steps, and what only the whole run tells.
 
 While the checker runs (``simulator._Run``), the unit checks record each instruction's
-step (:mod:`lpx_tvm.sim.steps`) and, in :class:`PlanNotes`, what each step reads and
+step (:mod:`lpx_tvm.sim.replay_steps`) and, in :class:`PlanNotes`, what each step reads and
 writes. :func:`finalize` then works out, from the whole run, when each value is read
 for the last time (it is dropped then), which concatenated MXM operands later blocks
 reuse (kept until then), which float blocks are computed together, which ``mem.read``
@@ -23,7 +23,7 @@ import numpy as np
 from ..machine.program import Program
 from .counters import Counters
 from .mxm import Accumulators
-from .steps import MemRead, MxmSettle, MxmSettleEarly, Vxm, VxmInPlace
+from .replay_steps import MemRead, MxmSettle, MxmSettleEarly, Vxm, VxmInPlace
 
 
 @dataclass

@@ -27,8 +27,8 @@ from ...machine.config import LPXConfig
 from ...machine.isa import DType
 from ...precision import Precision
 from ...runtime.compiled_region import CompiledRegion
-from ..collectives import emit_receive, emit_send
-from .context import LoweringContext, check_precision
+from ..system_programs import emit_receive, emit_send
+from .lowering_context import LoweringContext, check_precision
 from .graph import Region, read_region
 from .im2col import float_image_stems, int8_image_stems
 from .lowerings import FAMILIES  # noqa: F401  (importing them registers every lowering)

@@ -1,7 +1,7 @@
 """Everything the lowering of one region may read and write, in one object.
 
 A :class:`LoweringContext` is made fresh for every compile attempt of a region (see
-:func:`~lpx_tvm.target.codegen.region.compile_region`) and handed to every lowering and
+:func:`~lpx_tvm.target.codegen.region_compiler.compile_region`) and handed to every lowering and
 helper; nothing about a compile lives anywhere else.
 """
 
