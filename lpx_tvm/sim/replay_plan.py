@@ -6,7 +6,7 @@ writes. :func:`finalize` then works out, from the whole run, when each value is 
 for the last time (it is dropped then), which concatenated MXM operands later blocks
 reuse (kept until then), which float blocks are computed together, which ``mem.read``
 may hand out views of the SRAM, and which fp32 VXM ops may compute in place
-(docs/design.md, "Verify once, replay"). A :class:`Plan` keeps the result with what
+(docs/design.md, "Verify once, replay"). A :class:`ReplayPlan` keeps the result with what
 identifies the program it was made from.
 """
 
@@ -167,7 +167,7 @@ def addresses_from_data(program: Program) -> bool:
 
 
 @dataclass
-class Plan:
+class ReplayPlan:
     """A verified program's steps, with what identifies the program they were made from."""
 
     program: weakref.ref
@@ -186,7 +186,7 @@ class Plan:
                 tuple(p.bindings))
 
     @classmethod
-    def record(cls, program: Program, run, ref) -> "Plan":
+    def record(cls, program: Program, run, ref) -> "ReplayPlan":
         return cls(ref, cls._parts(program), [np.array(t, copy=True) for t in program.tables],
                    finalize(run.steps, run.notes), dict(run.written), run.counters.copy(),
                    not addresses_from_data(program))

@@ -4,7 +4,7 @@ The schedule checker resolves each instruction to a step (see docs/design.md, "V
 once, replay"): which SRAM bytes an access touches (``view``: the ``(shape, offset,
 strides)`` of an ndarray over the SRAM bytes, see ``Banked.vectors_spec``; or ``lines``,
 the line numbers, where no such view exists), which earlier instruction's value a
-stream operand reads and from which vector (an :class:`Operand`), which MXM blocks to
+stream operand reads and from which vector (an :class:`StreamOperand`), which MXM blocks to
 compute when. A step's :meth:`run` does that work on an :class:`~lpx_tvm.sim.executor.Executor`,
 calling it by keyword, so a changed executor signature fails at once instead of
 passing arguments to the wrong parameters. ``producer`` is the index of the
@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 
-class Operand(NamedTuple):
+class StreamOperand(NamedTuple):
     """Vectors ``offset ..`` of the value instruction ``producer`` emitted."""
 
     producer: int
@@ -28,7 +28,7 @@ class Operand(NamedTuple):
 
 
 @dataclass(slots=True)
-class Step:
+class ReplayStep:
     """One step; subclasses name their operands."""
 
     drop: tuple = field(default=(), kw_only=True)
@@ -40,7 +40,7 @@ class Step:
 # ---- MEM / DMA -------------------------------------------------------------------
 
 @dataclass(slots=True)
-class MemRead(Step):
+class MemRead(ReplayStep):
     """``count`` vectors of ``dtype`` from an SRAM view: a copy, or (``copy`` False, when
     no write changes the lines while the value is read) the view itself."""
 
@@ -55,7 +55,7 @@ class MemRead(Step):
 
 
 @dataclass(slots=True)
-class MemReadLines(Step):
+class MemReadLines(ReplayStep):
     """A read (or gather) of vectors on the SRAM ``lines`` of slice ``bank``."""
 
     producer: int
@@ -69,9 +69,9 @@ class MemReadLines(Step):
 
 
 @dataclass(slots=True)
-class MemWrite(Step):
+class MemWrite(ReplayStep):
     view: tuple
-    src: Operand
+    src: StreamOperand
     count: int
 
     def run(self, ex):
@@ -79,10 +79,10 @@ class MemWrite(Step):
 
 
 @dataclass(slots=True)
-class MemWriteLines(Step):
+class MemWriteLines(ReplayStep):
     bank: int
     lines: object
-    src: Operand
+    src: StreamOperand
     count: int
 
     def run(self, ex):
@@ -91,7 +91,7 @@ class MemWriteLines(Step):
 
 
 @dataclass(slots=True)
-class DmaLoad(Step):
+class DmaLoad(ReplayStep):
     """Off-chip bytes ``host_lo .. host_hi - 1`` into an SRAM view."""
 
     view: tuple
@@ -103,7 +103,7 @@ class DmaLoad(Step):
 
 
 @dataclass(slots=True)
-class DmaLoadLines(Step):
+class DmaLoadLines(ReplayStep):
     bank: int
     lines: object
     host_lo: int
@@ -114,7 +114,7 @@ class DmaLoadLines(Step):
 
 
 @dataclass(slots=True)
-class DmaStore(Step):
+class DmaStore(ReplayStep):
     view: tuple
     host_lo: int
     host_hi: int
@@ -126,12 +126,12 @@ class DmaStore(Step):
 # ---- MXM -------------------------------------------------------------------------
 
 @dataclass(slots=True)
-class MxmInstall(Step):
+class MxmInstall(ReplayStep):
     """Rows ``row ..`` of a weight buffer's fill (``fresh``: the fill's first install)."""
 
     plane: int
     buf: int
-    src: Operand
+    src: StreamOperand
     rows: int
     row: int
     fresh: bool
@@ -142,7 +142,7 @@ class MxmInstall(Step):
 
 
 @dataclass(slots=True)
-class MxmSeal(Step):
+class MxmSeal(ReplayStep):
     """A fill's parts become the buffer's weight matrix (at its first multiply)."""
 
     plane: int
@@ -154,13 +154,13 @@ class MxmSeal(Step):
 
 
 @dataclass(slots=True)
-class MxmSplit(Step):
+class MxmSplit(ReplayStep):
     """One K split of a float block, kept until the block settles (see mxm.py)."""
 
     plane: int
     buf: int
     block: int
-    src: Operand
+    src: StreamOperand
     count: int
 
     def run(self, ex):
@@ -169,7 +169,7 @@ class MxmSplit(Step):
 
 
 @dataclass(slots=True)
-class MxmSettle(Step):
+class MxmSettle(ReplayStep):
     """Compute a float block into rows ``addr .. addr + count - 1``. ``xkeep`` / ``wkeep``:
     what to do with its concatenated activations / weights (``(id, Accumulators.PUT|GET|POP)``
     or None); ``batch``: later blocks computed in the same matmul."""
@@ -188,7 +188,7 @@ class MxmSettle(Step):
 
 
 @dataclass(slots=True)
-class MxmSettleEarly(Step):
+class MxmSettleEarly(ReplayStep):
     """The settle of a block computed with an earlier one; drops the kept operands
     ``xdrop`` / ``wdrop`` (ids) whose last use this is."""
 
@@ -205,13 +205,13 @@ class MxmSettleEarly(Step):
 
 
 @dataclass(slots=True)
-class MxmNow(Step):
+class MxmNow(ReplayStep):
     """A multiply computed at once (integer rows, or a mac that continues no block)."""
 
     plane: int
     buf: int
     addr: int
-    src: Operand
+    src: StreamOperand
     count: int
     weights_key: "tuple | None"
     kind: int
@@ -223,7 +223,7 @@ class MxmNow(Step):
 
 
 @dataclass(slots=True)
-class MxmDrain(Step):
+class MxmDrain(ReplayStep):
     producer: int
     plane: int
     addr: int
@@ -237,7 +237,7 @@ class MxmDrain(Step):
 # ---- VXM / SXM / C2C ---------------------------------------------------------------
 
 @dataclass(slots=True)
-class Vxm(Step):
+class Vxm(ReplayStep):
     """One VXM op; ``b`` None: the second operand is ``imm``."""
 
     producer: int
@@ -245,8 +245,8 @@ class Vxm(Step):
     dtype: object
     out_dtype: object
     count: int
-    a: Operand
-    b: "Operand | None"
+    a: StreamOperand
+    b: "StreamOperand | None"
     imm: object
     aux0: int
 
@@ -256,13 +256,13 @@ class Vxm(Step):
 
 
 @dataclass(slots=True)
-class VxmInPlace(Step):
+class VxmInPlace(ReplayStep):
     """An fp32 binary op written over its first operand, the whole value of ``a``."""
 
     producer: int
     op: str
     a: int
-    b: "Operand | None"
+    b: "StreamOperand | None"
     imm: object
 
     def run(self, ex):
@@ -270,11 +270,11 @@ class VxmInPlace(Step):
 
 
 @dataclass(slots=True)
-class Sxm(Step):
+class Sxm(ReplayStep):
     producer: int
     op: str
     count: int
-    a: Operand
+    a: StreamOperand
     aux0: int
     aux1: int
 
@@ -283,9 +283,9 @@ class Sxm(Step):
 
 
 @dataclass(slots=True)
-class C2cSend(Step):
+class C2cSend(ReplayStep):
     producer: int
-    src: Operand
+    src: StreamOperand
     count: int
 
     def run(self, ex):
@@ -293,7 +293,7 @@ class C2cSend(Step):
 
 
 @dataclass(slots=True)
-class C2cRecv(Step):
+class C2cRecv(ReplayStep):
     """Vectors ``(sender, first, count)`` of each message part, concatenated."""
 
     producer: int
@@ -304,7 +304,7 @@ class C2cRecv(Step):
 
 
 @dataclass(slots=True)
-class C2cRecvRemote(Step):
+class C2cRecvRemote(ReplayStep):
     """Vectors ``(executor, sender, first, count)`` sent by other chips of a system (their
     executors), concatenated: a step of a functional system run, never replayed."""
 

@@ -40,8 +40,8 @@ from .counters import Counters
 from .executor import Executor, read_binding
 from .memory import Banked, Race, _bounds
 from .mxm import Accumulators
-from .replay_plan import Plan, PlanNotes, addresses_from_data
-from .replay_steps import Operand
+from .replay_plan import ReplayPlan, PlanNotes, addresses_from_data
+from .replay_steps import StreamOperand
 from .trace import TraceRecorder
 
 
@@ -76,12 +76,12 @@ class Simulator:
         self._sram = Banked("slice", cfg.mem_slices, cfg.lines_per_slice, cfg.lanes)
         self._acc_stamps = Banked("accumulator of plane", cfg.mxm_planes, cfg.mxm_acc_rows, 1)
         self._accs = None
-        self._plans = {}  # id(program) -> Plan of a program whose schedule passed every check
+        self._plans = {}  # id(program) -> ReplayPlan of a program whose schedule passed every check
         # Pure functions of an (immutable) instruction and the config, computed once per instruction
         # object: id(instr) -> instr once it passed the operand checks; (id(instr), weights' dtype)
         # -> (instr, its Timing).
         self._timings = {}
-        self._kept = {}  # (id(program), kept names) -> (its Plan, kept lines): checked once per program
+        self._kept = {}  # (id(program), kept names) -> (its ReplayPlan, kept lines): checked once per program
 
     def run(self, program: Program, inputs: "dict | None" = None, *, timing_only: bool = False,
             trace: bool = False, keep=(), outputs=None) -> SimResult:
@@ -165,15 +165,15 @@ class Simulator:
         return self.run(program, timing_only=True)
 
     # ---- verified programs --------------------------------------------------
-    def _plan_of(self, program: Program) -> "Plan | None":
+    def _plan_of(self, program: Program) -> "ReplayPlan | None":
         plan = self._plans.get(id(program))
         if plan is None or not plan.matches(program):
             return None
         return plan
 
-    def _remember(self, program: Program, run: "_Run") -> "Plan":
+    def _remember(self, program: Program, run: "_Run") -> "ReplayPlan":
         key = id(program)
-        plan = Plan.record(program, run,
+        plan = ReplayPlan.record(program, run,
                             weakref.ref(program, lambda _, plans=self._plans, k=key: plans.pop(k, None)))
         self._plans[key] = plan
         return plan
@@ -231,7 +231,7 @@ class Simulator:
             self._kept[key] = (plan, kept)
         return kept
 
-    def _replay(self, plan: "Plan", arrays: dict, kept: dict, outputs=None, trace=None) -> SimResult:
+    def _replay(self, plan: "ReplayPlan", arrays: dict, kept: dict, outputs=None, trace=None) -> SimResult:
         cfg, program = self.config, plan.program()
         self._sram.start_run(True)
         ex = Executor(cfg, program, self._sram, self._accs_for_run())
@@ -458,14 +458,14 @@ class _Run:
             step.run(self.ex)
         return k
 
-    def read_stream(self, ins: Instr, stream, dtype: DType, position: int, count: int = None) -> Operand:
+    def read_stream(self, ins: Instr, stream, dtype: DType, position: int, count: int = None) -> StreamOperand:
         """Where the vectors a stream operand reads come from, after the stream checks."""
         em, off = self.streams.read(stream, position, ins.cycle, count or ins.count, dtype)
-        return Operand(em.producer, off)
+        return StreamOperand(em.producer, off)
 
     @staticmethod
-    def operand(emission, offset: int) -> Operand:
-        return Operand(emission.producer, offset)
+    def operand(emission, offset: int) -> StreamOperand:
+        return StreamOperand(emission.producer, offset)
 
     def emit(self, i: int, ins: Instr, t: tm.Timing, dtype: DType, source=None):
         self.streams.emit(ins.dst, t.position, t.emit, dtype, t.emit_count, i, source)

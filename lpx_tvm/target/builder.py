@@ -32,7 +32,7 @@ from ..machine.timing import install_lanes, mxm_rate, timing, unit_count, unit_p
 
 
 @dataclass(frozen=True)
-class Region:
+class SramSpan:
     """``count`` vectors of ``dtype`` in one slice, vector ``k`` at ``addr + k * stride``,
     or with a 2-D pattern (``inner > 0``) at ``addr + (k // inner) * outer + (k % inner) * stride``
     (e.g. a window of pixel rows inside a padded image)."""
@@ -52,14 +52,14 @@ class Region:
                               else k * self.stride)
         return int(starts.min()), int(starts.max()) + self.dtype.itemsize - 1
 
-    def rows(self, start: int, stop: int) -> "Region":
+    def rows(self, start: int, stop: int) -> "SramSpan":
         if not 0 <= start < stop <= self.count:
             raise SchedulingError(f"rows {start}:{stop} outside a region of {self.count} vectors")
         if self.inner:
             raise SchedulingError("rows of a 2-D region: build the sub-window with window() instead")
-        return Region(self.slice, self.addr + start * self.stride, stop - start, self.stride, self.dtype)
+        return SramSpan(self.slice, self.addr + start * self.stride, stop - start, self.stride, self.dtype)
 
-    def window(self, first: int, rows: int, cols: int, row_pitch: int, col_step: int = 1) -> "Region":
+    def window(self, first: int, rows: int, cols: int, row_pitch: int, col_step: int = 1) -> "SramSpan":
         """A 2-D window of a 1-D region seen as rows of ``row_pitch`` vectors: ``rows`` rows of
         ``cols`` vectors from vector ``first``, every ``col_step``-th vector within a row."""
         if self.inner:
@@ -67,12 +67,12 @@ class Region:
         last = first + (rows - 1) * row_pitch + (cols - 1) * col_step
         if not (0 <= first and 0 <= last < self.count):
             raise SchedulingError(f"window reaches vector {last} of a region of {self.count}")
-        return Region(self.slice, self.addr + first * self.stride, rows * cols, col_step * self.stride,
+        return SramSpan(self.slice, self.addr + first * self.stride, rows * cols, col_step * self.stride,
                       self.dtype, inner=cols, outer=row_pitch * self.stride)
 
-    def repeat(self, count: int) -> "Region":
+    def repeat(self, count: int) -> "SramSpan":
         """The region's first vector read ``count`` times (stride 0), e.g. a bias row."""
-        return Region(self.slice, self.addr, count, 0, self.dtype)
+        return SramSpan(self.slice, self.addr, count, 0, self.dtype)
 
     def _fields(self) -> dict:
         f = dict(addr=self.addr, stride=self.stride, dtype=self.dtype)
@@ -90,15 +90,15 @@ class SramTensor:
     def ntiles(self) -> int:
         return len(self.layout.tiles) // self.layout.nchunks
 
-    def tile(self, j: int = 0) -> Region:
+    def tile(self, j: int = 0) -> SramSpan:
         """Column tile ``j`` as one region (the tensor must fit one chunk)."""
         if self.layout.nchunks != 1:
             raise SchedulingError(f"tensor {self.name} spans {self.layout.nchunks} slices: use segments()")
         (sl, addr), _, n = self.layout.chunk(j, 0)
-        return Region(sl, addr, n, self.layout.row_stride, self.layout.dtype)
+        return SramSpan(sl, addr, n, self.layout.row_stride, self.layout.dtype)
 
     def segments(self, j: int, r0: int, r1: int) -> list:
-        """Rows ``r0 .. r1 - 1`` of column tile ``j`` as [(first row, Region)], one per chunk."""
+        """Rows ``r0 .. r1 - 1`` of column tile ``j`` as [(first row, SramSpan)], one per chunk."""
         out = []
         R, lay = self.layout.rows_per_chunk, self.layout
         r = r0
@@ -106,13 +106,13 @@ class SramTensor:
             q = r // R
             (sl, addr), c0, n = lay.chunk(j, q)
             end = min(r1, c0 + n)
-            out.append((r, Region(sl, addr + (r - c0) * lay.row_stride, end - r, lay.row_stride, lay.dtype)))
+            out.append((r, SramSpan(sl, addr + (r - c0) * lay.row_stride, end - r, lay.row_stride, lay.dtype)))
             r = end
         return out
 
     def window_segments(self, j: int, first: int, rows: int, cols: int, row_pitch: int, col_step: int = 1) -> list:
-        """A 2-D window (``rows`` rows of ``cols`` vectors, see :meth:`Region.window`) of tile
-        ``j`` as [(first vector index, Region)], split where it crosses chunks."""
+        """A 2-D window (``rows`` rows of ``cols`` vectors, see :meth:`SramSpan.window`) of tile
+        ``j`` as [(first vector index, SramSpan)], split where it crosses chunks."""
         R, lay = self.layout.rows_per_chunk, self.layout
         out, i = [], 0
         while i < rows:
@@ -125,7 +125,7 @@ class SramTensor:
             if start + (cols - 1) * col_step >= c0 + n:
                 raise SchedulingError(f"a window row of {self.name} crosses a chunk boundary (chunks must hold "
                                       "whole image rows)")
-            base = Region(sl, addr, n, lay.row_stride, lay.dtype)
+            base = SramSpan(sl, addr, n, lay.row_stride, lay.dtype)
             out.append((i * cols, base.window(start - c0, i1 - i, cols, row_pitch, col_step)))
             i = i1
         return out
@@ -196,7 +196,7 @@ class Node:
 
 
 def install_parts(segments, per: int) -> list:
-    """[(segment's first row, its Region, offset in it, rows)]: each segment cut into parts
+    """[(segment's first row, its SramSpan, offset in it, rows)]: each segment cut into parts
     of at most ``per`` rows."""
     return [(row0, region, a, min(region.count, a + per) - a) for row0, region in segments
             for a in range(0, region.count, per)]
@@ -250,14 +250,14 @@ class Group:
         return out if v.base is None else out.part(v.offset, v.count)
 
     # -- MEM -----------------------------------------------------------------
-    def read(self, region: Region) -> Value:
+    def read(self, region: SramSpan) -> Value:
         lo, hi = region.lines
         n = region.count
         node = self._node("mem.read", n, (region.slice,), region._fields(),
                           effects=[(("sram", region.slice), lo, hi, "r", 0, n - 1)], out_dtype=region.dtype)
         return node.out
 
-    def write(self, v: Value, region: Region):
+    def write(self, v: Value, region: SramSpan):
         self._check_count(v, region.count, "write")
         if v.dtype != region.dtype:
             raise SchedulingError(f"write: value is {v.dtype.short}, region is {region.dtype.short}")
@@ -266,7 +266,7 @@ class Group:
         self._node("mem.write", n, (region.slice,), region._fields(),
                    inputs=[("src0", v)], effects=[(("sram", region.slice), lo, hi, "w", lw, n - 1 + lw)])
 
-    def gather(self, index: Value, table: Region) -> Value:
+    def gather(self, index: Value, table: SramSpan) -> Value:
         """Rows of ``table`` picked by lane 0 of each int32 vector of ``index``."""
         lo, hi = table.lines
         n = index.count
@@ -276,7 +276,7 @@ class Group:
                           out_dtype=table.dtype)
         return node.out
 
-    def scatter(self, values: Value, index: Value, table: Region):
+    def scatter(self, values: Value, index: Value, table: SramSpan):
         """Each vector of ``values`` to the row of ``table`` that lane 0 of the same vector
         of ``index`` (int32) names. The lines are data: the whole table counts as written."""
         self._check_count(values, index.count, "scatter")
@@ -288,7 +288,7 @@ class Group:
                    inputs=[("src0", values), ("src1", index)],
                    effects=[(("sram", table.slice), lo, hi, "w", lw, n - 1 + lw)])
 
-    def dma_load(self, host: int, region: Region, engine: int = 0):
+    def dma_load(self, host: int, region: SramSpan, engine: int = 0):
         lo, hi = region.lines
         probe = Instr("dma.load", 0, count=region.count, dtype=region.dtype)
         d = timing(self.cfg, probe).done
@@ -298,7 +298,7 @@ class Group:
                    effects=[(("sram", region.slice), lo, hi, "w", d, d),
                             (("host",), host, host + nbytes - 1, "r", 0, d)])
 
-    def dma_store(self, region: Region, host: int, engine: int = 0):
+    def dma_store(self, region: SramSpan, host: int, engine: int = 0):
         lo, hi = region.lines
         probe = Instr("dma.store", 0, count=region.count, dtype=region.dtype)
         d = timing(self.cfg, probe).done
@@ -690,7 +690,7 @@ class ProgramBuilder:
         return len(self._tables) - 1
 
     def install(self, tag: str, plane: int, buf: int, segments, width: int):
-        """Install the weight rows ``segments`` hold, ``[(first row, Region)]`` covering rows
+        """Install the weight rows ``segments`` hold, ``[(first row, SramSpan)]`` covering rows
         0..K-1, into a weight buffer at the plane's install rate: the rows are cut into one
         part per install lane (:func:`~lpx_tvm.machine.timing.install_lanes`), each part
         within one region, and each part is a group of its own (a read and an install), so

@@ -369,7 +369,7 @@ def emit_all_reduce(b: ProgramBuilder, place: ChipPlace, x, y, tag: str = "all_r
     parts = shards(rows * x.ntiles, n)
 
     def pieces(k):
-        """[(tile, first row, Region of x)] of shard ``k``."""
+        """[(tile, first row, SramSpan of x)] of shard ``k``."""
         first, size = parts[k]
         out = []
         for j in range(x.ntiles):

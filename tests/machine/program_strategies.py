@@ -156,7 +156,7 @@ class _ProgramMaker:
 
     def read(self, g, n: int, dtype: DType, avoid=()):
         """``n`` vectors read from a tensor in one of the MEM access patterns."""
-        from lpx_tvm.target.builder import Region
+        from lpx_tvm.target.builder import SramSpan
 
         pattern = self.draw(st.sampled_from(["rows", "strided", "backwards", "repeat", "window"]))
         w = dtype.itemsize
@@ -164,9 +164,9 @@ class _ProgramMaker:
         t = self.source(need, dtype, avoid)
         tile = t.tile(0)
         if pattern == "strided":
-            region = Region(tile.slice, tile.addr, n, 2 * w, dtype)
+            region = SramSpan(tile.slice, tile.addr, n, 2 * w, dtype)
         elif pattern == "backwards":
-            region = Region(tile.slice, tile.addr + (n - 1) * w, n, -w, dtype)
+            region = SramSpan(tile.slice, tile.addr + (n - 1) * w, n, -w, dtype)
         elif pattern == "repeat":
             region = tile.rows(0, 1).repeat(n)
         elif pattern == "window" and n % 2 == 0:  # n/2 rows of 2 vectors, every other vector, 3 apart
@@ -177,7 +177,7 @@ class _ProgramMaker:
 
     def write(self, g, v, slices):
         """Write a value to a new output, or over the rows of one already written."""
-        from lpx_tvm.target.builder import Region
+        from lpx_tvm.target.builder import SramSpan
 
         outs = [t for t in self.tensors if t.name.startswith("out") and t.layout.dtype is v.dtype
                 and t.layout.rows >= v.count and t.layout.tiles[0][0] not in slices]
@@ -187,7 +187,7 @@ class _ProgramMaker:
             t = self.output(v.count * self.draw(st.sampled_from([1, 2])), v.dtype, avoid=slices)
         tile = t.tile(0)
         stride = tile.stride if t.layout.rows < 2 * v.count else self.draw(st.sampled_from([1, 2])) * tile.stride
-        g.write(v, Region(tile.slice, tile.addr, v.count, stride, v.dtype))
+        g.write(v, SramSpan(tile.slice, tile.addr, v.count, stride, v.dtype))
 
     # -- one group each ----------------------------------------------------------
     def stream_group(self):

@@ -14,7 +14,7 @@ import tvm.testing
 
 import lpx_tvm
 from lpx_tvm.machine.isa import DType
-from lpx_tvm.target.codegen.graph import Operand, Region, RegionOp, Step
+from lpx_tvm.target.codegen.graph import Operand, Region, RegionOp, OpCall
 from lpx_tvm.target.codegen.quant import fusable_dequantizes
 
 pytest.importorskip("onnxruntime.quantization")
@@ -27,12 +27,12 @@ def _const(v):
 
 
 def _dequantize(src: str, out: str, scale=0.5, zp=3):
-    return RegionOp("lpx.dequantize", Step("dequantize", [Operand(src), _const(scale), _const(zp)], {}, (1, 16),
+    return RegionOp("lpx.dequantize", OpCall("dequantize", [Operand(src), _const(scale), _const(zp)], {}, (1, 16),
                                            "float32"), out=out, shape=(1, 16))
 
 
 def _qdense(out: str, src: str = "x"):
-    return RegionOp("lpx.qdense", Step("matmul", [Operand(src), _const(np.ones((16, 16)))], {}, (1, 16), "uint8"),
+    return RegionOp("lpx.qdense", OpCall("matmul", [Operand(src), _const(np.ones((16, 16)))], {}, (1, 16), "uint8"),
                     out=out, shape=(1, 16), dtype="uint8")
 
 

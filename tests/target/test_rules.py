@@ -15,7 +15,7 @@ import lpx_tvm
 from lpx_tvm.machine.config import load_config
 from lpx_tvm.relax_passes import partition_for_lpx
 from lpx_tvm.target.codegen import UnsupportedOnLPX, compile_region
-from lpx_tvm.target.codegen.graph import Operand, Region, RegionOp, Step
+from lpx_tvm.target.codegen.graph import Operand, Region, RegionOp, OpCall
 from lpx_tvm.target.codegen.rules import activation_row_problem, binary_operands_problem, constant_broadcast
 
 RNG = np.random.default_rng(11)
@@ -60,7 +60,7 @@ def _lowering_verdict(op: str, shape: tuple, const: np.ndarray) -> "str | None":
     """The lowering's reason for refusing the op, or None when it lowers it."""
     out_shape = np.broadcast_shapes(shape, const.shape)
     x = Operand("x", shape=shape)
-    step = Step(op, [x, Operand(const=const, shape=const.shape)], {}, out_shape, "float32")
+    step = OpCall(op, [x, Operand(const=const, shape=const.shape)], {}, out_shape, "float32")
     region = Region("r", [x], [RegionOp(f"lpx.{op}", step, [], "y", out_shape)], ["y"])
     try:
         compile_region(load_config("mini"), "fp32", "r", region)

@@ -37,7 +37,9 @@ class Operand:
 
 
 @dataclass
-class Step:
+class OpCall:
+    """One Relax call inside a composite: the root op or an epilogue op."""
+
     op: str  # relax op name without "relax.", e.g. "nn.conv2d"
     args: list  # [Operand]
     attrs: dict
@@ -48,8 +50,8 @@ class Step:
 @dataclass
 class RegionOp:
     composite: str
-    main: Step
-    epilogue: list = field(default_factory=list)  # [Step]; args[0] is the running value
+    main: OpCall
+    epilogue: list = field(default_factory=list)  # [OpCall]; args[0] is the running value
     out: str = ""  # name of the region value it defines
     shape: tuple = ()
     dtype: str = "float32"
@@ -124,7 +126,7 @@ def _composite_steps(func, args) -> list:
                 ops.extend(_operand(f, env) for f in a.fields)
             else:
                 ops.append(_operand(a, env))
-        steps.append(Step(call.op.name.removeprefix("relax."), ops, _attrs(call), _shape(b.var), str(b.var.ty.dtype)))
+        steps.append(OpCall(call.op.name.removeprefix("relax."), ops, _attrs(call), _shape(b.var), str(b.var.ty.dtype)))
         env[b.var] = Operand(f"__step{len(steps) - 1}", shape=_shape(b.var), dtype=str(b.var.ty.dtype))
     return steps
 

@@ -6,7 +6,7 @@ per tap."""
 from __future__ import annotations
 
 from ...machine.config import LPXConfig
-from .graph import Region, Step
+from .graph import Region, OpCall
 from .quant import mxm_view
 
 
@@ -19,7 +19,7 @@ def _readers(region: Region) -> dict:
     return readers
 
 
-def _stem_transform(cfg: LPXConfig, conv: Step) -> "dict | None":
+def _stem_transform(cfg: LPXConfig, conv: OpCall) -> "dict | None":
     """The im2col layout of a convolution's input, or None when it gains nothing (grouped,
     1x1, or more taps x channels than one reduction tile holds)."""
     a = conv.attrs

@@ -234,7 +234,7 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
     (:meth:`~lpx_tvm.target.builder.ProgramBuilder.hoist`), ahead of the previous
     layers' remaining drains and multiplies, which then yield them ports and streams.
 
-    ``window(step)`` -> [(row offset in the block, Region)]; ``weights(step)`` -> (column
+    ``window(step)`` -> [(row offset in the block, SramSpan)]; ``weights(step)`` -> (column
     tile, first row, end row) of the op's weight matrix; ``block(step)`` -> (first channel,
     first output row, rows). Streamed weights come over the off-chip path, one tile at a
     time, into two staging buffers that alternate so the next load overlaps this install.

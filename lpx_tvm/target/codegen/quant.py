@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...machine.isa import DType
-from .graph import RegionOp, Step, UnsupportedOnLPX
+from .graph import RegionOp, OpCall, UnsupportedOnLPX
 
 _RELAX_DTYPES = {"int8": DType.INT8, "uint8": DType.UINT8, "int32": DType.INT32, "float16": DType.FP16,
                  "bfloat16": DType.BF16, "float32": DType.FP32, "float8_e4m3fn": DType.FP8}
@@ -36,7 +36,7 @@ class QEpilogue:
     out_dtype: DType
 
 
-def step_of(op: RegionOp, name: str) -> Step:
+def step_of(op: RegionOp, name: str) -> OpCall:
     """The step of composite ``op`` that is a ``name`` op."""
     for s in [op.main] + op.epilogue:
         if s.op == name:
@@ -63,7 +63,7 @@ def mxm_view(op: RegionOp) -> RegionOp:
     if op.composite not in QMXM_COMPOSITES + MXM_8BIT_IN_FLOAT:
         return op
     core = step_of(op, "nn.conv2d" if op.composite == "lpx.qconv2d" else "matmul")
-    main = Step(core.op, [op.main.args[0], core.args[1]], core.attrs, core.shape, core.dtype)
+    main = OpCall(core.op, [op.main.args[0], core.args[1]], core.attrs, core.shape, core.dtype)
     return RegionOp(op.composite, main, [], op.out, op.shape, op.dtype)
 
 
