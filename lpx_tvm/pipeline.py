@@ -52,6 +52,7 @@ from .runtime.compiled_region import TARGET_TAG
 from .runtime.report import Offload, layer_of
 from .target.codegen import TilingPolicy, compile_region
 from .target.codegen.outline import lpx_functions, outline_regions
+from .target.codegen.interface import ALONE, ProgramInterface
 
 # ---- the stages ----------------------------------------------------------------------
 
@@ -98,13 +99,14 @@ def region_names(mod: tvm.IRModule) -> dict:
 
 
 def lower_regions(mod: tvm.IRModule, cfg: LPXConfig, precision: str, names: dict,
-                  policy: "TilingPolicy | None" = None) -> tuple:
+                  policy: "TilingPolicy | None" = None, interface: ProgramInterface = ALONE) -> tuple:
     """``(module, names, {name: CompiledRegion})`` of the module's LPX regions (``names``
     from :func:`region_names`), each with its layer-name table (docs/report.md).
 
     A region whose ops fit the SRAM one by one but not together (:class:`SramFull`) is
     split in two and each half compiled (``relax_passes.split_region``): the module and
-    the names returned have the halves in its place.
+    the names returned have the halves in its place. ``interface``: what the programs
+    get and give (SRAM shared with another program, a chip of a system).
     """
     policy = TilingPolicy() if policy is None else policy
     names, compiled = dict(names), {}
@@ -113,7 +115,7 @@ def lower_regions(mod: tvm.IRModule, cfg: LPXConfig, precision: str, names: dict
         fn = pending.pop(0)
         func = mod[fn]
         try:
-            compiled[fn] = compile_region(cfg, precision, names[fn], func, policy)
+            compiled[fn] = compile_region(cfg, precision, names[fn], func, policy, interface=interface)
         except SramFull:
             if op_calls(func) < 2:
                 raise
@@ -154,17 +156,19 @@ def build_executable(cpu_mod: tvm.IRModule, regions: dict, cfg: LPXConfig, preci
 # ---- composed ------------------------------------------------------------------------
 
 @quiet_tvm()
-def lower(mod: tvm.IRModule, cfg: LPXConfig, precision: str, policy: "TilingPolicy | None" = None) -> tuple:
+def lower(mod: tvm.IRModule, cfg: LPXConfig, precision: str, policy: "TilingPolicy | None" = None,
+          interface: ProgramInterface = ALONE) -> tuple:
     """Canonicalize, partition, check constant ranges, lower and outline: ``(cpu module,
     {name: CompiledRegion}, OffloadReport)``. ``policy`` gives the tilings and records the
-    tuning tasks."""
+    tuning tasks; ``interface`` is what the programs get and give (default: one chip
+    alone, sharing nothing)."""
     mod, offload = partition(canonicalize_model(mod, precision), cfg, precision)
     check_constant_ranges(mod, precision)
     names = region_names(mod)
     # What still overflows when constants are cast to the storage dtype is an additive
     # mask meant as -inf (check_constant_ranges refused the rest): no numpy warning.
     with np.errstate(over="ignore"):
-        mod, names, regions = lower_regions(mod, cfg, precision, names, policy)
+        mod, names, regions = lower_regions(mod, cfg, precision, names, policy, interface)
     offload.regions = len(regions)
     return outline(mod, names), regions, offload
 

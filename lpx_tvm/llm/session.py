@@ -30,7 +30,7 @@ from ..relax_passes.tvm_output import quiet_tvm
 from ..runtime.floors import floors_of
 from ..sim import Simulator
 from ..target.builder import SharedSram, chunk_lines
-from ..target.codegen.options import codegen_options
+from ..target.codegen.interface import ProgramInterface
 from .step_program import (EIGHT_BIT, FLOAT_OF, WEIGHT_BUDGET, DoesNotFit, StepProgram, cache_bytes_as_stored, embed_choice,
                     embeds_on_chip, float_bytes, generation_arguments, shared_with, step_program, token_ids)
 
@@ -388,8 +388,8 @@ class LLMSession:
         imported = import_torch(step, decoders.example_inputs(spec, tokens, embed_in_step=self.embed_on_chip))
         # A step is one program on chip (its state and weights stay there): SharedSram()
         # for the decode step too, which keeps the compile from spilling activations.
-        with codegen_options(shared=shared or SharedSram()):
-            _, regions, offload = lower(imported.mod, self.config, self.float_precision)
+        _, regions, offload = lower(imported.mod, self.config, self.float_precision,
+                                    interface=ProgramInterface(shared=shared or SharedSram()))
         return step_program(regions, offload, spec, tokens, self.config, self.precision)
 
 

@@ -28,7 +28,7 @@ from ..relax_passes.errors import ModelError
 from ..relax_passes.tvm_output import quiet_tvm
 from ..sim.multichip import SystemSimulator
 from ..target.builder import SharedSram
-from ..target.codegen.options import codegen_options
+from ..target.codegen.interface import ProgramInterface
 from ..target.system_programs import build_together
 from .step_program import EIGHT_BIT, FLOAT_OF, embed_choice, generation_arguments, shared_with, step_program
 
@@ -121,8 +121,8 @@ class SystemLLMSession:
 
         def build(c, place):
             shard, stage, _ = self.roles[c]
-            with codegen_options(shared=(shared or {}).get(c) or SharedSram(), system=place):
-                _, regions, offload = lower(imported[c].mod, self.config, self.float_precision)
+            interface = ProgramInterface(shared=(shared or {}).get(c) or SharedSram(), chip=place)
+            _, regions, offload = lower(imported[c].mod, self.config, self.float_precision, interface=interface)
             steps[c] = step_program(regions, offload, decoders.stage_spec(self.local, stage), tokens, self.config,
                                     self.precision, last=stage is None or stage.last)
             return steps[c].program

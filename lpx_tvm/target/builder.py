@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import numpy as np
 
@@ -416,18 +417,26 @@ class SharedSram:
     constants: tuple = ()
 
 
+class BuildObserver(Protocol):
+    """Told when a program's build starts and of each group's instructions as they are
+    placed: the chips of a system built side by side post their sends' arrivals to each
+    other (target.system_programs.build_together)."""
+
+    def started(self) -> None: ...
+
+    def placed(self, instrs: list) -> None: ...
+
+
 class ProgramBuilder:
-    def __init__(self, config="tsp", name: str = "", loopback: bool = True):
+    def __init__(self, config="tsp", name: str = "", loopback: bool = True,
+                 observer: "BuildObserver | None" = None):
         self.config: LPXConfig = load_config(config)
         self.name = name
         # One chip alone, its links loop back: a receive waits for the send on its link. A
         # chip of a system (loopback=False) sends to another chip and receives what
         # arrives from one (:meth:`arrival`).
         self.loopback = loopback
-        # Told when a build starts and of each group's instructions as it is placed (a
-        # system's chips built side by side post their sends' arrivals to each other).
-        self.on_start = None
-        self.on_placed = None
+        self.observer = observer
         self._sram = SramAllocator(self.config.mem_slices, self.config.lines_per_slice)
         self._constants = set()
         self._groups = []
@@ -764,8 +773,8 @@ class ProgramBuilder:
     def build(self) -> Program:
         placer = Placer(self.config)
         instrs = []
-        if self.on_start is not None:
-            self.on_start()
+        if self.observer is not None:
+            self.observer.started()
         for g in self._groups:
             if g == "sync":
                 instrs.append(Instr("icu.sync", placer.sync()))
@@ -775,8 +784,8 @@ class ProgramBuilder:
             elif g.nodes:
                 placed = placer.place(g)
                 instrs.extend(placed)
-                if self.on_placed is not None:
-                    self.on_placed(placed)
+                if self.observer is not None:
+                    self.observer.placed(placed)
         instrs.sort(key=lambda i: (i.cycle, i.op, i.unit))
         return Program(self.config.hash, instrs, sram_init=list(self._images), host_init=bytes(self._host),
                        host_bytes=self._host_end, bindings=list(self._bindings), tables=list(self._tables),

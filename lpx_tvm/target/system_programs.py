@@ -302,6 +302,21 @@ class ArrivalBoard:
                    for key, used in self.used.items() for k, a in used.items())
 
 
+@dataclass(frozen=True)
+class BoardPoster:
+    """A :class:`~lpx_tvm.target.builder.BuildObserver` posting one chip's placed sends
+    to the board of the programs built beside it."""
+
+    board: "ArrivalBoard"
+    chip: int
+
+    def started(self) -> None:
+        self.board.start(self.chip)
+
+    def placed(self, instrs: list) -> None:
+        self.board.post(self.chip, instrs)
+
+
 @dataclass
 class ChipPlace:
     """One chip's place in a group of pairwise linked chips of a system, as a program
@@ -322,7 +337,16 @@ class ChipPlace:
 
     def __post_init__(self):
         self.heard = {}  # port -> messages received so far by the program being built
-        self._attached = set()
+
+    @property
+    def observer(self) -> "BoardPoster | None":
+        """What this chip's program builders are told to post their sends to the board
+        (None: built alone, its arrivals given)."""
+        return BoardPoster(self.board, self.chip) if self.board is not None else None
+
+    def builder(self, cfg, name: str) -> ProgramBuilder:
+        """A builder of this chip's program: its links reach other chips."""
+        return ProgramBuilder(cfg, name, loopback=False, observer=self.observer)
 
     @property
     def peers(self) -> list:
@@ -336,17 +360,16 @@ class ChipPlace:
         port_low, port_high = self.system.links_between(low, high)[0]
         return port_low if self.chip == low else port_high
 
-    def attach(self, b: ProgramBuilder):
-        """Let ``b`` post its sends to the board as it places them."""
-        if self.board is not None and id(b) not in self._attached:
-            self._attached.add(id(b))
-            b.on_start = lambda: self.board.start(self.chip)
-            b.on_placed = lambda instrs: self.board.post(self.chip, instrs)
+    def check_builder(self, b: ProgramBuilder):
+        """``b`` builds this chip's program: made by :meth:`builder` (or given this
+        chip's interface), its links reach other chips and its sends reach the board."""
+        if b.loopback or b.observer != self.observer:
+            raise LPXError(f"program {b.name!r}: its builder was not made for chip {self.chip} of a system "
+                           "(ChipPlace.builder, or the ProgramInterface's chip)")
 
     def expect(self, b: ProgramBuilder, *senders):
         """The next message from each of ``senders`` arrives when its sender's program
         says: call before the group that receives them."""
-        self.attach(b)
         for d in senders:
             p = self.port(d)
             k = self.heard.get(p, 0)
@@ -386,7 +409,7 @@ def emit_all_reduce(b: ProgramBuilder, place: ChipPlace, x, y, tag: str = "all_r
             g.write(v.part(r0 - r, reg.count) if v.count != reg.count else v, reg)
 
     me, peers = place.chips.index(place.chip), place.peers
-    place.attach(b)
+    place.check_builder(b)
     for d in peers:  # reduce-scatter: each peer's shard to it
         for j, r, reg in pieces(place.chips.index(d)):
             g = b.group(f"{tag}.send")
@@ -408,7 +431,7 @@ def emit_receive(b: ProgramBuilder, place: ChipPlace, t, tag: str = "handoff"):
     sends (:func:`emit_send` of a tensor of the same layout), message by message
     (:func:`_messages`)."""
     port = place.port(place.upstream)
-    place.attach(b)
+    place.check_builder(b)
     for reg in _messages(t):
         place.expect(b, place.upstream)
         g = b.group(f"{tag}.recv")
@@ -419,7 +442,7 @@ def emit_send(b: ProgramBuilder, place: ChipPlace, t, tag: str = "handoff"):
     """Groups of ``b`` that send SRAM tensor ``t`` to ``place.downstream``, as
     :func:`emit_receive` takes it."""
     port = place.port(place.downstream)
-    place.attach(b)
+    place.check_builder(b)
     for reg in _messages(t):
         g = b.group(f"{tag}.send")
         g.send(port, g.read(reg))
@@ -475,8 +498,7 @@ def _forward(place: ChipPlace, rows: int, dt: DType):
     system, path, c = place.system, place.chips, place.chip
     cfg = system.config
     k = path.index(c)
-    b = ProgramBuilder(cfg, f"send chip {c}", loopback=False)
-    place.attach(b)
+    b = place.builder(cfg, f"send chip {c}")
     x = b.input("X", (rows, cfg.lanes), dt) if k == 0 else None
     y = b.output("Y", (rows, cfg.lanes), dt) if k == len(path) - 1 else None
     for r, n in _cut(0, rows, [(0, _rows_per_chunk(cfg, rows, dt))]):
@@ -500,8 +522,7 @@ def _program(kind, place: ChipPlace, rows: int, dt: DType):
     cfg = system.config
     parts = shards(rows, len(chips))
     me = chips.index(c)
-    b = ProgramBuilder(cfg, f"{kind} chip {c}", loopback=False)
-    place.attach(b)
+    b = place.builder(cfg, f"{kind} chip {c}")
     x = b.input("X", (parts[me][1] if kind == "all_gather" else rows, cfg.lanes), dt)
     y = b.output("Y", (parts[me][1] if kind == "reduce_scatter" else rows, cfg.lanes), dt)
     if kind == "all_reduce":

@@ -43,7 +43,6 @@ from lpx_tvm.machine.isa import DType
 from lpx_tvm.machine import timing as tm
 from lpx_tvm.machine.system import all_to_all, load_system
 from lpx_tvm.sim.multichip import SystemSimulator
-from lpx_tvm.target.builder import ProgramBuilder
 from lpx_tvm.target.system_programs import build_together, collective, emit_all_reduce, point_to_point, shards
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_reduce_tiles", "point_to_point")
@@ -228,8 +227,7 @@ def build(c: Case, system):
     cfg = system.config
 
     def one(chip, place):
-        b = ProgramBuilder(cfg, f"all_reduce chip {chip}", loopback=False)
-        place.attach(b)
+        b = place.builder(cfg, f"all_reduce chip {chip}")
         x = b.input("X", (c.rows, c.cols), c.dtype, spread=c.spread[0])
         y = b.output("Y", (c.rows, c.cols), c.dtype, spread=c.spread[1])
         emit_all_reduce(b, place, x, y)

@@ -15,7 +15,7 @@ from lpx_tvm.machine.system import load_system  # noqa: E402
 from lpx_tvm.pipeline import lower  # noqa: E402
 from lpx_tvm.sim.multichip import SystemSimulator  # noqa: E402
 from lpx_tvm.target.codegen.graph import UnsupportedOnLPX  # noqa: E402
-from lpx_tvm.target.codegen.options import codegen_options  # noqa: E402
+from lpx_tvm.target.codegen.interface import ProgramInterface  # noqa: E402
 from lpx_tvm.target.system_programs import build_together  # noqa: E402
 
 
@@ -37,8 +37,7 @@ def _compile(system, chips, modules, inputs, precision="fp32"):
     regions = {}
 
     def build(c, place):
-        with codegen_options(system=place):
-            _, found, offload = lower(imported[c].mod, system.config, precision)
+        _, found, offload = lower(imported[c].mod, system.config, precision, interface=ProgramInterface(chip=place))
         assert len(found) == 1 and not (offload and offload.cpu), offload
         (regions[c],) = found.values()
         return regions[c].program

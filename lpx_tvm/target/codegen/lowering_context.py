@@ -14,6 +14,7 @@ from ...machine.isa import DType
 from ...precision import Precision
 from ..builder import ProgramBuilder
 from .graph import Operand, UnsupportedOnLPX
+from .interface import ALONE, ProgramInterface
 from .planes import Planes
 from .options import CodegenOptions
 from .tiling_policy import TilingPolicy
@@ -39,6 +40,9 @@ class LoweringContext:
     cfg, precision, options, policy
         The machine, the precision compiled at, the SRAM knobs, and the tilings of the MXM layers (the policy
         records the layers it is asked about).
+    interface
+        What the program gets and gives (:class:`~.interface.ProgramInterface`): SRAM
+        shared with another program, its chip of a system.
     dtype, int8, acc
         The stored dtype of float values, whether the region is a QDQ model's integer
         graph (values then keep their own dtypes), and the accumulator dtype.
@@ -77,6 +81,7 @@ class LoweringContext:
     policy: TilingPolicy
     offchip: bool
     band_share: float
+    interface: ProgramInterface
     builder: ProgramBuilder
     planes: Planes
     values: dict = field(default_factory=dict)
@@ -99,13 +104,13 @@ class LoweringContext:
 
     @classmethod
     def fresh(cls, cfg: LPXConfig, precision: str, name: str, policy: TilingPolicy, options: CodegenOptions,
-              offchip: bool, band_share: float) -> "LoweringContext":
+              offchip: bool, band_share: float, interface: ProgramInterface = ALONE) -> "LoweringContext":
         """A new context (and a new program builder) for one compile of region ``name``."""
         check_precision(precision)
         int8 = precision == Precision.INT8
         acc = DType.INT32 if int8 else DType.FP32
         return cls(cfg, str(precision), PRECISION_DTYPE[precision], int8, acc, options, policy, offchip, band_share,
-                   ProgramBuilder(cfg, name, loopback=options.system is None), Planes(cfg))
+                   interface, interface.builder(cfg, name), Planes(cfg))
 
     def mxm_dtype(self, op) -> DType:
         """The dtype an MXM op multiplies in: its input's (int8 or fp8) for a quantized

@@ -1,8 +1,10 @@
-"""The knobs of one region compile, as one frozen value.
+"""The knobs of one region compile, as one frozen value: how codegen spends the SRAM.
 
 :func:`compile_region` takes a :class:`CodegenOptions`; a caller that cannot pass one
 down (a test compiling a whole model through the pipeline) sets it for the compiles run
-inside a ``with codegen_options(...)`` block.
+inside a ``with codegen_options(...)`` block. These are knobs only: what a program gets
+and gives (SRAM shared with another program, its chip of a system) is its
+:class:`~.interface.ProgramInterface`, an argument of the compile, never set around it.
 """
 
 from __future__ import annotations
@@ -45,14 +47,6 @@ class CodegenOptions:
     force_offchip : bool
         Keep the activations off chip even when they fit (tests of the band lowerings);
         applies to compiles that allow off-chip values.
-    shared : SharedSram or None
-        SRAM held in common with another program of a session (state inputs pinned to
-        its lines, its resident weights reused in place: docs/llm.md). Such a region
-        compiles on chip or not at all.
-    system : target.system_programs.ChipPlace or None
-        The chip of a system this program is for, its group and the arrivals its peers'
-        programs give (``lpx.all_reduce`` needs one; docs/multichip.md). Its links then
-        reach other chips instead of looping back.
     """
 
     weight_budget: float = 0.9
@@ -62,8 +56,6 @@ class CodegenOptions:
     weight_spread: int = 8
     band_shares: tuple = (0.5, 0.25, SMALLEST_BAND_SHARE)
     force_offchip: bool = False
-    shared: object = None
-    system: object = None
 
 
 _OPTIONS: contextvars.ContextVar = contextvars.ContextVar("lpx_codegen_options", default=None)

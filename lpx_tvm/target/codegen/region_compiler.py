@@ -28,6 +28,7 @@ from ...machine.isa import DType
 from ...precision import Precision
 from ...runtime.compiled_region import CompiledRegion
 from ..system_programs import emit_receive, emit_send
+from .interface import ALONE, InputKind, OutputKind, ProgramInterface
 from .lowering_context import LoweringContext, check_precision
 from .graph import Region, read_region
 from .im2col import float_image_stems, int8_image_stems
@@ -43,7 +44,8 @@ from .weights import place_weights
 
 
 def compile_region(cfg: LPXConfig, precision: str, name: str, func, policy: "TilingPolicy | None" = None, *,
-                   offchip: bool = True, options: "CodegenOptions | None" = None) -> CompiledRegion:
+                   offchip: bool = True, options: "CodegenOptions | None" = None,
+                   interface: ProgramInterface = ALONE) -> CompiledRegion:
     """Compile one LPX region into one Program.
 
     Parameters
@@ -65,6 +67,9 @@ def compile_region(cfg: LPXConfig, precision: str, name: str, func, policy: "Til
     options : CodegenOptions, optional
         The SRAM knobs; by default those of the innermost
         :func:`~.options.codegen_options` block, else the defaults.
+    interface : ProgramInterface
+        What the program gets and gives: SRAM shared with another program, its chip of
+        a system (default: one chip alone).
 
     Returns
     -------
@@ -76,7 +81,7 @@ def compile_region(cfg: LPXConfig, precision: str, name: str, func, policy: "Til
     region = func if isinstance(func, Region) else read_region(name, func)
 
     def attempt(off_chip: bool, band_share: float, opts=options) -> CompiledRegion:
-        ctx = LoweringContext.fresh(cfg, precision, region.name, policy, opts, off_chip, band_share)
+        ctx = LoweringContext.fresh(cfg, precision, region.name, policy, opts, off_chip, band_share, interface)
         return _compile(ctx, region)
 
     def on_chip() -> CompiledRegion:
@@ -96,7 +101,7 @@ def compile_region(cfg: LPXConfig, precision: str, name: str, func, policy: "Til
         try:
             return on_chip()
         except SramFull:
-            if precision == Precision.INT8 or options.shared is not None:
+            if precision == Precision.INT8 or interface.on_chip_only:
                 # The off-chip (band) lowerings are for float regions, and a program that
                 # shares SRAM with another keeps its activations on chip: say why they do not fit.
                 raise
@@ -110,14 +115,29 @@ def compile_region(cfg: LPXConfig, precision: str, name: str, func, policy: "Til
 
 
 def _compile(ctx: LoweringContext, region: Region) -> CompiledRegion:
-    """One compile attempt of ``region`` with the (fresh) context ``ctx``."""
-    b = ctx.builder
-    shared = ctx.options.shared
-    if shared is not None:
+    """One compile attempt of ``region`` with the (fresh) context ``ctx``, in phases:
+    bind the inputs, place the weights, lower the ops, bind the outputs."""
+    received = _bind_inputs(ctx, region)
+    _plan_liveness(ctx, region)
+    # Constants go first: the initial image must sit in lines that working space never
+    # touches, which the allocator can only promise for space it has not handed out yet.
+    ctx.weights = {op.out: place_weights(ctx, op) for op in region.ops}
+    for name, t in received.items():
+        emit_receive(ctx.builder, ctx.interface.chip, t, f"{name}.handoff")
+    _lower_ops(ctx, region)
+    outputs = _bind_outputs(ctx, region)
+    return _compiled(ctx, region, outputs)
+
+
+def _bind_inputs(ctx: LoweringContext, region: Region) -> dict:
+    """Give every input of the region its storage, by its kind (from the host, pinned in
+    shared SRAM, received over a link); returns {name: tensor} of the received ones."""
+    b, interface = ctx.builder, ctx.interface
+    if interface.shared is not None:
         if ctx.offchip:
             raise SramFull(f"region {region.name}: its activations do not fit on chip beside the SRAM it shares "
                            "with another program")
-        b.share(shared)
+        b.share(interface.shared)
     if not ctx.offchip:
         ctx.input_transforms = float_image_stems(ctx.cfg, region)
     # Values stored as im2col rows: those inputs, and an int8 stem's quantized input.
@@ -126,7 +146,6 @@ def _compile(ctx: LoweringContext, region: Region) -> CompiledRegion:
         inputs, values = int8_image_stems(ctx.cfg, region)
         ctx.input_transforms.update(inputs)
         ctx.im2col_values.update(values)
-    place = ctx.options.system
     received = {}  # input name -> tensor its rows arrive in, from the chip before (a pipeline stage's)
     for p in region.params:
         if ctx.offchip:
@@ -140,35 +159,39 @@ def _compile(ctx: LoweringContext, region: Region) -> CompiledRegion:
         # Integer inputs (token ids, positions, int8 activations) and fp8 ones keep their dtype; other
         # float ones are stored at the precision (an int8 build's inputs are its quantized integers).
         dtype = relax_dtype(p.dtype) if ctx.int8 or p.dtype in ("int32", "int8", "float8_e4m3fn") else ctx.dtype
-        if place is not None and p.name in place.received:
+        pinned = b.pinned(p.name)
+        kind = interface.input_kind(p.name, pinned is not None)
+        if kind is InputKind.RECEIVED:
             received[p.name] = b.tensor(p.name, shape, dtype, row_align=row_align(p.shape))
             ctx.values[p.name] = Stored(received[p.name], p.shape)
-            continue
-        pinned = b.pinned(p.name)
-        if pinned is not None:
+        elif kind is InputKind.PINNED:
             if tuple(pinned.shape) != tuple(shape) or pinned.dtype != DType.parse(dtype):
                 raise SchedulingError(f"input {p.name!r} is {shape} {dtype} here but {pinned.shape} "
                                       f"{pinned.dtype.short} in the program it shares SRAM with")
             ctx.values[p.name] = Stored(b.input_at(p.name, pinned), p.shape)
-            continue
-        ctx.values[p.name] = Stored(b.input(p.name, shape, dtype, row_align=1 if tr else row_align(p.shape)),
-                                    p.shape)
-    # Liveness: a value's SRAM is reused once its last reader has been emitted.
+        else:
+            ctx.values[p.name] = Stored(b.input(p.name, shape, dtype, row_align=1 if tr else row_align(p.shape)),
+                                        p.shape)
+    return received
+
+
+def _plan_liveness(ctx: LoweringContext, region: Region) -> None:
+    """A value's SRAM is reused once its last reader has been emitted; the outputs live
+    past the last op."""
     last_use = {}
     names = {p.name for p in region.params} | {op.out for op in region.ops}
     for i, op in enumerate(region.ops):
         for arg in [a for s in [op.main] + op.epilogue for a in s.args if not a.is_const]:
             if arg.name in names:
                 last_use[arg.name] = i
-    keep = set(region.outputs)
-    ctx.last_use = {**last_use, **{name: len(region.ops) for name in keep}}
+    ctx.last_use = {**last_use, **{name: len(region.ops) for name in region.outputs}}
     if ctx.int8 and not ctx.offchip:
         ctx.dequantized = fusable_dequantizes(region, ctx.cfg.vxm_alus, ctx.cfg.mxm_planes)
-    # Constants go first: the initial image must sit in lines that working space never
-    # touches, which the allocator can only promise for space it has not handed out yet.
-    ctx.weights = {op.out: place_weights(ctx, op) for op in region.ops}
-    for name, t in received.items():
-        emit_receive(b, place, t, f"{name}.handoff")
+
+
+def _lower_ops(ctx: LoweringContext, region: Region) -> None:
+    """Lower the ops in order, freeing each value after its last reader."""
+    keep = set(region.outputs)
     for i, op in enumerate(region.ops):
         ctx.op_index = i
         for s in [op.main] + op.epilogue:
@@ -176,48 +199,44 @@ def _compile(ctx: LoweringContext, region: Region) -> CompiledRegion:
         ctx.scratch = []
         (lower_by_bands if ctx.offchip else lower)(ctx, op, op.out in region.outputs)
         for t in ctx.scratch:
-            b.free(t)
-        dead = [v for v, last in last_use.items() if last == i and v not in keep]
-        for v in dead:
+            ctx.builder.free(t)
+        for v in [v for v, last in ctx.last_use.items() if last == i and v not in keep]:
             release(ctx, v)
-    outputs = _bind_outputs(ctx, region)
-    if place is not None and place.downstream is not None:
-        _send_outputs(ctx, region, place)
-    prog = b.build()
+
+
+def _compiled(ctx: LoweringContext, region: Region, outputs: list) -> CompiledRegion:
+    prog = ctx.builder.build()
     weights = [w for w in ctx.weights.values() if w is not None]
     streamed = sum(w.nbytes for w in weights if isinstance(w, StreamedWeights))
     resident = sum(w.ntiles * w.layout.rows * ctx.cfg.lanes * w.layout.dtype.itemsize
                    for w in weights if not isinstance(w, StreamedWeights))
     return CompiledRegion(region.name, prog, [(p.name, p.shape) for p in region.params], outputs, ctx.macs,
                           ctx.op_counts, resident + streamed, streamed, ctx.input_transforms,
-                          constants=b.shareable_constants, sram_lines=b.peak_lines)
+                          constants=ctx.builder.shareable_constants, sram_lines=ctx.builder.peak_lines)
 
 
-def _send_outputs(ctx: LoweringContext, region: Region, place) -> None:
-    """Send the region's outputs (but state updated in place) to the next chip of a
-    pipeline, as its program receives them (a later stage's ``received`` inputs)."""
-    if ctx.offchip:
-        raise SramFull(f"region {region.name}: its activations do not fit on chip, and a pipeline stage hands its "
-                       "outputs on from SRAM")
-    for name in region.outputs:
-        if name in ctx.updated_in_place:
-            continue
-        st = ctx.values[name]
-        if tuple(st.tensor.layout.shape) != stored_shape(st.shape):
-            st = copy_value(ctx, st, f"{name}.handoff")
-        emit_send(ctx.builder, place, st.tensor, f"{name}.handoff")
+def _output_kind(ctx: LoweringContext, name: str, in_names: set) -> OutputKind:
+    st = ctx.values[name]
+    if isinstance(st, Spilled):
+        return OutputKind.SPILLED
+    if name in ctx.updated_in_place and st.tensor.name in in_names:
+        return OutputKind.UPDATED_IN_PLACE
+    return OutputKind.RETURNED
 
 
 def _bind_outputs(ctx: LoweringContext, region: Region) -> list:
-    """[(binding name, logical shape)] of the region's outputs, each its own binding."""
+    """[(binding name, logical shape)] of the region's outputs, each its own binding, by
+    its kind (spilled, updated in place, returned); then, on a pipeline stage, every
+    output but those updated in place is also sent downstream."""
     b = ctx.builder
     outputs = []
     out_names = {bnd.name for bnd in b.bindings(role="output")}
     in_names = {bnd.name for bnd in b.bindings(role="input")}
     taken = set()
+    kinds = {name: _output_kind(ctx, name, in_names) for name in region.outputs}
     for name in region.outputs:
-        st = ctx.values[name]
-        if isinstance(st, Spilled):
+        st, kind = ctx.values[name], kinds[name]
+        if kind is OutputKind.SPILLED:
             # Another name for the same off-chip bytes (an input, a reshape, a repeat).
             if st.tensor.name not in out_names or st.tensor.name in taken or \
                     tuple(st.tensor.layout.shape) != stored_shape(st.shape):
@@ -226,7 +245,7 @@ def _bind_outputs(ctx: LoweringContext, region: Region) -> list:
             taken.add(st.tensor.name)
             outputs.append((st.tensor.name, st.shape))
             continue
-        if name in ctx.updated_in_place and st.tensor.name in in_names and st.tensor.name not in taken and \
+        if kind is OutputKind.UPDATED_IN_PLACE and st.tensor.name not in taken and \
                 tuple(st.tensor.layout.shape) == stored_shape(st.shape):
             # An input updated where it lies (a KV cache): the output is the same lines.
             b.bind_sram(name, st.tensor)
@@ -240,4 +259,19 @@ def _bind_outputs(ctx: LoweringContext, region: Region) -> list:
             st = copy_value(ctx, st, f"{name}_out", is_output=True)
         taken.add(st.tensor.name)
         outputs.append((st.tensor.name, st.shape))
+    if ctx.interface.sends_downstream:
+        _send_outputs(ctx, region, [n for n in region.outputs if n not in ctx.updated_in_place])
     return outputs
+
+
+def _send_outputs(ctx: LoweringContext, region: Region, names: list) -> None:
+    """Send outputs ``names`` to the next chip of a pipeline, as its program receives
+    them (a later stage's ``received`` inputs)."""
+    if ctx.offchip:
+        raise SramFull(f"region {region.name}: its activations do not fit on chip, and a pipeline stage hands its "
+                       "outputs on from SRAM")
+    for name in names:
+        st = ctx.values[name]
+        if tuple(st.tensor.layout.shape) != stored_shape(st.shape):
+            st = copy_value(ctx, st, f"{name}.handoff")
+        emit_send(ctx.builder, ctx.interface.chip, st.tensor, f"{name}.handoff")

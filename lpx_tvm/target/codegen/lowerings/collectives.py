@@ -14,7 +14,7 @@ from ..values import new_value
 
 @register_lowering("lpx.all_reduce")
 def lower_all_reduce(ctx: LoweringContext, op: RegionOp, is_output: bool):
-    place = ctx.options.system
+    place = ctx.interface.chip
     if place is None:
         raise UnsupportedOnLPX(f"{op.composite}: a program of one chip has no peers to sum with; compile it for a "
                                "chip of a system (docs/multichip.md)")
