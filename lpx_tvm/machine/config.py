@@ -47,15 +47,15 @@ class LPXConfig:
     mxm_weight_buffers: int
     mxm_acc_rows: int
     mxm_cycles_per_vector: dict = field(hash=False)
-    mxm_install_streams: int = 1
-    vxm_alus: int = 16
-    offchip_bytes_per_s: float = 32e9
-    offchip_latency: int = 1000
-    dma_engines: int = 1
-    c2c_links: int = 16
-    c2c_bytes_per_s: float = 14e9
-    c2c_latency: int = 500
-    latency: dict = field(default_factory=dict, hash=False)
+    mxm_install_streams: int
+    vxm_alus: int
+    offchip_bytes_per_s: float
+    offchip_latency: int
+    dma_engines: int
+    c2c_links: int
+    c2c_bytes_per_s: float
+    c2c_latency: int
+    latency: dict = field(hash=False)
     raw: dict = field(default_factory=dict, hash=False, repr=False, compare=False)
 
     # ---- derived sizes -------------------------------------------------
@@ -78,6 +78,25 @@ class LPXConfig:
             raise ConfigError(f"machine {self.name}: the MXM does not multiply {dtype} "
                               "(mxm.cycles_per_vector has no rate for it)")
         return self.peak_macs_per_cycle / self.mxm_cycles_per_vector[dtype]
+
+    @property
+    def install_vectors_per_cycle(self) -> int:
+        """Weight vectors all planes install a cycle: one from each plane's install streams."""
+        return self.mxm_planes * self.mxm_install_streams
+
+    @property
+    def install_bytes_per_cycle(self) -> int:
+        """Weight bytes all planes install a cycle (a vector of ``lanes`` bytes a stream)."""
+        return self.install_vectors_per_cycle * self.lanes
+
+    @property
+    def sram_read_vectors_per_cycle(self) -> int:
+        """Vectors all slices read a cycle: one from each read port."""
+        return self.mem_slices * self.mem_read_ports
+
+    @property
+    def sram_read_bytes_per_cycle(self) -> int:
+        return self.sram_read_vectors_per_cycle * self.lanes
 
     @property
     def offchip_bytes_per_cycle(self) -> float:

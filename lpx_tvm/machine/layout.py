@@ -24,10 +24,11 @@ def vectors_to_lines(vectors: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(vectors).view(np.uint8).reshape(n, vectors.dtype.itemsize, lanes)
 
 
-def lines_to_vectors(lines: np.ndarray, dtype) -> np.ndarray:
-    """(n, w, lanes) or (n * w, lanes) uint8 lines -> a new (n, lanes) array of ``dtype``."""
-    lanes = lines.shape[-1]
-    return np.array(lines, copy=True).view(dtype).reshape(-1, lanes)
+def stored_bytes(rows: int, cols: int, itemsize: int, lanes: int) -> int:
+    """SRAM bytes a (rows, cols) matrix takes: each row whole vectors of ``lanes``
+    (the last one padded), a value of ``itemsize`` bytes one line per byte. The one
+    sizing rule of stored matrices: weights, tables, caches and activations."""
+    return rows * -(-cols // lanes) * lanes * itemsize
 
 
 def coerce(name: str, array, layout: TensorLayout) -> np.ndarray:

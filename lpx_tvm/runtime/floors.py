@@ -91,8 +91,8 @@ def floors_of(cfg: LPXConfig, instrs) -> Floors:
                 sxm_busy += t.occupancy
     return Floors(
         multiply=multiply_cycles / cfg.mxm_planes,
-        install=install_stream_cycles / (cfg.mxm_planes * cfg.mxm_install_streams),
-        sram_read=read_lines / (cfg.mem_slices * cfg.mem_read_ports),
+        install=install_stream_cycles / cfg.install_vectors_per_cycle,
+        sram_read=read_lines / cfg.sram_read_vectors_per_cycle,
         sram_write=write_lines / (cfg.mem_slices * cfg.mem_write_ports),
         stream=stream_cycles / (cfg.streams_east + cfg.streams_west),
         vxm=vxm_busy / cfg.vxm_alus,

@@ -4,8 +4,8 @@ Two panels, one point per layer that multiplies on the MXM: achieved MACs per cy
 MACs over the cycles it owns, the table's time base) against its arithmetic intensity, MACs per byte of weights
 installed (left) and per byte read from SRAM (right). Drawn with them: the MXM compute
 ceiling of each dtype (``peak_macs_per_cycle_for``), and the bandwidth ceilings, install
-(``mxm_planes * mxm_install_streams * lanes`` bytes a cycle) and SRAM read
-(``mem_slices * mem_read_ports * lanes``). A layer's distance below a ceiling is its
+(``install_bytes_per_cycle``: ``mxm_planes * mxm_install_streams * lanes``) and SRAM read
+(``sram_read_bytes_per_cycle``: ``mem_slices * mem_read_ports * lanes``). A layer's distance below a ceiling is its
 distance from that floor: it sits on the install line exactly when its cycles equal its
 install floor, as the table's "of floor" says. A layer whose work partly ran in cycles
 owned by earlier layers (its floor above its cycles) can sit above a ceiling: it is drawn
@@ -45,8 +45,7 @@ def _null_formatter():
 
 def bandwidths(cfg) -> dict:
     """Bytes per cycle of the two bandwidth ceilings."""
-    return {"install": cfg.mxm_planes * cfg.mxm_install_streams * cfg.lanes,
-            "sram_read": cfg.mem_slices * cfg.mem_read_ports * cfg.lanes}
+    return {"install": cfg.install_bytes_per_cycle, "sram_read": cfg.sram_read_bytes_per_cycle}
 
 
 def roofline_points(profile) -> list:

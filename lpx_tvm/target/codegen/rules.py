@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from ...machine.layout import stored_bytes
 from .options import SMALLEST_BAND_SHARE, CodegenOptions
 
 
@@ -52,11 +53,9 @@ def activation_row_bytes(shape: tuple, itemsize: int, lanes: int) -> int:
     """Bytes of one stored row of an activation (an image row of a 4-D value, the last
     axis of any other), its channels padded to whole lane tiles."""
     shape = _ints(shape)
-    if len(shape) == 4:
-        row = shape[3] * -(-shape[1] // lanes) * lanes
-    else:
-        row = -(-(shape[-1] if shape else 1) // lanes) * lanes
-    return row * itemsize
+    if len(shape) == 4:  # W pixels of C channels
+        return stored_bytes(shape[3], shape[1], itemsize, lanes)
+    return stored_bytes(1, shape[-1] if shape else 1, itemsize, lanes)
 
 
 def activation_row_problem(shape: tuple, itemsize: int, cfg, precision: str) -> "str | None":
@@ -93,10 +92,9 @@ def image_row_slice_problem(shape: tuple, itemsize: int, cfg, precision: str) ->
     return None
 
 
-def stored_bytes(shape: tuple, itemsize: int, lanes: int) -> int:
+def activation_bytes(shape: tuple, itemsize: int, lanes: int) -> int:
     """SRAM bytes of an activation stored as its matrix, columns padded to whole lane tiles."""
-    rows, cols = _matrix(shape)
-    return rows * -(-cols // lanes) * lanes * itemsize
+    return stored_bytes(*_matrix(shape), itemsize, lanes)
 
 
 def int8_working_set_problem(values, cfg, weight_bytes: int = 0) -> "str | None":
@@ -107,7 +105,7 @@ def int8_working_set_problem(values, cfg, weight_bytes: int = 0) -> "str | None"
     what one op reads and writes must fit beside each other in the SRAM its resident
     weights leave (weights past their share stream from off-chip memory).
     """
-    need = sum(stored_bytes(shape, itemsize, cfg.lanes) for shape, itemsize in values)
+    need = sum(activation_bytes(shape, itemsize, cfg.lanes) for shape, itemsize in values)
     opts = CodegenOptions()
     share = min(opts.weight_budget, opts.fallback_weight_budget)
     room = cfg.sram_bytes - min(weight_bytes, int(share * cfg.sram_bytes))
