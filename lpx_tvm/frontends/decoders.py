@@ -39,9 +39,6 @@ from .decoder_config import check_decoder_config
 # Families with the Llama layer: RMSNorm, RoPE, grouped-query attention, a SwiGLU MLP;
 # GPT-2: LayerNorm, learned positions, multi-head attention, a GELU MLP, biases.
 from .decoder_config import FAMILIES, LLAMA_FAMILIES  # noqa: F401
-# The mask value added to a score a query may not attend to, per position of distance:
-# exp(-1e4) is 0 in every float format.
-MASK_SCALE = 1e4
 
 
 @dataclass(frozen=True)
@@ -191,16 +188,6 @@ def stage_spec(spec: DecoderSpec, stage: "PipelineStage | None") -> DecoderSpec:
     return spec if stage is None else replace(spec, layers=stage.attention_layers)
 
 
-def rope_table_values(spec: DecoderSpec, lanes: "int | None" = None) -> int:
-    """Values of the tables the steps add to the model's weights: RoPE's cosine and
-    (signed) sine, a row of ``head_dim`` per position (:func:`decoder_step`); none for
-    GPT-2. With ``lanes``, as stored: each row whole lane tiles (:func:`stored_rows`)."""
-    if spec.family == "gpt2":
-        return 0
-    return 2 * (spec.max_context * spec.head_dim if lanes is None else stored_rows(spec.max_context, spec.head_dim,
-                                                                                    lanes))
-
-
 def half_layer_values(model, spec: DecoderSpec) -> tuple:
     """(attention, MLP): the values of a layer's dense weights in each half, the weights
     :func:`split_stages_of` balances."""
@@ -209,7 +196,7 @@ def half_layer_values(model, spec: DecoderSpec) -> tuple:
     return tuple(sum(p.numel() for p in m.parameters() if p.dim() == 2) for m in (attention, layer.mlp))
 
 
-def _layer_matrix_shapes(model, spec: DecoderSpec) -> dict:
+def layer_matrix_shapes(model, spec: DecoderSpec) -> dict:
     """{q, k, v, o, gate, up or fc, down: (out, in)} of a layer's dense weights (a linear's
     orientation; GPT-2's fused qkv cut into q, k and v)."""
     if spec.family == "gpt2":
@@ -221,36 +208,6 @@ def _layer_matrix_shapes(model, spec: DecoderSpec) -> dict:
     return {key: tuple(lin.weight.shape) for key, lin in (("q", att.q_proj), ("k", att.k_proj), ("v", att.v_proj),
                                                           ("o", att.o_proj), ("gate", mlp.gate_proj),
                                                           ("up", mlp.up_proj), ("down", mlp.down_proj))}
-
-
-def stored_rows(rows: int, cols: int, lanes: int) -> int:
-    """Values a (rows, cols) matrix takes in SRAM: each row whole lane tiles (the
-    installs' layout, docs/llm.md: an N-wide weight of K rows, a table of C rows)."""
-    return rows * -(-cols // lanes) * lanes
-
-
-def half_layer_stored(model, spec: DecoderSpec, size: int, lanes: int) -> tuple:
-    """(attention, MLP): the values one chip of ``size`` (:class:`TensorShard`) stores of
-    a layer's dense weights, each (K, N) matrix K rows of whole lane tiles: what the fit
-    of a stage counts (q, k and v fused, of 1,024 + 128 + 128 outputs, take 1,280 lanes a
-    row; o's 8,192 take 8,320)."""
-    # As _shard_weights splits them; the hidden units of the fullest chip where they do
-    # not divide.
-    q, kv = spec.heads // size * spec.head_dim, spec.kv_heads // size * spec.head_dim
-    shapes = {}
-    for key, (n, k) in _layer_matrix_shapes(model, spec).items():
-        if key in ("o", "down"):  # split by their inputs
-            shapes[key] = (n, q if key == "o" else -(-k // size))
-        else:
-            shapes[key] = (q if key == "q" else kv if key in ("k", "v") else -(-n // size), k)
-    for fused, keys in FUSED.items():  # as the steps store them (_fused): the parts' outputs, one input
-        if all(k in shapes for k in keys):
-            parts = [shapes.pop(k) for k in keys]
-            shapes[fused] = (sum(n for n, _ in parts), parts[0][1])
-    out = [0, 0]
-    for key, (n, k) in shapes.items():
-        out[LAYER_DENSE[key] not in ("attn", "o")] += stored_rows(k, n, lanes)
-    return tuple(out)
 
 
 def shard_spec(spec: DecoderSpec, size: int) -> DecoderSpec:
@@ -345,24 +302,14 @@ class QuantizedLinears:
         if self.fmt not in FORMAT_MAX:
             raise ModelError(f"8-bit format {self.fmt!r}: expected one of {', '.join(FORMAT_MAX)}")
 
+    @property
+    def top(self) -> float:
+        """The format's largest magnitude (a scale maps a calibrated peak there)."""
+        return FORMAT_MAX[self.fmt]
+
     def inverse(self, site: str) -> float:
         """``1 / s_x`` of a site, as the fp32 immediate the VXM multiplies by."""
         return float(np.float32(1.0 / self.act_scales[site]))
-
-
-def quantize_weight(w, fmt: str = "int8"):
-    """(8-bit values [K, N], fp32 scales [N]) of a (N, K) weight, symmetric per output
-    channel. The values are int8 ones as int32, or fp8 e4m3 ones as float32 (what the
-    Relax graph carries: the MXM stores and multiplies them at 8 bits)."""
-    torch = _torch()
-    w = w.detach().float()
-    top = FORMAT_MAX[fmt]
-    scale = w.abs().amax(dim=1).clamp_min(1e-12) / top
-    if fmt == "fp8":
-        q = torch.clamp(w / scale[:, None], -top, top).to(torch.float8_e4m3fn).to(torch.float32)
-        return q.T.contiguous(), scale
-    q = torch.clamp(torch.round(w / scale[:, None]), -127, 127)
-    return q.to(torch.int32).T.contiguous(), scale
 
 
 def _torch():
@@ -384,8 +331,11 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
     caches those of :func:`shard_spec`'s spec); with ``quant`` its share of each weight
     is quantized on its own (the same per-channel scales for row-split layers, o's and
     down's from the chip's columns), and its activation scales are the whole model's. ``stage``: the step of one pipeline stage
-    (:class:`PipelineStage`; its caches those of :func:`stage_spec`'s spec)."""
-    torch = _torch()
+    (:class:`PipelineStage`; its caches those of :func:`stage_spec`'s spec).
+
+    The module is built from parts (:mod:`.decoder_modules`): the family's layers, a
+    linear strategy (float or 8-bit, calibration as a hook), the tensor shard's sums."""
+    _torch()  # a clear error without torch, before the weights are read
     if not 1 <= steps <= spec.max_context:
         raise ModelError(f"a step of {steps} tokens in a context of {spec.max_context}")
     weights = _gpt2_weights(model) if spec.family == "gpt2" else _llama_weights(model, spec)
@@ -407,198 +357,19 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
     else:
         halves = [(True, True)] * len(weights["layers"])
     weights = dict(weights, layers=[_fused(layer) for layer in weights["layers"]])
-    attends = any(att for att, _ in halves)
-    is_first = stage is None or stage.first
-    is_last = stage is None or stage.last
-    first_layer = 0 if stage is None else stage.start  # the model's index of the step's first layer
-    from .torch_collectives import all_reduce  # the sum of the chips' partial products (identity in torch)
+    from . import decoder_modules as parts  # torch, imported when a step is built
 
-    class DecoderStep(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.spec, self.steps = spec, steps
-            # Buffers, so that torch.export keeps the weights as the module's constants.
-            self.layers = []
-            for i, layer in enumerate(weights["layers"]):
-                names = {}
-                for key, t in layer.items():
-                    if isinstance(t, float) or t is None:
-                        names[key] = t
-                    else:
-                        self.register_buffer(f"layer{i}_{key}", t)
-                        names[key] = f"layer{i}_{key}"
-                self.layers.append(names)
-            if spec.family != "gpt2" and attends:
-                # RoPE: x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] head by
-                # head, is x's halves swapped (lanes moved on the SXM) times a sine whose
-                # first half is negated: one row of each table per position, gathered for
-                # the step's query rows (r, b, t) and key rows (b, t).
-                half = spec.head_dim // 2
-                self.register_buffer("cos", weights["cos"])
-                self.register_buffer("sin_signed", torch.cat([-weights["sin"][:, :half], weights["sin"][:, half:]], 1))
-            for key in ("embed", "lm_head", "norm_w", "norm_b", "positions"):
-                if key == "embed" and not embed_in_step or not is_first and key in ("embed", "positions") or \
-                        not is_last and key in ("lm_head", "norm_w", "norm_b"):
-                    continue
-                if weights.get(key) is not None:
-                    self.register_buffer(key, weights[key])
-            self.quant, self.record = quant, record
-            if quant is not None:
-                # Each dense layer's 8-bit values ([K, N]) and s_x * s_w per channel.
-                buffers = dict(self.named_buffers())
-                dense = [(f"layer{i}_{key}", f"{first_layer + i}.{site}") for i in range(len(self.layers))
-                         for key, site in LAYER_DENSE.items() if f"layer{i}_{key}" in buffers]
-                for name, site in dense + ([("lm_head", "head")] if is_last else []):
-                    q, s_w = quantize_weight(getattr(self, name), quant.fmt)
-                    self.register_buffer(f"{name}_q", q)
-                    self.register_buffer(f"{name}_scale", (s_w * quant.act_scales[site]).float())
-            self.eps = weights["eps"]
-            dtype = weights["embed"].dtype
-            if shard is not None and is_last:  # zeros where the other chips' logits go (constants)
-                rows = vocab_slice(spec.vocab, shard)
-                for name, width in (("head_before", rows.start), ("head_after", spec.vocab - rows.stop)):
-                    if width:
-                        self.register_buffer(name, torch.zeros(spec.batch, width, dtype=dtype))
-            i32 = torch.int32
-            B, T, C, KVH = spec.batch, steps, spec.max_context, spec.kv_heads
-            rep = spec.heads // KVH
-            b, t = torch.arange(B, dtype=i32), torch.arange(T, dtype=i32)
-            # Row (b, t) of a step's tokens -> its position, less the step's first position.
-            self.register_buffer("token_offsets", t.repeat(B))  # [B*T]
-            self.register_buffer("query_token_offsets", t.repeat(rep * B))  # [rep*B*T]: a group's query rows
-            # ... -> its cache row at position 0 (a layer's kv-head cache holds (b, position) rows).
-            self.register_buffer("row_offsets", (b[:, None] * C + t[None, :]).reshape(-1, 1))  # [B*T, 1]
-            self.register_buffer("cols", torch.arange(spec.head_dim, dtype=i32)[None, :])
-            # The mask before the position is added: query row (r, b, t) of a group may see
-            # cache row (b', j) iff b' == b and j <= position + t, i.e. position + base >= 0
-            # with base = t - j; another batch's rows get a base no position reaches.
-            j = torch.arange(C)
-            base = (t[:, None] - j[None, :]).to(torch.float32)  # [T, C]
-            blocks = torch.full((B, T, B, C), -float(2 * C + 2))
-            for k in range(B):
-                blocks[k, :, k, :] = base
-            self.register_buffer("mask_base", blocks.reshape(1, B * T, B * C).repeat(rep, 1, 1)
-                                 .reshape(rep * B * T, B * C).to(dtype))
-            # The last token of every batch row, as a slice of a (B, T, H) view.
-            self.scale = spec.head_dim ** -0.5
-
-        def forward(self, input_ids, position, *caches):
-            s, T, B = self.spec, self.steps, self.spec.batch
-            # [B*T, H]: the ids' rows, or the rows themselves (a later pipeline stage's: the
-            # hidden rows of the stage before)
-            x = self.embed.index_select(0, input_ids) if embed_in_step and is_first else input_ids
-            pos_rows = position + self.token_offsets  # [B*T] int32
-            if s.family == "gpt2":
-                if is_first:
-                    x = x + self.positions.index_select(0, pos_rows)
-            elif attends:  # the query rows' [rep*B*T, D] and the key rows' [B*T, D]
-                pos_q = position + self.query_token_offsets
-                cos_q, sin_q = self.cos.index_select(0, pos_q), self.sin_signed.index_select(0, pos_q)
-                cos_k, sin_k = self.cos.index_select(0, pos_rows), self.sin_signed.index_select(0, pos_rows)
-            if attends:
-                # 0 where a query row may see a cache row, -1e4 elsewhere (exp(-1e4) is 0 in
-                # every float format, and -1e4 fits fp16).
-                mask = torch.clamp(position.to(x.dtype) + self.mask_base, -1.0, 0.0) * MASK_SCALE
-                rows = position.reshape(1, 1) + self.row_offsets  # [B*T, 1]: the new tokens' cache rows
-            new_caches = []
-            c = 0  # the step's caches of the layers attended so far
-            for i, names in enumerate(self.layers):
-                w = {key: getattr(self, n) if isinstance(n, str) else n for key, n in names.items()}
-
-                def dense(x_in, key, bias=None):
-                    return self.dense(x_in, f"layer{i}_{key}", w.get(bias or f"{key}_bias"))
-
-                if halves[i][0]:
-                    x = self.attention(x, w, dense, first_layer + i, c, caches, new_caches, mask, rows,
-                                       (cos_q, sin_q, cos_k, sin_k) if s.family != "gpt2" else None)
-                    c += 1
-                if halves[i][1]:
-                    h = _norm(s.family, x, w["post_norm"], w.get("post_norm_b"), w["eps"])
-                    h_in = self.dense_input(h, f"{first_layer + i}.mlp")
-                    if s.family == "gpt2":
-                        m = torch.nn.functional.gelu(dense(h_in, "fc"), approximate="tanh")
-                    else:
-                        gate_up = dense(h_in, "gate_up")  # [B*T, 2 I]: gate's outputs, then up's
-                        units = gate_up.shape[1] // 2
-                        m = torch.nn.functional.silu(gate_up[:, :units]) * gate_up[:, units:]
-                    x = x + self.summed(dense(self.dense_input(m, f"{first_layer + i}.down"), "down"))
-            if not is_last:  # the hidden rows, every token's, to the next stage
-                return (x, *new_caches)
-            if T > 1:
-                x = x.reshape(B, T, s.hidden)[:, T - 1:T].reshape(B, s.hidden)  # the last token's rows
-            last = _norm(s.family, x, self.norm_w, getattr(self, "norm_b", None), self.eps)  # [B, H]
-            logits = self.dense(self.dense_input(last, "head"), "lm_head", None)
-            if shard is not None:  # this chip's tokens' logits among zeros, summed over the chips
-                # (zeros times the position: values of the step, as the concat of a value and a
-                # constant is not an LPX op; the product is exactly 0)
-                parts = [getattr(self, "head_before", None), logits, getattr(self, "head_after", None)]
-                logits = all_reduce(torch.cat([t if t is logits else t * position.to(t.dtype) for t in parts
-                                               if t is not None], dim=1))
-            next_ids = logits.argmax(-1, keepdim=True).to(torch.int32)
-            return (next_ids, logits, *new_caches)
-
-        def attention(self, x, w, dense, layer: int, c: int, caches, new_caches, mask, rows, rope):
-            """``x`` plus the attention of model layer ``layer`` (its caches the step's
-            ``c``-th layer's), the updated caches appended to ``new_caches``."""
-            torch = _torch()
-            s, T = self.spec, self.steps
-            B, NH, KVH, D = s.batch, s.heads, s.kv_heads, s.head_dim
-            rep = NH // KVH
-            h = _norm(s.family, x, w["input_norm"], w.get("input_norm_b"), w["eps"])
-            h_in = self.dense_input(h, f"{layer}.attn")
-            qkv = dense(h_in, "qkv")  # [B*T, (NH + 2 KVH) * D]: the query heads, the keys, the values
-            k0, v0 = NH * D, (NH + KVH) * D
-            heads = [None] * NH
-            for g in range(KVH):
-                k = qkv[:, k0 + g * D:k0 + (g + 1) * D]
-                if rope is not None:
-                    k = _rotary(k, rope[2], rope[3])
-                v = qkv[:, v0 + g * D:v0 + (g + 1) * D]
-                k_cache = torch.ops.aten.index_put(caches[2 * (c * KVH + g)], [rows, self.cols], k)
-                v_cache = torch.ops.aten.index_put(caches[2 * (c * KVH + g) + 1], [rows, self.cols], v)
-                new_caches += [k_cache, v_cache]
-                # The group's query heads share one pass over its keys: rows (r, b, t). The
-                # keys are installed (K^T, transposed on the SXM) and the few query rows
-                # stream through; streaming the C key rows past installed queries cost
-                # C vectors at the 16-bit rate and a transpose of the scores (-33% cycles
-                # of a decode step at C = 256).
-                qs = [qkv[:, n * D:(n + 1) * D] for n in range(g * rep, (g + 1) * rep)]
-                qg = torch.cat(qs, dim=0) if rep > 1 else qs[0]  # [rep*B*T, D]
-                if rope is not None:
-                    qg = _rotary(qg, rope[0], rope[1])
-                scores = (qg @ k_cache.T) * self.scale + mask  # [rep*B*T, B*C]
-                a = torch.softmax(scores, dim=-1) @ v_cache  # [rep*B*T, D]
-                for r in range(rep):
-                    heads[g * rep + r] = a[r * B * T:(r + 1) * B * T] if rep > 1 else a
-            attn = torch.cat(heads, dim=1) if NH > 1 else heads[0]  # [B*T, NH*D]
-            x = x + self.summed(dense(self.dense_input(attn, f"{layer}.o"), "o"))
-            return x
-
-        def summed(self, partial):
-            """o's or down's output: with tensor parallelism, the chips' partial products summed."""
-            return partial if shard is None else all_reduce(partial)
-
-        def dense_input(self, x, site: str):
-            """The input of the dense layers at ``site``: ``x``, or (W8A8) its 8-bit values."""
-            if self.record is not None:
-                self.record[site] = max(self.record.get(site, 0.0), float(x.detach().abs().max()))
-            if self.quant is None:
-                return x
-            if self.quant.fmt == "fp8":
-                return torch.clamp(x * self.quant.inverse(site), -FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-            return torch.clamp(torch.round(x * self.quant.inverse(site)), -128, 127).to(torch.int8)
-
-        def dense(self, x_in, name: str, bias):
-            """A dense layer (weights ``name``, (N, K)) of ``dense_input``'s value: in
-            float, or the 8-bit values' sums (exact integer ones for int8, fp32 ones for
-            fp8) scaled by s_x * s_w."""
-            if self.quant is None:
-                return _linear(x_in, getattr(self, name), bias)
-            wide = torch.float32 if self.quant.fmt == "fp8" else torch.int32
-            y = (x_in.to(wide) @ getattr(self, f"{name}_q")).to(torch.float32) * getattr(self, f"{name}_scale")
-            return y if bias is None else y + bias
-
-    return DecoderStep().eval()
+    linears = parts.FloatLinears() if quant is None else parts.EightBitLinears(quant)
+    if record is not None:
+        linears = parts.Calibrating(linears, record)
+    layers = parts.step_layers(halves, 0 if stage is None else stage.start)
+    # Each dense layer's weight buffer and the input site its activation scale is for.
+    dense = [(f"layer{i}_{key}", f"{layer.index}.{site}") for i, (layer, w) in enumerate(zip(layers, weights["layers"]))
+             for key, site in LAYER_DENSE.items() if w.get(key) is not None]
+    last = stage is None or stage.last
+    return parts.DecoderStep(weights, spec, steps, layers, linears, dense + ([("lm_head", "head")] if last else []),
+                             shard=shard, head_rows=vocab_slice(spec.vocab, shard) if shard is not None else None,
+                             first=stage is None or stage.first, last=last, embed_in_step=embed_in_step).eval()
 
 
 def _llama_weights(model, spec: DecoderSpec) -> dict:
@@ -664,26 +435,6 @@ def _fused(layer: dict) -> dict:
         out[f"{fused}_bias"] = None if all(b is None for b in biases) else \
             torch.cat([p.new_zeros(p.shape[0]) if b is None else b for p, b in zip(parts, biases)]).contiguous()
     return out
-
-
-def _linear(x, w, b):
-    y = x @ w.T
-    return y if b is None else y + b
-
-
-def _norm(family, x, w, b, eps):
-    torch = _torch()
-    if family == "gpt2":
-        return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps)
-    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
-
-
-def _rotary(x, cos, sin_signed):
-    """RoPE of rows ``x`` ([rows, head_dim]): ``x * cos + rotate_half(x) * sin``, the
-    halves swapped and the sine's first half negated (the tables' rows, x's)."""
-    torch = _torch()
-    half = x.shape[1] // 2
-    return x * cos + torch.cat([x[:, half:], x[:, :half]], dim=1) * sin_signed
 
 
 def decoder_steps(model, max_context: int, prompt_len: int, batch: int = 1, quant: "QuantizedLinears | None" = None):

@@ -36,9 +36,10 @@ from ..errors import ConfigError, LPXError
 from ..frontends import decoder_config, decoders
 from ..machine.system import load_system
 from ..target.system_programs import collective, point_to_point
-from .session import (compile_llm, fit_problem, host_table_values, load_decoder, matrix_parameters,
-                      matrix_value_bytes)
-from .step_program import FLOAT_OF, WEIGHT_BUDGET, cache_bytes_as_stored, embeds_on_chip, float_bytes
+from .session import compile_llm, fit_problem, host_table_values, load_decoder, matrix_parameters
+from .sizing import (FLOAT_OF, cache_bytes_as_stored, float_bytes, half_layer_stored, matrix_value_bytes, matrix_values,
+                     rope_table_values)
+from .step_program import WEIGHT_BUDGET, embeds_on_chip
 
 SAMPLED = (2, 4)  # the layer counts simulated: the increment between them is a steady layer's
 # samples="chip": one chip's share of one and two layers (two fit an LP30 chip beside a
@@ -396,12 +397,12 @@ def _sized(spec, runs: _Runs, t: int, stages: int, batch: int, micro: int) -> tu
     # tables where it attends, and the caches of every micro-batch in flight; matrices and
     # tables as stored, each row whole lane tiles.
     lanes, mb, fb = cfg.lanes, matrix_value_bytes(precision), float_bytes(precision)
-    attention, mlp = (v * mb for v in decoders.half_layer_stored(runs.model, spec, t, lanes))
-    head = decoders.stored_rows(spec.hidden, -(-spec.vocab // t), lanes) * mb
+    attention, mlp = (v * mb for v in half_layer_stored(runs.model, spec, t, lanes))
+    head = matrix_values(spec.hidden, -(-spec.vocab // t), lanes) * mb
     # The tables (and norms) on the first stage when the embedding is gathered on chip (a
     # lane tile of it fits a slice), else the host looks its rows up.
     tables = (spec.parameters - runs.matrices) * fb if runs.embeds else 0
-    rope = decoders.rope_table_values(spec, lanes) * fb
+    rope = rope_table_values(spec, lanes) * fb
     local = decoders.shard_spec(replace(spec, batch=batch * micro), t)
     per_chip = []
     for st in parts:

@@ -24,15 +24,16 @@ from ..errors import LPXError
 from ..frontends import decoders
 from ..frontends.torch import import_torch, require_torch
 from ..machine.config import LPXConfig, load_config
-from ..precision import Precision
 from ..relax_passes.errors import ModelError
 from ..relax_passes.tvm_output import quiet_tvm
 from ..runtime.floors import floors_of
 from ..sim import Simulator
 from ..target.builder import SharedSram, chunk_lines
 from ..target.codegen.interface import ProgramInterface
-from .step_program import (EIGHT_BIT, FLOAT_OF, WEIGHT_BUDGET, DoesNotFit, StepProgram, cache_bytes_as_stored, embed_choice,
-                    embeds_on_chip, float_bytes, generation_arguments, shared_with, step_program, token_ids)
+from .sizing import (EIGHT_BIT, FLOAT_OF, cache_bytes_as_stored, float_bytes, matrix_value_bytes, rope_table_values,
+                     weight_bytes)
+from .step_program import (WEIGHT_BUDGET, DoesNotFit, StepProgram, embed_choice, embeds_on_chip, generation_arguments,
+                           shared_with, step_program, token_ids)
 
 # The precisions a decoder compiles at: float, or an 8-bit path (W8A8 dense layers in
 # int8, or in fp8 e4m3 on a machine whose MXM multiplies fp8; the rest fp16).
@@ -293,17 +294,6 @@ def matrix_parameters(model) -> int:
     return sum(p.numel() for p in mats.values())
 
 
-def matrix_value_bytes(precision: str) -> int:
-    """Bytes of a dense layer's weight value at ``precision`` (one for the 8-bit paths)."""
-    return 1 if precision in EIGHT_BIT else Precision.parse(precision).value_bytes
-
-
-def weight_bytes(spec: decoders.DecoderSpec, precision: str, matrices: int) -> int:
-    """Bytes of the weights: ``matrices`` values the MXM multiplies by at the precision's
-    size, the rest (tables, norms) at its float size."""
-    return matrices * matrix_value_bytes(precision) + (spec.parameters - matrices) * float_bytes(precision)
-
-
 def host_table_values(model, spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str,
                       on_chip: "bool | None" = None) -> int:
     """Values of the token embedding the host keeps and looks rows up in (a vocabulary
@@ -324,7 +314,7 @@ def fit_problem(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str, matr
     lanes (docs/llm.md). ``matrices``: values of the dense layers' weights (stored at an
     8-bit path's size; the other weights are float); ``host_table``: values of the
     embedding the host keeps (:func:`host_table_values`)."""
-    weights = weight_bytes(spec, precision, matrices) + (decoders.rope_table_values(spec) - host_table) * \
+    weights = weight_bytes(spec, precision, matrices) + (rope_table_values(spec) - host_table) * \
         float_bytes(precision)
     kv = cache_bytes_as_stored(spec, cfg, precision)
     need = weights + kv
@@ -504,8 +494,7 @@ def llm_report(session: LLMSession) -> dict:
     # program may install more (the caches' keys and values): that shows in its own
     # install floor.
     matrix_bytes = session.matrix_parameters * matrix_value_bytes(session.precision)
-    install_bw = cfg.mxm_planes * cfg.mxm_install_streams * cfg.lanes  # bytes a cycle, all planes
-    read_bw = cfg.mem_slices * cfg.mem_read_ports * cfg.lanes
+    install_bw, read_bw = cfg.install_bytes_per_cycle, cfg.sram_read_bytes_per_cycle
     floor_install = matrix_bytes / install_bw
     floor_kv = kv_values_bytes / read_bw
     floor_kind, floor = max((("install", floor_install), ("kv_read", floor_kv)), key=lambda kv: kv[1])

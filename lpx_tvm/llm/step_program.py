@@ -12,20 +12,15 @@ import numpy as np
 from ..errors import LPXError
 from ..frontends import decoders
 from ..machine.config import LPXConfig
-from ..precision import Precision
 from ..relax_passes.errors import ModelError
 from ..target.builder import SharedSram
+from .sizing import cache_bytes_as_stored, float_bytes
+from ..target.codegen.options import CodegenOptions
 
 
 # The share of a chip's SRAM a decoder's weights and caches may take; working space and
-# the tiling's padding take the rest (docs/compiler.md, the weight budget).
-WEIGHT_BUDGET = 0.9
-# The 8-bit paths: W8A8 dense layers in int8, or in fp8 e4m3 on a machine whose MXM
-# multiplies fp8.
-EIGHT_BIT = ("int8", "fp8")
-# The float precision of what an 8-bit path leaves in float (norms, RoPE, attention, the
-# KV cache, the embedding table).
-FLOAT_OF = {"int8": "fp16", "fp8": "fp16"}
+# the tiling's padding take the rest: codegen's weight budget (docs/compiler.md).
+WEIGHT_BUDGET = CodegenOptions().weight_budget
 
 
 class DoesNotFit(LPXError):
@@ -58,11 +53,6 @@ class StepProgram:
         return self.counters.cycles
 
 
-def float_bytes(precision: str) -> int:
-    """Bytes of a float value (activation, cache, table entry) at ``precision``."""
-    return Precision.parse(FLOAT_OF.get(precision, precision)).value_bytes
-
-
 def embeds_on_chip(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> bool:
     """Whether the step gathers the embedding on chip: a lane tile of its table fits one
     slice (as mem.gather needs, docs/ops.md); else the host looks the rows up and sends
@@ -79,13 +69,6 @@ def embed_choice(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str, ask
         raise LPXError(f"an embedding table of {spec.vocab} rows is not gathered on chip: a lane tile of it "
                        f"takes more than a slice's {cfg.lines_per_slice} lines")
     return can if asked is None else asked
-
-
-def cache_bytes_as_stored(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> int:
-    """Bytes of SRAM the caches take as stored: each row of ``head_dim`` values takes whole
-    vectors of lanes, one line per byte of a value."""
-    return len(spec.cache_names) * spec.cache_rows * -(-spec.head_dim // cfg.lanes) * cfg.lanes * \
-        float_bytes(precision)
 
 
 def step_program(regions: dict, offload, spec: decoders.DecoderSpec, tokens: int, cfg: LPXConfig,

@@ -30,7 +30,8 @@ from ..sim.multichip import SystemSimulator
 from ..target.builder import SharedSram
 from ..target.codegen.interface import ProgramInterface
 from ..target.system_programs import build_together
-from .step_program import EIGHT_BIT, FLOAT_OF, embed_choice, generation_arguments, shared_with, step_program
+from .sizing import EIGHT_BIT, FLOAT_OF
+from .step_program import embed_choice, generation_arguments, shared_with, step_program
 
 
 class SystemLLMSession:

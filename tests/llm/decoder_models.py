@@ -87,15 +87,16 @@ def tie_distance(v: np.ndarray, fmt: str) -> float:
 
 
 def _watch_ties(step, quant, closest):
-    """Have ``step`` record its quantized values' distance to a rounding boundary."""
-    dense_input = step.dense_input
+    """Have ``step`` record its quantized values' distance to a rounding boundary (a hook
+    on its linear strategy's input)."""
+    quantized = step.linears.input
 
     def watched(x, site):
         scaled = (x * quant.inverse(site)).detach().float().numpy()
         closest[0] = min(closest[0], tie_distance(scaled, quant.fmt))
-        return dense_input(x, site)
+        return quantized(x, site)
 
-    step.dense_input = watched
+    step.linears.input = watched
 
 
 def rel_err(got, want) -> float:

@@ -13,6 +13,7 @@ import lpx_tvm  # noqa: E402
 from lpx_tvm.cli import main  # noqa: E402
 from lpx_tvm.llm.capacity import Mapping, Plan, plan, shard_config  # noqa: E402
 from lpx_tvm.llm.session import fit_problem, host_table_values, load_decoder, matrix_parameters  # noqa: E402
+from lpx_tvm.llm import sizing  # noqa: E402
 from lpx_tvm.frontends import decoders  # noqa: E402
 from lpx_tvm.machine.config import load_config  # noqa: E402
 from lpx_tvm.target.system_programs import collective, point_to_point  # noqa: E402
@@ -134,12 +135,12 @@ def test_a_chip_share_is_sized_as_the_compiler_stores_it():
         session = lpx_tvm.compile_llm(share, precision="fp32", max_context=16)
         stored = {t_.name: sum(n for _, _, n in chunk_lines(t_.layout)) * cfg.lanes // 4
                   for _, t_ in session.decode.region.constants if len(t_.layout.shape) == 2}
-        head = decoders.stored_rows(CONFIG["hidden_size"], share["vocab_size"], cfg.lanes)
+        head = sizing.matrix_values(CONFIG["hidden_size"], share["vocab_size"], cfg.lanes)
         matrices = [v for n, v in stored.items() if n.endswith(".weight")]
         assert head in matrices
         with torch.device("meta"):
             whole = load_decoder(CONFIG, 0)
-        attention, mlp = decoders.half_layer_stored(whole, decoders.spec_of(whole, 16), t, cfg.lanes)
+        attention, mlp = sizing.half_layer_stored(whole, decoders.spec_of(whole, 16), t, cfg.lanes)
         assert attention + mlp == sum(matrices) - head
         # By hand at t = 3: q, k and v fused, 80 + 40 + 40 outputs, and gate with up,
         # 2 x 134, take a lane tile a row (240 rows each); o and down, 80 and 134 rows of

@@ -1,0 +1,359 @@
+"""The torch module of one decoder step, built from parts (docs/llm.md):
+
+- a **family table** (:data:`FAMILY_LAYERS`): the norm, the MLP's activation and how
+  positions enter (RoPE tables or learned rows) of Llama, Qwen2, Mistral and GPT-2;
+- **layers**, each an :class:`Attention` and an :class:`MLP` (a pipeline stage may hold
+  one half of a layer cut between them);
+- a **linear strategy**: how a dense layer multiplies (:class:`FloatLinears`, or
+  :class:`EightBitLinears` in int8 or fp8), with calibration as a hook around it
+  (:class:`Calibrating`), and, on a chip of a tensor-parallel group, its partial
+  products summed over the chips (:meth:`DecoderStep.summed`).
+
+A new kind of layer (a mixture of experts' MLP) or step (a speculative verify step of
+several tokens) is another part, not another switch. :func:`~.decoders.decoder_step`
+prepares the weights (sharded, staged, fused) and builds the module; torch is imported
+here, so only building a step needs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..machine.isa import FP8_MAX
+from .torch_collectives import all_reduce  # the sum of the chips' partial products (identity in torch)
+
+# The mask value added to a score a query may not attend to, per position of distance:
+# exp(-1e4) is 0 in every float format.
+MASK_SCALE = 1e4
+
+
+def linear(x, w, b):
+    y = x @ w.T
+    return y if b is None else y + b
+
+
+def rms_norm(x, w, b, eps):
+    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+def layer_norm(x, w, b, eps):
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
+def rotary(x, cos, sin_signed):
+    """RoPE of rows ``x`` ([rows, head_dim]): ``x * cos + rotate_half(x) * sin``, the
+    halves swapped and the sine's first half negated (the tables' rows, x's)."""
+    half = x.shape[1] // 2
+    return x * cos + torch.cat([x[:, half:], x[:, :half]], dim=1) * sin_signed
+
+
+def swiglu(dense, h_in):
+    gate_up = dense(h_in, "gate_up")  # [B*T, 2 I]: gate's outputs, then up's
+    units = gate_up.shape[1] // 2
+    return torch.nn.functional.silu(gate_up[:, :units]) * gate_up[:, units:]
+
+
+def gelu_tanh(dense, h_in):
+    return torch.nn.functional.gelu(dense(h_in, "fc"), approximate="tanh")
+
+
+@dataclass(frozen=True)
+class FamilyLayer:
+    """What a family's layers are made of."""
+
+    norm: Callable  # (x, w, b, eps)
+    mlp: Callable  # (dense, its input) -> the MLP's hidden units, before down
+    rope: bool  # positions by rotary tables (else learned rows added to the embedding)
+
+
+LLAMA_LAYER = FamilyLayer(rms_norm, swiglu, rope=True)
+FAMILY_LAYERS = {"llama": LLAMA_LAYER, "mistral": LLAMA_LAYER, "qwen2": LLAMA_LAYER,
+                 "gpt2": FamilyLayer(layer_norm, gelu_tanh, rope=False)}
+
+
+# ---- the linear strategy ----------------------------------------------------------
+
+class FloatLinears:
+    """Dense layers in the model's float dtype."""
+
+    def add_buffers(self, step, dense: list):
+        pass
+
+    def input(self, x, site: str):
+        return x
+
+    def apply(self, step, x_in, name: str, bias):
+        return linear(x_in, getattr(step, name), bias)
+
+
+def quantize_weight(w, quant):
+    """(8-bit values [K, N], fp32 scales [N]) of a (N, K) weight in ``quant``'s format,
+    symmetric per output channel. The values are int8 ones as int32, or fp8 e4m3 ones as
+    float32 (what the Relax graph carries: the MXM stores and multiplies them at 8 bits)."""
+    w = w.detach().float()
+    top = quant.top
+    scale = w.abs().amax(dim=1).clamp_min(1e-12) / top
+    if quant.fmt == "fp8":
+        q = torch.clamp(w / scale[:, None], -top, top).to(torch.float8_e4m3fn).to(torch.float32)
+        return q.T.contiguous(), scale
+    q = torch.clamp(torch.round(w / scale[:, None]), -127, 127)
+    return q.to(torch.int32).T.contiguous(), scale
+
+
+class EightBitLinears:
+    """W8A8 (:class:`~.decoders.QuantizedLinears`): each dense layer's input quantized by
+    its site's static scale, 8-bit weights with per-channel scales; int8 in exact integer
+    sums, fp8 in fp32 sums, scaled back by s_x * s_w."""
+
+    def __init__(self, quant):
+        self.quant = quant
+
+    def add_buffers(self, step, dense: list):
+        """Each dense layer's 8-bit values ([K, N]) and s_x * s_w per channel; ``dense``:
+        [(weight buffer name, input site)]."""
+        for name, site in dense:
+            q, s_w = quantize_weight(getattr(step, name), self.quant)
+            step.register_buffer(f"{name}_q", q)
+            step.register_buffer(f"{name}_scale", (s_w * self.quant.act_scales[site]).float())
+
+    def input(self, x, site: str):
+        if self.quant.fmt == "fp8":
+            return torch.clamp(x * self.quant.inverse(site), -FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        return torch.clamp(torch.round(x * self.quant.inverse(site)), -128, 127).to(torch.int8)
+
+    def apply(self, step, x_in, name: str, bias):
+        wide = torch.float32 if self.quant.fmt == "fp8" else torch.int32
+        y = (x_in.to(wide) @ getattr(step, f"{name}_q")).to(torch.float32) * getattr(step, f"{name}_scale")
+        return y if bias is None else y + bias
+
+
+class Calibrating:
+    """A hook around a linear strategy: every run records the largest magnitude seen at
+    each input site in ``record`` (:func:`~.decoders.calibrate`)."""
+
+    def __init__(self, inner, record: dict):
+        self.inner, self.record = inner, record
+
+    def add_buffers(self, step, dense: list):
+        self.inner.add_buffers(step, dense)
+
+    def input(self, x, site: str):
+        self.record[site] = max(self.record.get(site, 0.0), float(x.detach().abs().max()))
+        return self.inner.input(x, site)
+
+    def apply(self, step, x_in, name: str, bias):
+        return self.inner.apply(step, x_in, name, bias)
+
+
+# ---- the layers ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Attention:
+    """The attention of model layer ``layer``, its caches the step's ``cache``-th
+    attending layer's."""
+
+    layer: int
+    cache: int
+
+    def __call__(self, step, x, w, dense, caches, new_caches, mask, rows, rope):
+        """``x`` plus the attention, the updated caches appended to ``new_caches``."""
+        s, T = step.spec, step.steps
+        B, NH, KVH, D = s.batch, s.heads, s.kv_heads, s.head_dim
+        rep = NH // KVH
+        h = step.family.norm(x, w["input_norm"], w.get("input_norm_b"), w["eps"])
+        h_in = step.linears.input(h, f"{self.layer}.attn")
+        qkv = dense(h_in, "qkv")  # [B*T, (NH + 2 KVH) * D]: the query heads, the keys, the values
+        k0, v0 = NH * D, (NH + KVH) * D
+        heads = [None] * NH
+        c = self.cache
+        for g in range(KVH):
+            k = qkv[:, k0 + g * D:k0 + (g + 1) * D]
+            if rope is not None:
+                k = rotary(k, rope[2], rope[3])
+            v = qkv[:, v0 + g * D:v0 + (g + 1) * D]
+            k_cache = torch.ops.aten.index_put(caches[2 * (c * KVH + g)], [rows, step.cols], k)
+            v_cache = torch.ops.aten.index_put(caches[2 * (c * KVH + g) + 1], [rows, step.cols], v)
+            new_caches += [k_cache, v_cache]
+            # The group's query heads share one pass over its keys: rows (r, b, t). The
+            # keys are installed (K^T, transposed on the SXM) and the few query rows
+            # stream through; streaming the C key rows past installed queries cost
+            # C vectors at the 16-bit rate and a transpose of the scores (-33% cycles
+            # of a decode step at C = 256).
+            qs = [qkv[:, n * D:(n + 1) * D] for n in range(g * rep, (g + 1) * rep)]
+            qg = torch.cat(qs, dim=0) if rep > 1 else qs[0]  # [rep*B*T, D]
+            if rope is not None:
+                qg = rotary(qg, rope[0], rope[1])
+            scores = (qg @ k_cache.T) * step.scale + mask  # [rep*B*T, B*C]
+            a = torch.softmax(scores, dim=-1) @ v_cache  # [rep*B*T, D]
+            for r in range(rep):
+                heads[g * rep + r] = a[r * B * T:(r + 1) * B * T] if rep > 1 else a
+        attn = torch.cat(heads, dim=1) if NH > 1 else heads[0]  # [B*T, NH*D]
+        return x + step.summed(dense(step.linears.input(attn, f"{self.layer}.o"), "o"))
+
+
+@dataclass(frozen=True)
+class MLP:
+    """The MLP of model layer ``layer``: its family's activation between the up
+    projections and down."""
+
+    layer: int
+
+    def __call__(self, step, x, w, dense):
+        h = step.family.norm(x, w["post_norm"], w.get("post_norm_b"), w["eps"])
+        m = step.family.mlp(dense, step.linears.input(h, f"{self.layer}.mlp"))
+        return x + step.summed(dense(step.linears.input(m, f"{self.layer}.down"), "down"))
+
+
+@dataclass(frozen=True)
+class Layer:
+    """Model layer ``index`` in a step: its attention and its MLP (either None where a
+    pipeline stage holds only the other half)."""
+
+    index: int
+    attention: "Attention | None"
+    mlp: "MLP | None"
+
+
+def step_layers(halves: list, first_layer: int) -> list:
+    """[Layer] of a step whose ``i``-th layer (model layer ``first_layer + i``) holds the
+    halves ``halves[i]`` = (attention, MLP); the caches numbered by attending layer."""
+    layers, c = [], 0
+    for i, (att, mlp) in enumerate(halves):
+        n = first_layer + i
+        layers.append(Layer(n, Attention(n, c) if att else None, MLP(n) if mlp else None))
+        c += bool(att)
+    return layers
+
+
+# ---- the step ------------------------------------------------------------------------
+
+class DecoderStep(torch.nn.Module):
+    """The step of ``steps`` tokens: its weights (prepared by
+    :func:`~.decoders.decoder_step`) as buffers, so that torch.export keeps them as the
+    module's constants.
+
+    ``layers``: the step's :class:`Layer`s; ``linears``: the linear strategy; ``dense``:
+    [(weight buffer name, input site)] of its dense layers; ``shard``: the
+    :class:`~.decoders.TensorShard` of a tensor-parallel chip (None: one chip), whose
+    logits are vocabulary rows ``head_rows``;
+    ``first``/``last``: whether the step embeds the tokens and whether it ends in the
+    head (a pipeline's first and last stages); ``embed_in_step``: the first input is
+    token ids (else embedding rows the host looked up)."""
+
+    def __init__(self, weights: dict, spec, steps: int, layers: list, linears, dense: list, shard=None,
+                 head_rows: "slice | None" = None, first: bool = True, last: bool = True, embed_in_step: bool = True):
+        super().__init__()
+        self.spec, self.steps = spec, steps
+        self.family = FAMILY_LAYERS[spec.family]
+        self.blocks, self.linears, self.shard = layers, linears, shard
+        self.first, self.last, self.embed_in_step = first, last, embed_in_step
+        self.layers = []  # per layer: {key: buffer name, or a float / None kept as is}
+        for i, layer in enumerate(weights["layers"]):
+            names = {}
+            for key, t in layer.items():
+                if isinstance(t, float) or t is None:
+                    names[key] = t
+                else:
+                    self.register_buffer(f"layer{i}_{key}", t)
+                    names[key] = f"layer{i}_{key}"
+            self.layers.append(names)
+        if self.family.rope and any(b.attention for b in layers):
+            # RoPE: x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] head by
+            # head, is x's halves swapped (lanes moved on the SXM) times a sine whose
+            # first half is negated: one row of each table per position, gathered for
+            # the step's query rows (r, b, t) and key rows (b, t).
+            half = spec.head_dim // 2
+            self.register_buffer("cos", weights["cos"])
+            self.register_buffer("sin_signed", torch.cat([-weights["sin"][:, :half], weights["sin"][:, half:]], 1))
+        for key in ("embed", "lm_head", "norm_w", "norm_b", "positions"):
+            if key == "embed" and not embed_in_step or not first and key in ("embed", "positions") or \
+                    not last and key in ("lm_head", "norm_w", "norm_b"):
+                continue
+            if weights.get(key) is not None:
+                self.register_buffer(key, weights[key])
+        linears.add_buffers(self, dense)
+        self.eps = weights["eps"]
+        dtype = weights["embed"].dtype
+        if shard is not None and last:  # zeros where the other chips' logits go (constants)
+            for name, width in (("head_before", head_rows.start), ("head_after", spec.vocab - head_rows.stop)):
+                if width:
+                    self.register_buffer(name, torch.zeros(spec.batch, width, dtype=dtype))
+        self._register_positions(spec, steps, dtype)
+        self.scale = spec.head_dim ** -0.5
+
+    def _register_positions(self, spec, steps: int, dtype):
+        """The index and mask tables of the step's rows."""
+        i32 = torch.int32
+        B, T, C, KVH = spec.batch, steps, spec.max_context, spec.kv_heads
+        rep = spec.heads // KVH
+        b, t = torch.arange(B, dtype=i32), torch.arange(T, dtype=i32)
+        # Row (b, t) of a step's tokens -> its position, less the step's first position.
+        self.register_buffer("token_offsets", t.repeat(B))  # [B*T]
+        self.register_buffer("query_token_offsets", t.repeat(rep * B))  # [rep*B*T]: a group's query rows
+        # ... -> its cache row at position 0 (a layer's kv-head cache holds (b, position) rows).
+        self.register_buffer("row_offsets", (b[:, None] * C + t[None, :]).reshape(-1, 1))  # [B*T, 1]
+        self.register_buffer("cols", torch.arange(spec.head_dim, dtype=i32)[None, :])
+        # The mask before the position is added: query row (r, b, t) of a group may see
+        # cache row (b', j) iff b' == b and j <= position + t, i.e. position + base >= 0
+        # with base = t - j; another batch's rows get a base no position reaches.
+        j = torch.arange(C)
+        base = (t[:, None] - j[None, :]).to(torch.float32)  # [T, C]
+        blocks = torch.full((B, T, B, C), -float(2 * C + 2))
+        for k in range(B):
+            blocks[k, :, k, :] = base
+        self.register_buffer("mask_base", blocks.reshape(1, B * T, B * C).repeat(rep, 1, 1)
+                             .reshape(rep * B * T, B * C).to(dtype))
+
+    def forward(self, input_ids, position, *caches):
+        s, T, B = self.spec, self.steps, self.spec.batch
+        attends = any(b.attention for b in self.blocks)
+        # [B*T, H]: the ids' rows, or the rows themselves (a later pipeline stage's: the
+        # hidden rows of the stage before)
+        x = self.embed.index_select(0, input_ids) if self.embed_in_step and self.first else input_ids
+        pos_rows = position + self.token_offsets  # [B*T] int32
+        rope = None
+        if not self.family.rope:
+            if self.first:
+                x = x + self.positions.index_select(0, pos_rows)
+        elif attends:  # the query rows' [rep*B*T, D] and the key rows' [B*T, D]
+            pos_q = position + self.query_token_offsets
+            rope = (self.cos.index_select(0, pos_q), self.sin_signed.index_select(0, pos_q),
+                    self.cos.index_select(0, pos_rows), self.sin_signed.index_select(0, pos_rows))
+        mask = rows = None
+        if attends:
+            # 0 where a query row may see a cache row, -1e4 elsewhere (exp(-1e4) is 0 in
+            # every float format, and -1e4 fits fp16).
+            mask = torch.clamp(position.to(x.dtype) + self.mask_base, -1.0, 0.0) * MASK_SCALE
+            rows = position.reshape(1, 1) + self.row_offsets  # [B*T, 1]: the new tokens' cache rows
+        new_caches = []
+        for i, (names, block) in enumerate(zip(self.layers, self.blocks)):
+            w = {key: getattr(self, n) if isinstance(n, str) else n for key, n in names.items()}
+
+            def dense(x_in, key, bias=None, i=i, w=w):
+                return self.linears.apply(self, x_in, f"layer{i}_{key}", w.get(bias or f"{key}_bias"))
+
+            if block.attention is not None:
+                x = block.attention(self, x, w, dense, caches, new_caches, mask, rows, rope)
+            if block.mlp is not None:
+                x = block.mlp(self, x, w, dense)
+        if not self.last:  # the hidden rows, every token's, to the next stage
+            return (x, *new_caches)
+        if T > 1:
+            x = x.reshape(B, T, s.hidden)[:, T - 1:T].reshape(B, s.hidden)  # the last token's rows
+        last = self.family.norm(x, self.norm_w, getattr(self, "norm_b", None), self.eps)  # [B, H]
+        logits = self.linears.apply(self, self.linears.input(last, "head"), "lm_head", None)
+        if self.shard is not None:  # this chip's tokens' logits among zeros, summed over the chips
+            # (zeros times the position: values of the step, as the concat of a value and a
+            # constant is not an LPX op; the product is exactly 0)
+            parts = [getattr(self, "head_before", None), logits, getattr(self, "head_after", None)]
+            logits = all_reduce(torch.cat([t if t is logits else t * position.to(t.dtype) for t in parts
+                                           if t is not None], dim=1))
+        next_ids = logits.argmax(-1, keepdim=True).to(torch.int32)
+        return (next_ids, logits, *new_caches)
+
+    def summed(self, partial):
+        """o's or down's output: with tensor parallelism, the chips' partial products summed."""
+        return partial if self.shard is None else all_reduce(partial)
