@@ -52,10 +52,6 @@ class RejectionLog:
         found = self._by_key.get(var)
         return found[-1].reason if found else None
 
-    def rejections(self) -> list:
-        """Every (key, Rejection) pair in the order recorded."""
-        return [(key, r) for key, rs in self._by_key.items() for r in rs]
-
     def __len__(self) -> int:
         return sum(len(rs) for rs in self._by_key.values())
 

@@ -803,6 +803,11 @@ def _no_vxm_op_rule(a, settings):
     return _tensors_problem(op, [op.args[0]], settings) or (op, _NO_VXM_OP[op_name(op)])
 
 
+# Patterns that only say why an op stays on the CPU: their checks refuse every match, and
+# no lowering exists for them (tests/target/test_pattern_lowerings.py holds both).
+REFUSE_ONLY = ("power", *_NO_VXM_OP, "conv2d_transpose")
+
+
 def _vxm_elementwise_table() -> list:
     table = [(op, *_unary_pattern(relax_op), [_unary_rule]) for op, relax_op in _VXM_UNARY]
     table += [(op, *_binary_pattern(f"relax.{op}"), [_binary_rule]) for op in ("minimum", "maximum")]

@@ -45,13 +45,6 @@ class Counters:
     def utilization(self, port: str) -> float:
         return self.port_busy_cycles.get(port, 0) / self.cycles if self.cycles else 0.0
 
-    def kind_utilization(self, kind: str, instances: int) -> float:
-        """Busy fraction of all ports of a kind, e.g. ``kind_utilization("mxm.compute", 4)``."""
-        if not self.cycles or not instances:
-            return 0.0
-        busy = sum(v for k, v in self.port_busy_cycles.items() if _port_kind(k) == kind)
-        return busy / (instances * self.cycles)
-
     def mxm_mac_utilization(self, peak_macs_per_cycle: float) -> float:
         """Useful MACs over what the planes could do in ``cycles`` at ``peak_macs_per_cycle``."""
         return self.macs / (peak_macs_per_cycle * self.cycles) if self.cycles else 0.0
@@ -62,13 +55,6 @@ class Counters:
         d["port_busy_cycles"] = dict(sorted(self.port_busy_cycles.items()))
         d["by_tag"] = {t: asdict(c) for t, c in self.by_tag.items()}
         return d
-
-
-def _port_kind(port: str) -> str:
-    """'mxm2.compute' -> 'mxm.compute'; 'vxm3' -> 'vxm'; 'mxm1.install7' -> 'mxm.install'."""
-    head, _, tail = port.partition(".")
-    base = head.rstrip("0123456789")
-    return f"{base}.{tail.rstrip('0123456789')}" if tail else base
 
 
 def port_name(port: tuple) -> str:
