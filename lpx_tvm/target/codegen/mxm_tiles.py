@@ -297,7 +297,7 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
             # them all, and the rows its epilogue reads: bias, scales, in one group): no
             # part waits on another's sum, only the last on all of them.
             held = partial.setdefault(key, [])
-            avoid = [sl for e in epi if hasattr(e[1], "layout") for sl, _ in e[1].layout.tiles]
+            avoid = [sl for e in epi for t in e.tensors for sl, _ in t.layout.tiles]
             avoid += [sl for t in held for sl, _ in t.layout.tiles]
             held.append(partial_buffer(ctx, f"{tag}.partial{len(held)}", nrows, plane, avoid, acc_dt))
             g.write(v, held[-1].tile(0))

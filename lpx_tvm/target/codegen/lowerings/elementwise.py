@@ -11,7 +11,7 @@ import numpy as np
 
 from ....errors import SramFull
 from ..lowering_context import LoweringContext
-from ..epilogue import apply_epilogue, epilogue_steps
+from ..epilogue import Clip, apply_epilogue, epilogue_steps
 from ..graph import Operand, RegionOp, UnsupportedOnLPX
 from ..row_passes import finish, rowwise
 from ..quant import relax_dtype
@@ -142,7 +142,7 @@ def _lower_binary(ctx, op, is_output, a, b, vop):
             vop, negate = "vxm.add", True
     x = ctx.value(a)
     first = (lambda g, v: g.vxm("vxm.mul", v, imm=-1.0)) if negate else (lambda g, v: v)
-    clips = [e for e in epilogue_steps(ctx, op, x.tensor.layout.cols) if e[0] == "clip"]
+    clips = [e for e in epilogue_steps(ctx, op, x.tensor.layout.cols) if isinstance(e, Clip)]
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
     tag = f"{op.out}.{op.main.op}"
     if not b.is_const:
@@ -197,7 +197,7 @@ def lower_divide(ctx: LoweringContext, op: RegionOp, is_output: bool):
             inverse = (1.0 / np.asarray(b.const, np.float64)).astype(np.float32)
         _lower_binary(ctx, op, is_output, a, Operand(const=inverse, shape=b.shape, dtype=b.dtype), "vxm.mul")
         return
-    clips = [e for e in epilogue_steps(ctx, op, ctx.value(b).tensor.layout.cols) if e[0] == "clip"]
+    clips = [e for e in epilogue_steps(ctx, op, ctx.value(b).tensor.layout.cols) if isinstance(e, Clip)]
     if a.is_const:
         c = float(np.asarray(a.const, np.float32).reshape(-1)[0])
         x = ctx.value(b)

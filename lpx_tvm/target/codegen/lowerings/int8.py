@@ -27,6 +27,7 @@ import numpy as np
 
 from ....machine.isa import DType
 from ..lowering_context import LoweringContext
+from ..epilogue import Bias, Dequant, Requant
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..mxm_tiles import matmul, pixel_sums
 from ..row_passes import rowwise, write_rows
@@ -63,10 +64,10 @@ def lower_qmxm(ctx: LoweringContext, op: RegionOp, is_output: bool):
     bias_t = ctx.temp(ctx.builder.constant(f"{op.out}.bias", bias.reshape(1, channels), DType.INT32))
     # The drain reads both beside the accumulators: on different slices (one read port each).
     mult = ctx.temp(constant_beside(ctx, f"{op.out}.requant", (1.0 / scale).reshape(1, channels), bias_t))
-    q = QEpilogue(float(zx), [("bias", bias_t), ("requant", mult, zy, out_dt)], out_dt)
+    q = QEpilogue(float(zx), [Bias(bias_t), Requant(mult, zy, out_dt)], out_dt)
     if op.out in ctx.dequantized:  # its only reader dequantizes it: the drains do, into that op's value
         dq, is_output = ctx.dequantized[op.out]
-        q.epilogue.append(("dequant", scalar(dq.main.args[1]), zero_point(dq.main.args[2])))
+        q.epilogue.append(Dequant(scalar(dq.main.args[1]), zero_point(dq.main.args[2])))
         q.out_dtype = DType.FP32
     if conv:
         return lower_conv2d(ctx, view, is_output, q)

@@ -23,6 +23,7 @@ import numpy as np
 
 from ....machine.isa import FP8_MAX, DType
 from ..lowering_context import LoweringContext
+from ..epilogue import Bias, Scale
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..mxm_tiles import matmul
 from ..row_passes import rowwise
@@ -67,10 +68,10 @@ def lower_qlinear(ctx: LoweringContext, op: RegionOp, is_output: bool):
     scale = np.broadcast_to(np.asarray(step_of(op, "multiply").args[1].const, np.float32).reshape(-1), (nn,))
     b = ctx.builder
     scale_t = ctx.temp(b.constant(f"{op.out}.scale", scale.reshape(1, nn), DType.FP32))
-    epilogue = [("scale", scale_t)]
+    epilogue = [Scale(scale_t)]
     if op.composite == "lpx.qlinear_bias":
         bias = np.broadcast_to(np.asarray(step_of(op, "add").args[1].const, np.float32).reshape(-1), (nn,))
         # The drain reads both beside the accumulators: on different slices (one read port each).
         bias_t = ctx.temp(constant_beside(ctx, f"{op.out}.bias", bias.reshape(1, nn), scale_t))
-        epilogue.append(("bias", bias_t))
+        epilogue.append(Bias(bias_t))
     matmul(ctx, view, x, math.prod(x.shape[:-1]), k, nn, is_output, q=QEpilogue(0.0, epilogue, ctx.dtype))
