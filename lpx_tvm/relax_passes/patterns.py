@@ -82,6 +82,8 @@ from tvm.relax.dpl.pattern import is_const as const_pattern, is_op, is_tuple, wi
 
 from ..machine.isa import FP8_MAX
 from ..precision import Precision
+from ..target.codegen import lowerings  # noqa: F401  (imports every family: the patterns they declare)
+from ..target.codegen.registry import declared_patterns, unary_pattern
 from ..target.codegen.rules import (
     activation_row_problem,
     binary_operands_problem,
@@ -884,10 +886,7 @@ def _binary_pattern(op):
     return root, {"lhs": lhs, "rhs": rhs, "root": root}
 
 
-def _unary_pattern(op):
-    data = wildcard()
-    root = is_op(op)(data, varg_default_wildcard=True)
-    return root, {"input": data, "root": root}
+_unary_pattern = unary_pattern
 
 
 def _act_quant_pattern(rounded=True):
@@ -1104,10 +1103,27 @@ def pattern_table() -> list:
     # 8-bit (int8 or fp8) dense layers of a float build, above the float dense ones.
     table.append(("qlinear", *_qlinear_pattern(), [_qlinear_rule]))
     table.append(("qlinear_bias", *_qlinear_pattern(bias=True), [_qlinear_rule]))
+    # The patterns the op families declare beside their lowerings, after these (the
+    # collector's own are priority 0), ordered by priority: the shared tensor checks
+    # first, then the family's own.
+    order = sorted(enumerate(declared_patterns()), key=lambda ip: (ip[1].priority, ip[0]))
+    table += [(p.name, *p.make(), [_family_tensors_rule(p.tensors)] + ([p.check] if p.check else []))
+              for _, p in order]
     return [
         (PATTERN_PREFIX + name, pattern, annotations, make_check(PATTERN_PREFIX + name, rules))
         for name, pattern, annotations, rules in table
     ] + int8_pattern_table()
+
+
+def _family_tensors_rule(tensors: tuple):
+    """The shared checks of a family's pattern: the tensors' types the build stores, and
+    no 0-d result."""
+
+    def rule(a, settings):
+        op = a["root"]
+        return _tensors_problem(op, [a[t] for t in tensors], settings) or _scalar_problem(op)
+
+    return rule
 
 
 register_patterns(pattern_table())

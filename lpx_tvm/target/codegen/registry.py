@@ -6,12 +6,21 @@ Relax op names (``"nn.conv2d"``, ``"add"``: the op of a composite's first step, 
 up by its composite name first, then by its main op. Every lowering is called as
 ``lowering(ctx, op, is_output)`` and stores its result in ``ctx.values[op.out]``.
 
-The lowering modules are imported in one place, :mod:`.lowerings`.
+An op family may also declare its patterns beside its lowering
+(:func:`register_pattern`, an :class:`OpPattern` each): the partitioner's collector
+(:func:`lpx_tvm.relax_passes.patterns.pattern_table`) takes them with the patterns it
+holds itself, orders all by priority, and applies the shared tensor checks once. A new
+op is then one module of :mod:`.lowerings` (docs/compiler.md, "Adding an op").
+
+The lowering modules are imported in one place, :mod:`.lowerings`, every module of it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
+
+from tvm.relax.dpl import is_op, wildcard
 
 from .graph import RegionOp, UnsupportedOnLPX
 
@@ -31,6 +40,51 @@ def register_lowering(*names: str):
         return fn
 
     return register
+
+
+@dataclass(frozen=True)
+class OpPattern:
+    """A pattern an op family declares beside its lowering.
+
+    ``name``: the composite's name without ``lpx.``; ``make() -> (pattern,
+    annotations)``, its dataflow pattern with the matched parts by name (``root``
+    the op the lowering is looked up by when no lowering has the composite's name);
+    ``tensors``: the annotations the shared tensor checks look at (dtypes the build
+    stores, shapes a region takes); ``check(annotated, settings) -> None | (expr,
+    reason)``: the family's own refusals, made here and nowhere else (the lowering
+    asserts what they promise); ``priority``: where it sits among the patterns, the
+    higher tried first where two match (ties keep declaration order, after the
+    collector's own)."""
+
+    name: str
+    make: Callable
+    tensors: tuple = ("input",)
+    check: "Callable | None" = None
+    priority: int = 0
+
+
+_PATTERNS: "list[OpPattern]" = []
+
+
+def register_pattern(*patterns: OpPattern):
+    """Declare ``patterns`` (a family module does, beside its ``@register_lowering``)."""
+    for p in patterns:
+        if any(q.name == p.name for q in _PATTERNS):
+            raise ValueError(f"pattern lpx.{p.name} is already declared")
+        _PATTERNS.append(p)
+
+
+def declared_patterns() -> list:
+    """The patterns the families declared, in declaration order (a copy)."""
+    return list(_PATTERNS)
+
+
+def unary_pattern(op: str) -> tuple:
+    """(pattern, annotations) of one call of Relax op ``op`` (``"relax.square"``) on a
+    tensor ``input`` (its other arguments any)."""
+    data = wildcard()
+    root = is_op(op)(data, varg_default_wildcard=True)
+    return root, {"input": data, "root": root}
 
 
 def lowering_for(op: RegionOp) -> Lowering:
