@@ -21,18 +21,10 @@ from .lowering_context import LoweringContext
 from .graph import Operand, RegionOp, UnsupportedOnLPX
 from .row_passes import finish
 from .lowerings.resize import resize_band_rows
-from .registry import lower
+from .registry import banding_of, cuts_constants, lower
 from .rules import activation_row_problem, flattens_pixels, reshape_keeps_storage
 from .storage import Stored, row_align, stored_shape
 
-WINDOW_OPS = ("nn.conv2d", "nn.max_pool2d", "nn.avg_pool2d")
-PIXEL_ROW_VIEWS = ("lpx.pixels_to_rows", "lpx.rows_to_pixels")
-# Ops whose result rows are not the same rows of each input (lanes moved between rows,
-# rows placed or picked): one band holds the whole op.
-LANE_MOVES = ("lpx.split_heads", "lpx.merge_heads", "lpx.concat_rows", "lpx.slice_rows")
-# Ops whose constant operand may be a full tensor (weights of other ops are never cut).
-ELEMENTWISE = ("add", "subtract", "multiply", "divide", "minimum", "maximum", "where")
-PLACEMENTS = ("lpx.pad", "lpx.zero_stuff", "lpx.zero_stuff_cropped")  # lowerings/pad.py
 
 
 @dataclass
@@ -61,7 +53,7 @@ def spill_param(ctx: LoweringContext, name: str, shape: tuple) -> Spilled:
 
 def lower_by_bands(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """Lower one op whose operands and result live off chip, band by band."""
-    if op.composite in PIXEL_ROW_VIEWS:  # an NCHW value and its pixel rows: the same bytes
+    if banding_of(op) == "view":  # an NCHW value and its pixel rows: the same bytes
         ctx.values[op.out] = Spilled(ctx.values[op.main.args[0].name].tensor, tuple(op.shape))
         return
     if op.composite in ("lpx.reshape", "lpx.flatten_pixels"):
@@ -134,10 +126,10 @@ def _bands(ctx: LoweringContext, op: RegionOp, tensors: list):
     size = ctx.dtype.itemsize * ctx.cfg.lanes
     tiles = lambda c: -(-int(c) // ctx.cfg.lanes)  # noqa: E731
     shape = tuple(op.shape)
-    if op.main.op == "mean":
+    if banding_of(op) == "channels":
         yield from _channel_bands(ctx, op, tensors, budget, size)
         return
-    if op.composite in PLACEMENTS:
+    if banding_of(op) == "placement":
         # Output rows are fills or copies of input rows anywhere in the image: one band.
         pixels = lambda s: math.prod(s[:1] + s[2:]) * tiles(s[1])  # noqa: E731
         if (sum(pixels(a.shape) for a in tensors) + pixels(shape)) * size > budget:
@@ -149,7 +141,7 @@ def _bands(ctx: LoweringContext, op: RegionOp, tensors: list):
         n, co, oh, ow = shape
         plan = {a.name: _row_source(op, a, shape) for a in tensors}
 
-        padded = op.main.op in WINDOW_OPS and any(op.main.attrs["padding"])
+        padded = banding_of(op) == "window" and any(op.main.attrs["padding"])
         # A pooling also keeps an fp32 sum of its output; other outputs may take a copy.
         out_factor = 3 if "pool" in op.main.op else 1.5
 
@@ -181,8 +173,7 @@ def _bands(ctx: LoweringContext, op: RegionOp, tensors: list):
         return
     rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
     rows_of = lambda a: math.prod(a.shape[:-1]) if len(a.shape) > 1 else 1  # noqa: E731
-    if op.main.op == "permute_dims" or op.composite in LANE_MOVES or \
-            (op.main.op == "matmul" and not op.main.args[1].is_const):
+    if banding_of(op) == "whole":
         # Rows of the result do not map to rows of every input: one band holds it all.
         cost = (sum(rows_of(a) * tiles(a.shape[-1]) for a in tensors) + 1.5 * rows * tiles(shape[-1])) * size
         if cost > budget:
@@ -279,7 +270,7 @@ def _band_length(total: int, cost, budget: float, op: RegionOp) -> int:
 def _row_source(op: RegionOp, a: Operand, out_shape: tuple):
     """For a 4-D operand: (h0, rows) of output rows -> (first input row, input rows,
     band padding or None)."""
-    if op.main.op in WINDOW_OPS and a.name == op.main.args[0].name:
+    if banding_of(op) == "window" and a.name == op.main.args[0].name:
         attrs = op.main.attrs
         kh, kw = (attrs["pool_size"] if "pool_size" in attrs else op.main.args[1].shape[2:])
         (sh, _), (dh, _) = attrs["strides"], attrs["dilation"]
@@ -319,7 +310,7 @@ def _with_constant_bands(op: RegionOp, band_of) -> RegionOp:
         return a if piece is None else replace(a, const=np.ascontiguousarray(piece), shape=tuple(piece.shape))
 
     def step(s):
-        return replace(s, args=[cut(a) for a in s.args]) if s.op in ELEMENTWISE else s
+        return replace(s, args=[cut(a) for a in s.args]) if cuts_constants(s.op) else s
     return replace(op, main=step(op.main), epilogue=[step(s) for s in op.epilogue])
 
 

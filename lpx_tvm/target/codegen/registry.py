@@ -27,19 +27,48 @@ from .graph import RegionOp, UnsupportedOnLPX
 Lowering = Callable  # (LoweringContext, RegionOp, is_output: bool) -> None
 
 _LOWERINGS: "dict[str, Lowering]" = {}
+# How the off-chip driver (offchip.py) cuts an op whose values live off chip into bands:
+# "rows" (each output row band from the same rows of its inputs), "window" (input rows
+# around each output band: a convolution's or a pool's window), "channels" (bands of
+# channels: a spatial mean), "whole" (lanes or rows move between rows: one band holds
+# the op), "view" (the same bytes seen another way: no band at all), "placement"
+# (output rows placed anywhere in the image: one band). A function of the op where it
+# depends on its operands.
+BANDINGS = ("rows", "window", "channels", "whole", "view", "placement")
+_BANDING: dict = {}
+_CUTS_CONSTANTS: set = set()  # ops whose full-tensor constant operands a band cuts to its rows
 
 
-def register_lowering(*names: str):
-    """Register the decorated function as the lowering of each of ``names``."""
+def register_lowering(*names: str, banding="rows", cuts_constants: bool = False):
+    """Register the decorated function as the lowering of each of ``names``, with how
+    the off-chip driver bands it (:data:`BANDINGS`, or ``banding(op) -> str``) and
+    whether a band cuts its full-tensor constant operands (elementwise ops)."""
+    if not callable(banding) and banding not in BANDINGS:
+        raise ValueError(f"banding {banding!r}: expected one of {', '.join(BANDINGS)}")
 
     def register(fn: Lowering) -> Lowering:
         for name in names:
             if name in _LOWERINGS:
                 raise ValueError(f"{name} already has a lowering ({_LOWERINGS[name].__qualname__})")
             _LOWERINGS[name] = fn
+            _BANDING[name] = banding
+            if cuts_constants:
+                _CUTS_CONSTANTS.add(name)
         return fn
 
     return register
+
+
+def banding_of(op: RegionOp) -> str:
+    """How the off-chip driver bands ``op``: as its lowering was registered (looked up as
+    the lowering is, by composite first, then by main op)."""
+    kind = _BANDING.get(op.composite) or _BANDING.get(op.main.op, "rows")
+    return kind(op) if callable(kind) else kind
+
+
+def cuts_constants(op_name: str) -> bool:
+    """Whether a band cuts the full-tensor constant operands of Relax op ``op_name``."""
+    return op_name in _CUTS_CONSTANTS
 
 
 @dataclass(frozen=True)

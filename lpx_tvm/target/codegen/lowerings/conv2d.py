@@ -22,7 +22,7 @@ from ..storage import Stored, chunk_of, one, runs
 from .depthwise import lower_depthwise
 
 
-@register_lowering("nn.conv2d")
+@register_lowering("nn.conv2d", banding="window")
 def lower_conv2d(ctx: LoweringContext, op: RegionOp, is_output: bool, q=None):
     """A convolution; ``q`` (int8): the zero-point fill, int32 epilogue and output dtype."""
     a = op.main.attrs

@@ -37,7 +37,7 @@ def permute_steps(axes) -> list:
     return seen[target]
 
 
-@register_lowering("permute_dims")
+@register_lowering("permute_dims", banding="whole")
 def lower_transpose(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """Any permutation of a 2-D or 3-D value, as a chain of the two swaps LPX does:
     the last two axes (:func:`_swap_last`, through the SXM) and, for 3-D, the first
@@ -198,7 +198,7 @@ def lower_permute_lanes(ctx: LoweringContext, op: RegionOp, is_output: bool):
     ctx.values[op.out] = y
 
 
-@register_lowering("lpx.split_heads")
+@register_lowering("lpx.split_heads", banding="whole")
 def lower_split_heads(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """(s, h*d) -> (h, s, d): head i is lanes i*d .. of every row, moved to rows i*s .."""
     x = ctx.value(op.main.args[0])
@@ -209,7 +209,7 @@ def lower_split_heads(ctx: LoweringContext, op: RegionOp, is_output: bool):
     ctx.values[op.out] = y
 
 
-@register_lowering("lpx.merge_heads")
+@register_lowering("lpx.merge_heads", banding="whole")
 def lower_merge_heads(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """(h, s, d) -> (s, h*d): the inverse of :func:`lower_split_heads`."""
     x = ctx.value(op.main.args[0])
@@ -220,7 +220,7 @@ def lower_merge_heads(ctx: LoweringContext, op: RegionOp, is_output: bool):
     ctx.values[op.out] = y
 
 
-@register_lowering("lpx.concat_rows")
+@register_lowering("lpx.concat_rows", banding="whole")
 def lower_concat_rows(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """A concat along an axis other than the last of rank 2 or 3 values: each operand's
     blocks of rows copied whole into place (a class token before the patches, the repeated
@@ -249,7 +249,7 @@ def lower_concat_rows(ctx: LoweringContext, op: RegionOp, is_output: bool):
     ctx.values[op.out] = y
 
 
-@register_lowering("lpx.slice_rows")
+@register_lowering("lpx.slice_rows", banding="whole")
 def lower_slice_rows(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """Elements begin .. end - 1 (stride 1) of an axis other than the last of a rank 2 or
     3 value: its blocks of rows copied whole."""

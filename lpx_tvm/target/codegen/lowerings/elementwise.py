@@ -29,7 +29,7 @@ BINARY_VXM = {"add": "vxm.add", "subtract": "vxm.sub", "multiply": "vxm.mul", "m
               "maximum": "vxm.max"}
 
 
-@register_lowering(*BINARY_VXM)
+@register_lowering(*BINARY_VXM, cuts_constants=True)
 def lower_binary(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """``x op y`` of two values of one shape, or of a value and a constant that is a
     scalar, one value per channel or a full tensor (:func:`..rules.constant_broadcast`).
@@ -183,7 +183,7 @@ def channel_rowwise(ctx: LoweringContext, tag: str, name: str, row, x: Stored, y
             finish(g, body(g, v, per_row, j, r1 - r0), one(y.tensor.segments(j, r0, r1)))
 
 
-@register_lowering("divide")
+@register_lowering("divide", cuts_constants=True)
 def lower_divide(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """``x / y`` of two values of one shape as ``x * recip(y)`` (two roundings), ``c / x``
     with a scalar constant c as ``recip(x)`` (times c unless c is 1), and ``x / c`` as
@@ -289,7 +289,7 @@ def lower_unary(ctx: LoweringContext, op: RegionOp, is_output: bool):
     ctx.values[op.out] = y
 
 
-@register_lowering("where")
+@register_lowering("where", cuts_constants=True)
 def lower_where(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """``where(c, x, y)`` with a runtime bool c (stored as 0 / 1): m = (c - 1/2) * inf is
     +inf where c holds and -inf elsewhere, and max(min(x, m), min(y, -m)) picks x or y

@@ -12,7 +12,7 @@ from ..registry import register_lowering
 from ..values import whole_groups
 
 
-@register_lowering("matmul")
+@register_lowering("matmul", banding=lambda op: "rows" if op.main.args[1].is_const else "whole")
 def lower_matmul(ctx: LoweringContext, op: RegionOp, is_output: bool):
     x = ctx.value(op.main.args[0])
     b = op.main.args[1]

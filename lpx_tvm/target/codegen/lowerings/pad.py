@@ -80,7 +80,7 @@ def place_pixels(ctx: LoweringContext, tag: str, x: Stored, y: Stored, rows, col
                     copy(j, (i * h + sr) * w + sc, w, dst_row + c, pitch, cstep, nrows, ncols)
 
 
-@register_lowering("nn.pad")
+@register_lowering("nn.pad", banding="placement")
 def lower_pad(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """Padding of H and W in constant, reflect or edge mode (:func:`place_pixels`)."""
     x = ctx.value(op.main.args[0])
@@ -98,7 +98,7 @@ def lower_pad(ctx: LoweringContext, op: RegionOp, is_output: bool):
     ctx.values[op.out] = y
 
 
-@register_lowering("lpx.zero_stuff", "lpx.zero_stuff_cropped")
+@register_lowering("lpx.zero_stuff", "lpx.zero_stuff_cropped", banding="placement")
 def lower_zero_stuff(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """(N, C, H, W) -> (N, C, H*sh, W*sw), or its first rows and columns (cropped): pixel
     (r, c) goes to (r*sh, c*sw), zeros between. The strides are the zeros the pad step

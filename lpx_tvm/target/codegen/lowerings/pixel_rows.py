@@ -18,7 +18,7 @@ def _check(shape4: tuple, rows_shape: tuple):
         raise UnsupportedOnLPX(f"{tuple(rows_shape)} is not the pixel rows of {tuple(shape4)}")
 
 
-@register_lowering("lpx.pixels_to_rows")
+@register_lowering("lpx.pixels_to_rows", banding="view")
 def lower_pixels_to_rows(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """The image's tensor as (N*H*W, C) (an output alias is copied out by the region driver)."""
     x = ctx.value(op.main.args[0])
@@ -26,7 +26,7 @@ def lower_pixels_to_rows(ctx: LoweringContext, op: RegionOp, is_output: bool):
     ctx.values[op.out] = Stored(x.tensor, tuple(op.shape))
 
 
-@register_lowering("lpx.rows_to_pixels")
+@register_lowering("lpx.rows_to_pixels", banding="view")
 def lower_rows_to_pixels(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """The rows' tensor as (N, C, H, W) when its SRAM chunks hold whole image rows (the
     windows of a convolution or pool never straddle two chunks); else a copy laid out so."""

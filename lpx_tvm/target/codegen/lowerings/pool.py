@@ -16,7 +16,7 @@ from ..storage import Stored, chunk_of, one, runs, slices_of
 from ..values import apart, new_value
 
 
-@register_lowering("nn.max_pool2d", "nn.avg_pool2d")
+@register_lowering("nn.max_pool2d", "nn.avg_pool2d", banding="window")
 def lower_pool(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """Max or average pooling: fold the window taps into an fp32 accumulator one tap per
     group (the taps of one image share a slice, so they cannot stream together), then
@@ -84,7 +84,7 @@ def lower_pool(ctx: LoweringContext, op: RegionOp, is_output: bool):
     ctx.values[op.out] = y
 
 
-@register_lowering("mean")
+@register_lowering("mean", banding="channels")
 def lower_global_avg_pool(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """Mean over H and W: the pixel sums of :func:`..mxm_tiles.pixel_sums` against a
     column of 1/(H*W)."""
