@@ -28,7 +28,8 @@ from ..machine.layout import coerce, tensor_tiles
 from ..machine.program import Binding, Program, SramImage, TensorLayout
 from .placer import UNIT_OF_PREFIX, Placer
 from .sram_alloc import SramAllocator
-from ..machine.timing import install_lanes, mxm_rate, timing, unit_count, unit_position
+from ..machine.effects import arrival_effect, instr_effects
+from ..machine.timing import install_lanes, unit_count, unit_position
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ class Node:
     units: tuple  # alternative unit indices (equivalent, same floorplan position)
     fields: dict
     inputs: list  # [(instr field, Value)]
-    effects: list  # [(state key, lo, hi, "r"|"w", rel_start, rel_end)] relative to the node's issue
+    effects: list  # [Effect] relative to the node's issue (machine.effects.instr_effects)
     out: "Value | None" = None
     weights: "DType | None" = None
     offset: int = 0
@@ -220,9 +221,11 @@ class Group:
         self.nodes = []
 
     # -- helpers -------------------------------------------------------------
-    def _node(self, op, count, units, fields, inputs=(), effects=(), out_dtype=None, out_count=None,
-              weights=None) -> Node:
-        node = Node(op, count, tuple(units), fields, list(inputs), list(effects), weights=weights)
+    def _node(self, op, count, units, fields, inputs=(), out_dtype=None, out_count=None, weights=None,
+              lines=None) -> Node:
+        node = Node(op, count, tuple(units), fields, list(inputs), [], weights=weights)
+        node.effects = instr_effects(self.cfg, node.probe(node.units[0]), weights=weights, lines=lines,
+                                     loopback=self.b.loopback)
         for f, v in node.inputs:
             if v.node not in self.nodes:
                 raise SchedulingError(f"{op}: its {f} operand comes from another group; values do not "
@@ -244,36 +247,26 @@ class Group:
         n = v.node
         if n.op.split(".")[0] not in ("vxm", "sxm"):
             raise SchedulingError(f"only VXM and SXM values can be recomputed, not {n.op}")
-        twin = self._node(n.op, n.count, n.units, dict(n.fields), list(n.inputs), list(n.effects),
-                          out_dtype=n.out.dtype, out_count=n.out.count)
+        twin = self._node(n.op, n.count, n.units, dict(n.fields), list(n.inputs), out_dtype=n.out.dtype, out_count=n.out.count)
         out = twin.out
         return out if v.base is None else out.part(v.offset, v.count)
 
     # -- MEM -----------------------------------------------------------------
     def read(self, region: SramSpan) -> Value:
-        lo, hi = region.lines
-        n = region.count
-        node = self._node("mem.read", n, (region.slice,), region._fields(),
-                          effects=[(("sram", region.slice), lo, hi, "r", 0, n - 1)], out_dtype=region.dtype)
+        node = self._node("mem.read", region.count, (region.slice,), region._fields(), out_dtype=region.dtype)
         return node.out
 
     def write(self, v: Value, region: SramSpan):
         self._check_count(v, region.count, "write")
         if v.dtype != region.dtype:
             raise SchedulingError(f"write: value is {v.dtype.short}, region is {region.dtype.short}")
-        lo, hi = region.lines
-        lw, n = self.cfg.latency["mem_write"], region.count
-        self._node("mem.write", n, (region.slice,), region._fields(),
-                   inputs=[("src0", v)], effects=[(("sram", region.slice), lo, hi, "w", lw, n - 1 + lw)])
+        self._node("mem.write", region.count, (region.slice,), region._fields(), inputs=[("src0", v)])
 
     def gather(self, index: Value, table: SramSpan) -> Value:
         """Rows of ``table`` picked by lane 0 of each int32 vector of ``index``."""
-        lo, hi = table.lines
-        n = index.count
-        node = self._node("mem.gather", n, (table.slice,), dict(addr=table.addr, stride=table.stride,
-                                                                dtype=table.dtype),
-                          inputs=[("src0", index)], effects=[(("sram", table.slice), lo, hi, "r", 0, n - 1)],
-                          out_dtype=table.dtype)
+        node = self._node("mem.gather", index.count, (table.slice,), dict(addr=table.addr, stride=table.stride,
+                                                                          dtype=table.dtype),
+                          inputs=[("src0", index)], out_dtype=table.dtype, lines=table.lines)
         return node.out
 
     def scatter(self, values: Value, index: Value, table: SramSpan):
@@ -282,41 +275,25 @@ class Group:
         self._check_count(values, index.count, "scatter")
         if values.dtype != table.dtype:
             raise SchedulingError(f"scatter: values are {values.dtype.short}, the table is {table.dtype.short}")
-        lo, hi = table.lines
-        lw, n = self.cfg.latency["mem_write"], index.count
-        self._node("mem.scatter", n, (table.slice,), dict(addr=table.addr, stride=table.stride, dtype=table.dtype),
-                   inputs=[("src0", values), ("src1", index)],
-                   effects=[(("sram", table.slice), lo, hi, "w", lw, n - 1 + lw)])
+        self._node("mem.scatter", index.count, (table.slice,), dict(addr=table.addr, stride=table.stride,
+                                                                    dtype=table.dtype),
+                   inputs=[("src0", values), ("src1", index)], lines=table.lines)
 
     def dma_load(self, host: int, region: SramSpan, engine: int = 0):
-        lo, hi = region.lines
-        probe = Instr("dma.load", 0, count=region.count, dtype=region.dtype)
-        d = timing(self.cfg, probe).done
-        nbytes = region.count * self.cfg.lanes * region.dtype.itemsize
         self._node("dma.load", region.count, (engine,), dict(slice=region.slice, addr=region.addr,
-                                                              stride=region.stride, dtype=region.dtype, aux0=host),
-                   effects=[(("sram", region.slice), lo, hi, "w", d, d),
-                            (("host",), host, host + nbytes - 1, "r", 0, d)])
+                                                              stride=region.stride, dtype=region.dtype, aux0=host))
 
     def dma_store(self, region: SramSpan, host: int, engine: int = 0):
-        lo, hi = region.lines
-        probe = Instr("dma.store", 0, count=region.count, dtype=region.dtype)
-        d = timing(self.cfg, probe).done
-        nbytes = region.count * self.cfg.lanes * region.dtype.itemsize
         self._node("dma.store", region.count, (engine,), dict(slice=region.slice, addr=region.addr,
-                                                               stride=region.stride, dtype=region.dtype, aux0=host),
-                   effects=[(("sram", region.slice), lo, hi, "r", 0, 0),
-                            (("host",), host, host + nbytes - 1, "w", d, d)])
+                                                               stride=region.stride, dtype=region.dtype, aux0=host))
 
     # -- MXM -----------------------------------------------------------------
     def install(self, plane: int, buf: int, v: Value, width: int, row: int = 0, lane: int = 0):
         """Install ``v.count`` weight rows of ``width`` columns (N) into rows ``row ..`` of a
         weight buffer through install lane ``lane``. The installs into a buffer between two
         multiplies together fill its rows 0..K-1 (see :meth:`ProgramBuilder.install`)."""
-        n = v.count
-        done = n + self.cfg.latency["mxm_install"]
-        self._node("mxm.install", n, (plane,), dict(buf=buf, dtype=v.dtype, aux0=width, addr=row, aux1=lane),
-                   inputs=[("src0", v)], effects=[(("wbuf", plane, buf), row, row + n - 1, "w", 0, done)])
+        self._node("mxm.install", v.count, (plane,), dict(buf=buf, dtype=v.dtype, aux0=width, addr=row, aux1=lane),
+                   inputs=[("src0", v)])
         self.b._installed[(plane, buf)] = v.dtype
 
     def mul(self, plane: int, buf: int, v: Value, acc: int, accumulate: bool = False):
@@ -324,20 +301,11 @@ class Group:
         weights = self.b._installed.get((plane, buf))
         if weights is None:
             raise SchedulingError(f"mul on plane {plane} buffer {buf} before any install into it")
-        r = mxm_rate(self.cfg, v.dtype, weights)
-        n, lat = v.count, self.cfg.latency["mxm_mul"]
-        # It reads every row of the buffer: no install of the next fill, whatever its rows,
-        # may issue before it (that install would join this fill).
-        effects = [(("wbuf", plane, buf), 0, self.cfg.mxm_rows - 1, "r", 0, r * n - 1),
-                   (("acc", plane), acc, acc + n - 1, "w", r + lat - 1, r * n + lat - 1)]
-        if accumulate:
-            effects.append((("acc", plane), acc, acc + n - 1, "r", r + lat - 2, r * n + lat - 2))
-        self._node("mxm.mac" if accumulate else "mxm.mul", n, (plane,), dict(buf=buf, addr=acc, dtype=v.dtype),
-                   inputs=[("src0", v)], effects=effects, weights=weights)
+        self._node("mxm.mac" if accumulate else "mxm.mul", v.count, (plane,), dict(buf=buf, addr=acc, dtype=v.dtype),
+                   inputs=[("src0", v)], weights=weights)
 
     def drain(self, plane: int, acc: int, count: int, dtype) -> Value:
-        node = self._node("mxm.drain", count, (plane,), dict(addr=acc, dtype=DType.parse(dtype)),
-                          effects=[(("acc", plane), acc, acc + count - 1, "r", 0, count - 1)], out_dtype=dtype)
+        node = self._node("mxm.drain", count, (plane,), dict(addr=acc, dtype=DType.parse(dtype)), out_dtype=dtype)
         return node.out
 
     # -- VXM -----------------------------------------------------------------
@@ -377,21 +345,25 @@ class Group:
 
     # -- C2C -----------------------------------------------------------------
     def send(self, link: int, v: Value):
-        probe = Instr("c2c.send", 0, unit=link, count=v.count, dtype=v.dtype)
-        d = timing(self.cfg, probe).done
-        # In a system the link's far end is another chip: its messages keep program order
-        # (the receiver takes them in its own program order).
-        self._node("c2c.send", v.count, (link,), dict(dtype=v.dtype), [("src0", v)],
-                   effects=[(("link", link), 0, 0, "w", d, d)] if self.b.loopback else
-                   [(("link-out", link), 0, 0, "w", 0, 0)])
+        self._node("c2c.send", v.count, (link,), dict(dtype=v.dtype), [("src0", v)])
 
     def recv(self, link: int, count: int, dtype) -> Value:
-        effects = [(("link", link), 0, 0, "r", 0, 0)]
-        if not self.b.loopback:  # in program order, the order the messages arrive in
-            effects.append((("link-in", link), 0, 0, "w", 0, 0))
-        node = self._node("c2c.recv", count, (link,), dict(dtype=DType.parse(dtype)), effects=effects,
-                          out_dtype=dtype)
+        node = self._node("c2c.recv", count, (link,), dict(dtype=DType.parse(dtype)), out_dtype=dtype)
         return node.out
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """A schedule entry: later groups start after everything before it has completed."""
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A schedule entry: data arrives on ``link`` from another chip at ``cycle`` (an int, or
+    a function asked when the program is built)."""
+
+    link: int
+    cycle: object
 
 
 def chunk_lines(layout: TensorLayout):
@@ -725,15 +697,14 @@ class ProgramBuilder:
             raise SchedulingError("only the groups added last can be hoisted")
         del self._groups[len(self._groups) - n:]
         for g in groups:
-            mine = [e[:4] for node in g.nodes for e in node.effects]
-            keys = {e[0] for e in mine}
+            mine = [e for node in g.nodes for e in node.effects]
+            keys = {e.key for e in mine}
             pos = len(self._groups)
             stop = max(0, pos - limit)
             while pos > stop:
                 h = self._groups[pos - 1]
-                if not isinstance(h, Group) or any(k2 in keys and lo <= hi2 and lo2 <= hi and "w" in (kd, kd2)
-                                      for node in h.nodes for (k2, lo2, hi2, kd2, _, _) in node.effects
-                                      for (k, lo, hi, kd) in mine if k == k2):
+                if not isinstance(h, Group) or any(e.key in keys and any(e.conflicts(m) for m in mine)
+                                                   for node in h.nodes for e in node.effects):
                     break
                 pos -= 1
             self._groups.insert(pos, g)
@@ -745,14 +716,14 @@ class ProgramBuilder:
 
     def sync(self):
         """A barrier: later groups start after everything before it has completed."""
-        self._groups.append("sync")
+        self._groups.append(Barrier())
 
     def arrival(self, link: int, cycle):
         """Data arrives on ``link`` from another chip at ``cycle`` (its sender's schedule):
         a later group's receive on that link issues no earlier. ``cycle`` may be a
         function, asked when the program is built (the sender's program being built
         beside this one: target.system_programs.build_together)."""
-        self._groups.append(("arrival", link, cycle))
+        self._groups.append(Arrival(link, cycle))
 
     def nearest_sxm(self, node: Node) -> int:
         pos = unit_position(self.config, UNIT_OF_PREFIX[node.op.split(".")[0]], node.units[0])
@@ -767,11 +738,11 @@ class ProgramBuilder:
         if self.on_start is not None:
             self.on_start()
         for g in self._groups:
-            if g == "sync":
+            if isinstance(g, Barrier):
                 instrs.append(Instr("icu.sync", placer.sync()))
-            elif isinstance(g, tuple):  # ("arrival", link, cycle)
-                cycle = g[2]() if callable(g[2]) else g[2]
-                placer.res.record([(("link", g[1]), 0, 0, "w", 0, cycle, 0)], 0)
+            elif isinstance(g, Arrival):
+                cycle = g.cycle() if callable(g.cycle) else g.cycle
+                placer.res.record([arrival_effect(g.link, cycle)], 0)
             elif g.nodes:
                 placed = placer.place(g)
                 instrs.extend(placed)

@@ -18,7 +18,7 @@ from lpx_tvm.errors import SchedulingError
 from lpx_tvm.pipeline import build_executable, lower
 from lpx_tvm.relax_passes import import_onnx
 from lpx_tvm.sim import Simulator
-from lpx_tvm.target.builder import ProgramBuilder
+from lpx_tvm.target.builder import Barrier, ProgramBuilder
 from lpx_tvm.target.codegen import TilingPolicy
 from lpx_tvm.target.codegen.mxm_tiles import wavefront
 from lpx_tvm.tir_schedules import default_tiling
@@ -66,7 +66,7 @@ def test_hoist_stops_at_a_barrier_and_only_moves_the_last_groups():
     b.sync()
     late = b.install("install1", 1, 0, [(0, B.tile(0).rows(0, 16))], width=16)
     b.hoist(late)
-    assert b._groups[len(first)] == "sync" and b._groups[len(first) + 1] is late[0]
+    assert isinstance(b._groups[len(first)], Barrier) and b._groups[len(first) + 1] is late[0]
     with pytest.raises(SchedulingError, match="added last"):
         b.hoist(first)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...machine.isa import DType
+from ...machine.timing import mem_write_landing
 from ..memory import _bounds
 from ..replay_steps import MemRead, MemReadLines, MemWrite, MemWriteLines
 
@@ -45,7 +46,7 @@ def mem_write(run, i, ins, t, _):
     src = run.read_stream(ins, ins.src0, ins.dtype, t.position)
     w = ins.dtype.itemsize
     index = run.sram.write(ins.unit, ins.addr, ins.stride, ins.count, w,
-                           ins.cycle + run.cfg.latency["mem_write"], i, inner=ins.aux0, outer=ins.aux1)
+                           mem_write_landing(run.cfg, ins), i, inner=ins.aux0, outer=ins.aux1)
     run.note_write(ins.unit, index)
     count_sram(run, ins, read=False)
     spec = run.sram.vectors_spec(ins.unit, ins.addr, ins.stride, ins.count, w, w, ins.aux0, ins.aux1, write=True)
@@ -74,7 +75,7 @@ def mem_scatter(run, i, ins, t, _):
     if run.ex is not None:
         rows = run.ex.operand(idx.producer, idx.offset, ins.count)
         addrs = ins.addr + rows[:, 0].astype(np.int64) * ins.stride
-        index = run.sram.scatter(ins.unit, addrs, ins.dtype.itemsize, ins.cycle + run.cfg.latency["mem_write"], i)
+        index = run.sram.scatter(ins.unit, addrs, ins.dtype.itemsize, mem_write_landing(run.cfg, ins), i)
         run.note_write(ins.unit, index)
         run.record(MemWriteLines(ins.unit, index, src, ins.count), (src.producer, idx.producer))
     count_sram(run, ins, read=False)
