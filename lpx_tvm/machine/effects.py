@@ -68,7 +68,7 @@ def instr_effects(cfg: LPXConfig, ins: Instr, *, weights: "DType | None" = None,
         return [Effect(("sram", ins.unit), lo, hi, "w", land, n - 1 + land)]
     if op in ("dma.load", "dma.store"):
         lo, hi = sram_lines(ins)
-        done = timing(cfg, ins).done
+        done = timing(cfg, ins).done - ins.cycle
         host, nbytes = ins.aux0, n * cfg.lanes * ins.dtype.itemsize
         if op == "dma.load":
             return [Effect(("sram", ins.slice), lo, hi, "w", done, done),
@@ -93,7 +93,7 @@ def instr_effects(cfg: LPXConfig, ins: Instr, *, weights: "DType | None" = None,
         return [Effect(("acc", ins.unit), ins.addr, ins.addr + n - 1, "r", 0, n - 1)]
     if op == "c2c.send":
         if loopback:
-            done = timing(cfg, ins).done
+            done = timing(cfg, ins).done - ins.cycle
             return [Effect(("link", ins.unit), 0, 0, "w", done, done)]
         # A link to another chip: its messages keep program order (the receiver takes
         # them in its own program order).
