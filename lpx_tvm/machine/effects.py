@@ -44,10 +44,10 @@ class Effect:
 
 
 def sram_lines(ins: Instr) -> tuple:
-    """(first, last) SRAM line a MEM read or write of ``ins`` touches (``aux0``/``aux1``:
-    the inner count and outer stride of a two-level walk, when ``aux0`` is set)."""
+    """(first, last) SRAM line a MEM read or write of ``ins`` touches (a two-level walk
+    when ``ins.inner`` is set: see :class:`~lpx_tvm.target.builder.SramSpan`)."""
     k = np.arange(ins.count)
-    inner, outer = (ins.aux0, ins.aux1) if ins.op in ("mem.read", "mem.write") else (0, 0)
+    inner, outer = (ins.inner, ins.outer) if ins.op in ("mem.read", "mem.write") else (0, 0)
     starts = ins.addr + ((k // inner) * outer + (k % inner) * ins.stride if inner else k * ins.stride)
     return int(starts.min()), int(starts.max()) + ins.dtype.itemsize - 1
 
@@ -69,7 +69,7 @@ def instr_effects(cfg: LPXConfig, ins: Instr, *, weights: "DType | None" = None,
     if op in ("dma.load", "dma.store"):
         lo, hi = sram_lines(ins)
         done = timing(cfg, ins).done - ins.cycle
-        host, nbytes = ins.aux0, n * cfg.lanes * ins.dtype.itemsize
+        host, nbytes = ins.host, n * cfg.lanes * ins.dtype.itemsize
         if op == "dma.load":
             return [Effect(("sram", ins.slice), lo, hi, "w", done, done),
                     Effect(("host",), host, host + nbytes - 1, "r", 0, done)]
