@@ -43,13 +43,19 @@ class Effect:
                 and "w" in (self.kind, other.kind))
 
 
+def line_span(addr: int, stride: int, count: int, itemsize: int, inner: int = 0, outer: int = 0) -> tuple:
+    """(first, last) line ``count`` vectors of ``itemsize`` lines touch, vector ``k`` at
+    ``addr + k * stride`` or, a two-level walk when ``inner`` is set, at
+    ``addr + (k // inner) * outer + (k % inner) * stride``."""
+    k = np.arange(count)
+    starts = addr + ((k // inner) * outer + (k % inner) * stride if inner else k * stride)
+    return int(starts.min()), int(starts.max()) + itemsize - 1
+
+
 def sram_lines(ins: Instr) -> tuple:
-    """(first, last) SRAM line a MEM read or write of ``ins`` touches (a two-level walk
-    when ``ins.inner`` is set: see :class:`~lpx_tvm.target.builder.SramSpan`)."""
-    k = np.arange(ins.count)
+    """(first, last) SRAM line a MEM read or write, or a DMA, of ``ins`` touches."""
     inner, outer = (ins.inner, ins.outer) if ins.op in ("mem.read", "mem.write") else (0, 0)
-    starts = ins.addr + ((k // inner) * outer + (k % inner) * ins.stride if inner else k * ins.stride)
-    return int(starts.min()), int(starts.max()) + ins.dtype.itemsize - 1
+    return line_span(ins.addr, ins.stride, ins.count, ins.dtype.itemsize, inner, outer)
 
 
 def instr_effects(cfg: LPXConfig, ins: Instr, *, weights: "DType | None" = None, lines: "tuple | None" = None,

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import SchedulingError, SramFull
 from ..machine.config import LPXConfig
+from ..machine.effects import line_span
 from ..machine.isa import DType
 from ..machine.layout import coerce, tensor_tiles
 from ..machine.program import Binding, SramImage, TensorLayout
@@ -36,10 +37,7 @@ class SramSpan:
 
     @property
     def lines(self) -> tuple:
-        k = np.arange(self.count)
-        starts = self.addr + ((k // self.inner) * self.outer + (k % self.inner) * self.stride if self.inner
-                              else k * self.stride)
-        return int(starts.min()), int(starts.max()) + self.dtype.itemsize - 1
+        return line_span(self.addr, self.stride, self.count, self.dtype.itemsize, self.inner, self.outer)
 
     def rows(self, start: int, stop: int) -> "SramSpan":
         if not 0 <= start < stop <= self.count:
