@@ -188,3 +188,9 @@ def timing(cfg: LPXConfig, ins: Instr, *, mxm_weights: DType = None) -> Timing:
 def mxm_row_landing(cfg: LPXConfig, ins: Instr, rate: int, k):
     """Cycle at which accumulator row ``addr + k`` of a mul/mac lands (k may be an array)."""
     return ins.cycle + rate * (k + 1) + cfg.latency["mxm_mul"] - 1
+
+
+def mem_write_landing(cfg: LPXConfig, ins: Instr) -> int:
+    """Cycle at which the first line of a MEM write (or scatter) lands; line ``k`` of the
+    write lands ``k`` cycles later."""
+    return ins.cycle + cfg.latency["mem_write"]

@@ -98,8 +98,7 @@ class Placer:
 
     def place(self, g: Group) -> list:
         self._solve(g)
-        effects = [(k, lo, hi, kind, n.offset + a, n.offset + b, n.offset)
-                   for n in g.nodes for (k, lo, hi, kind, a, b) in n.effects]
+        effects = [e.after(n.offset) for n in g.nodes for e in n.effects]
         values = [n.out for n in g.nodes if n.out is not None]
         dirs = {id(v): self._direction(v) for v in values}
         t = max(self.res.lower_bound(effects), self.barrier)

@@ -98,19 +98,19 @@ class Reservations:
     def lower_bound(self, effects) -> int:
         """Earliest group start meeting every dependency.
 
-        Effects carry windows relative to the group start: ``(key, lo, hi, kind, start, end,
-        issue)`` where start..end is when the access happens and ``issue`` when its
+        Effects (:class:`~lpx_tvm.machine.effects.Effect`) carry windows relative to the
+        group start: start..end is when the access happens and ``issue`` when its
         instruction issues. A write lands after earlier accesses of its lines, and also
         *issues* after the earlier reads issue: the simulator runs instructions in issue
         order, so a write issued before a read it lands after would be applied too early
         (and is reported as a race)."""
         lb = 0
-        for key, lo, hi, kind, rel_start, _, rel_issue in effects:
-            st = self.accesses.get(key)
+        for e in effects:
+            st = self.accesses.get(e.key)
             if st is not None:
-                lb = max(lb, st.bound(lo, hi, kind, rel_start, rel_issue))
+                lb = max(lb, st.bound(e.lo, e.hi, e.kind, e.start, e.issue))
         return lb
 
     def record(self, effects, t: int):
-        for key, lo, hi, kind, _, rel_end, rel_issue in effects:
-            self._stamps(key).record(lo, hi, kind, t + rel_end, t + rel_issue)
+        for e in effects:
+            self._stamps(e.key).record(e.lo, e.hi, e.kind, t + e.end, t + e.issue)

@@ -18,7 +18,7 @@ from lpx_tvm.errors import SchedulingError
 from lpx_tvm.pipeline import build_executable, lower
 from lpx_tvm.relax_passes import import_onnx
 from lpx_tvm.sim import Simulator
-from lpx_tvm.target.builder import ProgramBuilder
+from lpx_tvm.target.builder import Barrier, ProgramBuilder
 from lpx_tvm.target.codegen import TilingPolicy
 from lpx_tvm.target.codegen.mxm_tiles import wavefront
 from lpx_tvm.tir_schedules import default_tiling
@@ -43,12 +43,12 @@ def test_hoist_moves_a_group_to_just_after_the_last_one_touching_its_state():
     # Plane 0 buffer 0 again: it must stay after mul0, which reads that buffer.
     again = b.install("install0b", 0, 0, [(0, B.tile(0).rows(0, 16))], width=16)
     b.hoist(again)
-    assert [g.tag for g in b._groups[:3]] + [b._groups[2 + len(again)].tag] == \
+    assert [g.tag for g in b.schedule.entries[:3]] + [b.schedule.entries[2 + len(again)].tag] == \
         ["install0", "mul0", "install0b", "drain0"]
     # Plane 1 touches nothing of plane 0: it goes before everything.
     other = b.install("install1", 1, 0, [(0, B.tile(0).rows(0, 16))], width=16)
     b.hoist(other)
-    assert all(g.tag == "install1" for g in b._groups[:len(other)])
+    assert all(g.tag == "install1" for g in b.schedule.entries[:len(other)])
     g = b.group("mul1")
     g.mul(1, 0, g.read(A.tile(0).rows(0, 4)), acc=0)
     g = b.group("drain1")
@@ -66,7 +66,7 @@ def test_hoist_stops_at_a_barrier_and_only_moves_the_last_groups():
     b.sync()
     late = b.install("install1", 1, 0, [(0, B.tile(0).rows(0, 16))], width=16)
     b.hoist(late)
-    assert b._groups[len(first)] == "sync" and b._groups[len(first) + 1] is late[0]
+    assert isinstance(b.schedule.entries[len(first)], Barrier) and b.schedule.entries[len(first) + 1] is late[0]
     with pytest.raises(SchedulingError, match="added last"):
         b.hoist(first)
 

@@ -14,10 +14,10 @@ def operand_problems(cfg, program, ins) -> list:
 
 def _host_range(run, ins):
     nbytes = ins.count * run.cfg.lanes * ins.dtype.itemsize
-    if ins.aux0 < 0 or ins.aux0 + nbytes > run.host_size:
-        raise Race("address-out-of-range", f"off-chip bytes {ins.aux0}..{ins.aux0 + nbytes - 1} outside "
+    if ins.host < 0 or ins.host + nbytes > run.host_size:
+        raise Race("address-out-of-range", f"off-chip bytes {ins.host}..{ins.host + nbytes - 1} outside "
                                            f"the program's {run.host_size} bytes of off-chip memory")
-    return ins.aux0, nbytes
+    return ins.host, nbytes
 
 
 def _count(run, ins, nbytes, load: bool):

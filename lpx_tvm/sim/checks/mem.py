@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from ...machine.isa import DType
+from ...machine.timing import mem_write_landing
 from ..memory import _bounds
 from ..replay_steps import MemRead, MemReadLines, MemWrite, MemWriteLines
 
 
 def operand_problems(cfg, program, ins) -> list:
-    if ins.op in ("mem.read", "mem.write") and ins.aux0 < 0:
-        return [f"inner count {ins.aux0} must be >= 0"]
+    if ins.op in ("mem.read", "mem.write") and ins.inner < 0:
+        return [f"inner count {ins.inner} must be >= 0"]
     return []
 
 
@@ -29,11 +30,11 @@ def count_sram(run, ins, read: bool):
 def mem_read(run, i, ins, t, _):
     w = ins.dtype.itemsize
     index = run.sram.read(ins.unit, ins.addr, ins.stride, ins.count, w, ins.cycle, i,
-                          inner=ins.aux0, outer=ins.aux1)
+                          inner=ins.inner, outer=ins.outer)
     count_sram(run, ins, read=True)
-    source = (ins.unit, ins.addr, ins.stride, ins.aux0, ins.aux1, ins.dtype, int(run.sram.generation[ins.unit]))
+    source = (ins.unit, ins.addr, ins.stride, ins.inner, ins.outer, ins.dtype, int(run.sram.generation[ins.unit]))
     run.emit(i, ins, t, ins.dtype, source)
-    spec = run.sram.vectors_spec(ins.unit, ins.addr, ins.stride, ins.count, w, w, ins.aux0, ins.aux1)
+    spec = run.sram.vectors_spec(ins.unit, ins.addr, ins.stride, ins.count, w, w, ins.inner, ins.outer)
     if spec is None:
         run.record(MemReadLines(i, ins.unit, index, ins.count, ins.dtype.np), makes=i)
         return
@@ -45,10 +46,10 @@ def mem_write(run, i, ins, t, _):
     src = run.read_stream(ins, ins.src0, ins.dtype, t.position)
     w = ins.dtype.itemsize
     index = run.sram.write(ins.unit, ins.addr, ins.stride, ins.count, w,
-                           ins.cycle + run.cfg.latency["mem_write"], i, inner=ins.aux0, outer=ins.aux1)
+                           mem_write_landing(run.cfg, ins), i, inner=ins.inner, outer=ins.outer)
     run.note_write(ins.unit, index)
     count_sram(run, ins, read=False)
-    spec = run.sram.vectors_spec(ins.unit, ins.addr, ins.stride, ins.count, w, w, ins.aux0, ins.aux1, write=True)
+    spec = run.sram.vectors_spec(ins.unit, ins.addr, ins.stride, ins.count, w, w, ins.inner, ins.outer, write=True)
     if spec is None:
         run.record(MemWriteLines(ins.unit, index, src, ins.count), (src.producer,))
     else:
@@ -74,7 +75,7 @@ def mem_scatter(run, i, ins, t, _):
     if run.ex is not None:
         rows = run.ex.operand(idx.producer, idx.offset, ins.count)
         addrs = ins.addr + rows[:, 0].astype(np.int64) * ins.stride
-        index = run.sram.scatter(ins.unit, addrs, ins.dtype.itemsize, ins.cycle + run.cfg.latency["mem_write"], i)
+        index = run.sram.scatter(ins.unit, addrs, ins.dtype.itemsize, mem_write_landing(run.cfg, ins), i)
         run.note_write(ins.unit, index)
         run.record(MemWriteLines(ins.unit, index, src, ins.count), (src.producer, idx.producer))
     count_sram(run, ins, read=False)

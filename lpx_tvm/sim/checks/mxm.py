@@ -31,10 +31,10 @@ def operand_problems(cfg, program, ins) -> list:
     if op == "mxm.install":
         if ins.addr < 0 or ins.addr + ins.count > cfg.mxm_rows:
             problems.append(f"installs rows {ins.addr}..{ins.addr + ins.count - 1} but a plane has {cfg.mxm_rows}")
-        if not 1 <= ins.aux0 <= cfg.mxm_cols:
-            problems.append(f"width {ins.aux0} out of range 1..{cfg.mxm_cols}")
-        if ins.dtype.short in cfg.mxm_cycles_per_vector and not 0 <= ins.aux1 < tm.install_lanes(cfg, ins.dtype):
-            problems.append(f"install lane {ins.aux1} out of range 0..{tm.install_lanes(cfg, ins.dtype) - 1} "
+        if not 1 <= ins.width <= cfg.mxm_cols:
+            problems.append(f"width {ins.width} out of range 1..{cfg.mxm_cols}")
+        if ins.dtype.short in cfg.mxm_cycles_per_vector and not 0 <= ins.lane < tm.install_lanes(cfg, ins.dtype):
+            problems.append(f"install lane {ins.lane} out of range 0..{tm.install_lanes(cfg, ins.dtype) - 1} "
                             f"({cfg.mxm_install_streams} install streams, {ins.dtype.itemsize} per "
                             f"{ins.dtype.short} row)")
     if op != "mxm.drain" and ins.dtype.short not in cfg.mxm_cycles_per_vector:
@@ -111,9 +111,9 @@ def mxm_install(run, i, ins, t, _):
     fresh = buf.parts is None
     if fresh:
         buf.parts = []
-        buf.dtype, buf.width, buf.ready = ins.dtype, ins.aux0, None
-    elif (ins.dtype, ins.aux0) != (buf.dtype, buf.width):
-        raise Race("weights-mismatch", f"install of {ins.aux0} {ins.dtype.short} columns into weight buffer "
+        buf.dtype, buf.width, buf.ready = ins.dtype, ins.width, None
+    elif (ins.dtype, ins.width) != (buf.dtype, buf.width):
+        raise Race("weights-mismatch", f"install of {ins.width} {ins.dtype.short} columns into weight buffer "
                                        f"{ins.buf} of plane {ins.unit}, whose other installs since its last "
                                        f"multiply are {buf.width} {buf.dtype.short} columns")
     lo, hi = ins.addr, ins.addr + ins.count

@@ -9,17 +9,17 @@ from ..replay_steps import Sxm
 
 def operand_problems(cfg, program, ins) -> list:
     op, problems = ins.op, []
-    if op == "sxm.transpose" and (ins.count > cfg.lanes or not 1 <= ins.aux0 <= cfg.lanes):
+    if op == "sxm.transpose" and (ins.count > cfg.lanes or not 1 <= ins.out <= cfg.lanes):
         problems.append(f"transpose takes at most {cfg.lanes} vectors and emits 1..{cfg.lanes}")
-    if op == "sxm.broadcast" and not 0 <= ins.aux0 < cfg.lanes:
-        problems.append(f"lane {ins.aux0} out of range")
+    if op == "sxm.broadcast" and not 0 <= ins.lane < cfg.lanes:
+        problems.append(f"lane {ins.lane} out of range")
     if op == "sxm.permute":
-        if not 0 <= ins.aux0 < len(program.tables):
-            problems.append(f"permutation map {ins.aux0} not in the program's {len(program.tables)} tables")
+        if not 0 <= ins.map < len(program.tables):
+            problems.append(f"permutation map {ins.map} not in the program's {len(program.tables)} tables")
         else:
-            t = np.asarray(program.tables[ins.aux0])
+            t = np.asarray(program.tables[ins.map])
             if t.shape != (cfg.lanes,) or t.min() < -1 or t.max() >= cfg.lanes:
-                problems.append(f"permutation map {ins.aux0} must have {cfg.lanes} entries in -1..{cfg.lanes - 1}")
+                problems.append(f"permutation map {ins.map} must have {cfg.lanes} entries in -1..{cfg.lanes - 1}")
     return problems
 
 

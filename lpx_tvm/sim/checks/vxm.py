@@ -11,8 +11,8 @@ from ..replay_steps import Vxm
 
 def operand_problems(cfg, program, ins) -> list:
     op, problems = ins.op, []
-    if op in VXM_REDUCE and not 1 <= ins.aux0 <= cfg.lanes:
-        problems.append(f"width {ins.aux0} out of range 1..{cfg.lanes}")
+    if op in VXM_REDUCE and not 1 <= ins.width <= cfg.lanes:
+        problems.append(f"width {ins.width} out of range 1..{cfg.lanes}")
     if op == "vxm.requant" and (ins.dtype is not DType.INT32 or ins.out_dtype not in (DType.INT8, DType.UINT8)):
         problems.append("requant converts int32 to int8 or uint8")
     if op == "vxm.cvt" and ins.out_dtype is DType.NONE:
