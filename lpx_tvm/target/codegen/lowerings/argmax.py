@@ -35,10 +35,9 @@ def lower_argmax(ctx: LoweringContext, op: RegionOp, is_output: bool):
     ``j + min((m - x_j) * 2^200, 1) * 2^24`` (as the maximum of its negation), whose value is
     the first index where x equals m; converted to int32."""
     x = ctx.value(op.main.args[0])
-    if x.nhwc:
-        raise UnsupportedOnLPX("argmax of a 4-D value (its last axis is stored across vectors)")
-    if [s.op for s in op.epilogue] != ["astype"] or op.dtype != "int32":
-        raise UnsupportedOnLPX("argmax on LPX gives int32 indices (argmax then astype int32)")
+    assert not x.nhwc, "the argmax pattern refuses 4-D values (their last axis spans vectors)"
+    assert [s.op for s in op.epilogue] == ["astype"] and op.dtype == "int32", \
+        "the argmax pattern takes argmax then astype int32 only"
     lay = x.tensor.layout
     rows, cols, lanes, f32 = lay.rows, lay.cols, ctx.cfg.lanes, DType.FP32
     if cols >= _NOT_MAX:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..lowering_context import LoweringContext
-from ..graph import RegionOp, UnsupportedOnLPX
+from ..graph import RegionOp
 from ..row_passes import finish, reduce_tiles
 from ..registry import register_lowering
 from ..storage import chunk_of, one, runs
@@ -16,8 +16,7 @@ def lower_softmax(ctx: LoweringContext, op: RegionOp, is_output: bool):
     vector with it), then exp(x - max) kept in fp32 with its running row sum, then the
     scaling by the sum's reciprocal."""
     x = ctx.value(op.main.args[0])
-    if x.nhwc:
-        raise UnsupportedOnLPX("softmax of a 4-D value (its last axis is stored across vectors)")
+    assert not x.nhwc, "the softmax pattern refuses 4-D values (their last axis spans vectors)"
     lay = x.tensor.layout
     rows, cols, lanes, f32 = lay.rows, lay.cols, ctx.cfg.lanes, ctx.acc
     mx = ctx.temp(new_value(ctx, f"{op.out}.max", (rows, lanes), avoid=[x], dtype=f32))
