@@ -3,6 +3,8 @@ passes that pack channels side by side."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .lowering_context import LoweringContext
@@ -60,25 +62,39 @@ def lane_pass(ctx: LoweringContext, tag: str, src, dst, before: int, width: int,
     g.write(v, dst)
 
 
+@dataclass(frozen=True, slots=True)
+class LaneMove:
+    """``rows`` rows of ``width`` lanes moved from (``src_row``, ``src_col``) of a value
+    to (``dst_row``, ``dst_col``) of another (:func:`move_lanes`)."""
+
+    src_row: int
+    dst_row: int
+    rows: int
+    src_col: int
+    dst_col: int
+    width: int
+
+
 def tiles_moved_into(moves, lanes: int, ntiles: int) -> list:
     """For each of the ``ntiles`` column tiles of a :func:`move_lanes` result, the column
     tiles of the source it receives lanes from (a group reads them beside it)."""
     out = [set() for _ in range(ntiles)]
-    for _, _, _, xc, yc, w in moves:
-        for c in range(w):
-            out[(yc + c) // lanes].add((xc + c) // lanes)
+    for m in moves:
+        for c in range(m.width):
+            out[(m.dst_col + c) // lanes].add((m.src_col + c) // lanes)
     return out
 
 
 def move_lanes(ctx: LoweringContext, tag: str, x: Stored, y: Stored, moves):
-    """``y[yr:yr+n, yc:yc+w] = x[xr:xr+n, xc:xc+w]`` for each (xr, yr, n, xc, yc, w) of
-    ``moves``, which together cover every element of ``y``: per piece within one column
+    """``y[yr:yr+n, yc:yc+w] = x[xr:xr+n, xc:xc+w]`` for each :class:`LaneMove` (xr, yr,
+    n, xc, yc, w) of ``moves``, which together cover every element of ``y``: per piece within one column
     tile of each, an SXM permute moves the lanes into place (the other lanes become
     zero) and pieces landing on rows already written are added to them."""
     lanes = ctx.cfg.lanes
     ycols = y.tensor.layout.cols
     written = np.zeros((y.tensor.ntiles, y.tensor.layout.rows), bool)
-    for xr, yr, n, xc, yc, w in moves:
+    for m in moves:
+        xr, yr, n, xc, yc, w = m.src_row, m.dst_row, m.rows, m.src_col, m.dst_col, m.width
         done = 0
         while done < w:
             xt, xb = divmod(xc + done, lanes)

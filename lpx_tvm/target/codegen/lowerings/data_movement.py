@@ -9,7 +9,7 @@ import numpy as np
 
 from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
-from ..lanes import gather_lanes, lane_map, move_lanes, tiles_moved_into
+from ..lanes import LaneMove, gather_lanes, lane_map, move_lanes, tiles_moved_into
 from ..row_passes import write_rows
 from ..registry import register_lowering
 from ..rules import concat_axis_problem, flattens_pixels, reshape_keeps_storage, row_axis_problem, row_blocks
@@ -83,7 +83,7 @@ def _swap_last(ctx: LoweringContext, x: Stored, y: Stored, tag: str):
     for i in range(batches):
         if sources is None:
             src = Stored(ctx.builder.tensor(f"{tag}.batch", (m, n), dtype, row_align=lanes), (m, n))
-            move_lanes(ctx, f"{tag}.batch", x, src, [(i * m, 0, m, 0, 0, n)])
+            move_lanes(ctx, f"{tag}.batch", x, src, [LaneMove(i * m, 0, m, 0, 0, n)])
             base = 0
         else:
             src, base = sources[i]
@@ -103,7 +103,8 @@ def _swap_first(ctx: LoweringContext, x: Stored, y: Stored, tag: str):
     """Swap the first two axes of a 3-D value (a, b, c): row i*b + j moves to row j*a + i,
     whole (the last axis stays in lanes)."""
     a, b, c = x.shape
-    move_lanes(ctx, f"{tag}.swap", x, y, [(i * b + j, j * a + i, 1, 0, 0, c) for i in range(a) for j in range(b)])
+    move_lanes(ctx, f"{tag}.swap", x, y,
+               [LaneMove(i * b + j, j * a + i, 1, 0, 0, c) for i in range(a) for j in range(b)])
 
 
 @register_lowering("concat")
@@ -119,7 +120,7 @@ def lower_concat(ctx: LoweringContext, op: RegionOp, is_output: bool):
         raise UnsupportedOnLPX(problem)
     lanes = ctx.cfg.lanes
     widths = [x.shape[1] if rank == 4 else x.shape[-1] for x in parts]
-    beside = [_moved_into(ctx, [(0, 0, 0, 0, sum(widths[:i]), w)], stored_shape(op.shape))
+    beside = [_moved_into(ctx, [LaneMove(0, 0, 0, 0, sum(widths[:i]), w)], stored_shape(op.shape))
               for i, w in enumerate(widths)]
     y = new_value(ctx, op.out, op.shape, is_output, avoid=parts, beside=beside)
     rows = y.tensor.layout.rows
@@ -173,7 +174,7 @@ def lower_slice(ctx: LoweringContext, op: RegionOp, is_output: bool):
     axis, or axis 1 of a 4-D value (stored NHWC, its channels in lanes: a C2f block's split)."""
     x = ctx.value(op.main.args[0])
     begin, end = _slice_bounds(op.main, stored_shape(x.shape)[-1])
-    moves = [(0, 0, x.tensor.layout.rows, begin, 0, end - begin)]
+    moves = [LaneMove(0, 0, x.tensor.layout.rows, begin, 0, end - begin)]
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x],
                   beside=[_moved_into(ctx, moves, stored_shape(op.shape))])
     move_lanes(ctx, f"{op.out}.slice", x, y, moves)
@@ -189,7 +190,7 @@ def lower_permute_lanes(ctx: LoweringContext, op: RegionOp, is_output: bool):
     source, moves = [], []
     for s in (op.main, op.epilogue[0]):
         begin, end = _slice_bounds(s, x.shape[-1])
-        moves.append((0, 0, x.tensor.layout.rows, begin, len(source), end - begin))
+        moves.append(LaneMove(0, 0, x.tensor.layout.rows, begin, len(source), end - begin))
         source += range(begin, end)
     if len(source) != op.shape[-1]:
         raise UnsupportedOnLPX(f"{op.out}: slices of {len(source)} lanes for a result of {op.shape[-1]}")
@@ -203,7 +204,7 @@ def lower_split_heads(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """(s, h*d) -> (h, s, d): head i is lanes i*d .. of every row, moved to rows i*s .."""
     x = ctx.value(op.main.args[0])
     h, s, d = op.shape
-    moves = [(0, i * s, s, i * d, 0, d) for i in range(h)]
+    moves = [LaneMove(0, i * s, s, i * d, 0, d) for i in range(h)]
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x], beside=[_moved_into(ctx, moves, op.shape)])
     move_lanes(ctx, f"{op.out}.split_heads", x, y, moves)
     ctx.values[op.out] = y
@@ -214,7 +215,7 @@ def lower_merge_heads(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """(h, s, d) -> (s, h*d): the inverse of :func:`lower_split_heads`."""
     x = ctx.value(op.main.args[0])
     h, s, d = x.shape
-    moves = [(i * s, 0, s, 0, i * d, d) for i in range(h)]
+    moves = [LaneMove(i * s, 0, s, 0, i * d, d) for i in range(h)]
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x], beside=[_moved_into(ctx, moves, op.shape)])
     move_lanes(ctx, f"{op.out}.merge_heads", x, y, moves)
     ctx.values[op.out] = y
