@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import relax
 
-from ..target.codegen.rules import channel_axis, constant_broadcast
+from ..target.codegen.rules import MAX_INTEGER_POWER, channel_axis, constant_broadcast
 from ._binding_rewrite import bindings, is_const, is_float, op_is, rewrite_bindings, static_shape
 
 __all__ = ["Decompose"]
@@ -71,10 +71,6 @@ def _power(x, k, builder):
     if k == 2:
         return relax.op.multiply(x, x)
     return relax.op.multiply(builder.emit(relax.op.multiply(x, x)), x)
-
-
-# The largest |n| of an integer power written as multiplies.
-MAX_INTEGER_POWER = 16
 
 
 def _constant_exponent(call) -> float | None:

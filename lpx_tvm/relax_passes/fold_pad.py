@@ -24,7 +24,7 @@ import math
 from tvm import relax
 
 from ._binding_rewrite import bindings, block_index, op_is, rewrite_bindings, static_shape, visible_at
-from .pattern_utils import clip_bounds
+from ..target.codegen.relax_exprs import clip_bounds
 
 __all__ = ["FoldPad"]
 

@@ -37,12 +37,17 @@ _LOWERINGS: "dict[str, Lowering]" = {}
 BANDINGS = ("rows", "window", "channels", "whole", "view", "placement")
 _BANDING: dict = {}
 _CUTS_CONSTANTS: set = set()  # ops whose full-tensor constant operands a band cuts to its rows
+# How an op's constants are laid out and placed before any working space (the MXM
+# weight matrix of a conv2d or a dense layer, a gather's table): ``place(ctx, op) ->
+# placed | None``, read by :func:`.weights.place_weights`.
+_WEIGHTS: dict = {}
 
 
-def register_lowering(*names: str, banding="rows", cuts_constants: bool = False):
+def register_lowering(*names: str, banding="rows", cuts_constants: bool = False, weights=None):
     """Register the decorated function as the lowering of each of ``names``, with how
-    the off-chip driver bands it (:data:`BANDINGS`, or ``banding(op) -> str``) and
-    whether a band cuts its full-tensor constant operands (elementwise ops)."""
+    the off-chip driver bands it (:data:`BANDINGS`, or ``banding(op) -> str``), whether
+    a band cuts its full-tensor constant operands (elementwise ops), and how its
+    constants are placed (``weights(ctx, op) -> placed | None``: its weight layout)."""
     if not callable(banding) and banding not in BANDINGS:
         raise ValueError(f"banding {banding!r}: expected one of {', '.join(BANDINGS)}")
 
@@ -54,6 +59,8 @@ def register_lowering(*names: str, banding="rows", cuts_constants: bool = False)
             _BANDING[name] = banding
             if cuts_constants:
                 _CUTS_CONSTANTS.add(name)
+            if weights is not None:
+                _WEIGHTS[name] = weights
         return fn
 
     return register
@@ -64,6 +71,12 @@ def banding_of(op: RegionOp) -> str:
     the lowering is, by composite first, then by main op)."""
     kind = _BANDING.get(op.composite) or _BANDING.get(op.main.op, "rows")
     return kind(op) if callable(kind) else kind
+
+
+def weights_of(op: RegionOp):
+    """How ``op``'s constants are placed (``place(ctx, op)``), or None for an op
+    without: looked up as the lowering is, by composite first, then by main op."""
+    return _WEIGHTS.get(op.composite) or _WEIGHTS.get(op.main.op)
 
 
 def cuts_constants(op_name: str) -> bool:
@@ -77,19 +90,36 @@ class OpPattern:
 
     ``name``: the composite's name without ``lpx.``; ``make() -> (pattern,
     annotations)``, its dataflow pattern with the matched parts by name (``root``
-    the op the lowering is looked up by when no lowering has the composite's name);
-    ``tensors``: the annotations the shared tensor checks look at (dtypes the build
-    stores, shapes a region takes); ``check(annotated, settings) -> None | (expr,
-    reason)``: the family's own refusals, made here and nowhere else (the lowering
-    asserts what they promise); ``priority``: where it sits among the patterns, the
-    higher tried first where two match (ties keep declaration order, after the
-    collector's own)."""
+    the op the lowering is looked up by when no lowering has the composite's name).
+
+    How the partitioner checks a match, in order:
+
+    - ``tensors``: the annotations whose tensors get the shared checks
+      (:func:`.pattern_checks.tensors_problem`: dtypes the build stores, static shapes,
+      SRAM fit), with ``root``; int32 ones too when ``integers``. None: the family's
+      checks look at the tensors themselves (where their own refusals come first).
+    - ``checks``: the family's own, each ``check(annotated, settings) -> None |
+      (expr, reason)``, made here and nowhere else (the lowering asserts what they
+      promise).
+    - 0-d results are refused last, unless ``zero_d`` (or ``tensors`` is None).
+
+    ``priority``: where it sits among the patterns, the higher tried first where two
+    match the same ops, and the lower's refusal the one a user sees (ties keep
+    declaration order; docs/compiler.md lists the priorities). ``precisions``: the
+    builds it is tried in (others refuse it without a reason), None for every float
+    build and int8. ``lowered``: False for a pattern that only says why an op stays on
+    the CPU (its checks refuse every match, and no lowering exists).
+    """
 
     name: str
     make: Callable
-    tensors: tuple = ("input",)
-    check: "Callable | None" = None
+    tensors: "tuple | None" = ("input",)
+    checks: tuple = ()
     priority: int = 0
+    integers: bool = False
+    zero_d: bool = False
+    precisions: "tuple | None" = None
+    lowered: bool = True
 
 
 _PATTERNS: "list[OpPattern]" = []
@@ -104,8 +134,9 @@ def register_pattern(*patterns: OpPattern):
 
 
 def declared_patterns() -> list:
-    """The patterns the families declared, in declaration order (a copy)."""
-    return list(_PATTERNS)
+    """The patterns the families declared, lowest priority first (ties in declaration
+    order)."""
+    return sorted(_PATTERNS, key=lambda p: p.priority)
 
 
 def unary_pattern(op: str) -> tuple:

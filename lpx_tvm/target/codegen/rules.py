@@ -1,5 +1,5 @@
 """What the region codegen can lower: each rule once, asked by the BYOC check functions
-(:mod:`lpx_tvm.relax_passes.patterns`, :mod:`~lpx_tvm.relax_passes.int8_patterns`)
+(declared beside each family's lowering, :mod:`.lowerings`)
 and by the lowering that relies on it.
 
 A rule takes plain shapes and numbers (the checks read them from Relax types, the
@@ -17,6 +17,9 @@ import numpy as np
 
 from ...machine.layout import stored_bytes
 from .options import SMALLEST_BAND_SHARE, CodegenOptions
+
+# The largest |n| of an integer power lpx.Decompose writes as multiplies.
+MAX_INTEGER_POWER = 16
 
 
 def _ints(shape) -> tuple:

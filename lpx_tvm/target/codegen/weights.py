@@ -9,59 +9,12 @@ import numpy as np
 from ...errors import SchedulingError
 from ...machine.isa import DType
 from ...machine.timing import install_lanes, nearest_vxm, planes_beside, slices_beside
-from ...tir_schedules import round_up
-from ...tir_schedules.schedules import taps_per_tile
 from .lowering_context import LoweringContext
 from .graph import RegionOp
-from .mxm_tiles import conv_workload, dense_install_planes, tuned_pack
+from .mxm_tiles import dense_install_planes
 from .quant import mxm_view
-from .rules import block_diagonal, is_depthwise
+from .registry import weights_of
 from .storage import StreamedWeights
-
-
-def weight_matrix(ctx: LoweringContext, op: RegionOp) -> "tuple | None":
-    """(matrix, row alignment) of an op's MXM weights as its lowering reads them, or None
-    for an op without constant MXM weights."""
-    lanes = ctx.cfg.lanes
-    op = mxm_view(op)  # an int8 composite as its integer conv2d / matmul
-    kind, args, a = op.main.op, op.main.args, op.main.attrs
-    matrix, align = None, lanes
-    if kind == "nn.conv2d" and len(args) > 1 and args[1].is_const:
-        w = np.asarray(args[1].const, np.float32)
-        co, cg, kh, kw = w.shape
-        c, groups = args[0].shape[1], a.get("groups", 1)
-        depthwise = is_depthwise(groups, c, w.shape)
-        if groups != 1 and not depthwise:
-            w = block_diagonal(w, groups)  # other groupings are lowered as a dense conv
-            co, cg, kh, kw = w.shape
-        if depthwise:
-            cpad = round_up(c, lanes)
-            # Row (tap * cpad + ch) holds w[ch, tap] at lane ch % lanes: a diagonal tile per tap.
-            diag = np.zeros((kh * kw, cpad, lanes), np.float32)
-            diag[:, np.arange(c), np.arange(c) % lanes] = w.reshape(c, kh * kw).T
-            matrix = diag.reshape(-1, lanes)
-        else:
-            # Row (tap * c + ci): whole taps per chunk (or lane tiles) so no K tile straddles slices.
-            matrix = w.transpose(2, 3, 1, 0).reshape(-1, co)
-            im2col = args[0].name in ctx.im2col_values  # one matmul: whole lane tiles
-            align = lanes if cg % lanes == 0 or kh * kw == 1 or im2col else cg
-            work = None if im2col else conv_workload(ctx, args[0].shape, w.shape, a)
-            pack = "" if im2col else tuned_pack(ctx, op, work)
-            if pack == "rows":
-                align = kw * c  # a kernel row's taps (one reduction tile, or two) never straddle slices
-            elif pack == "taps":
-                # Reduction tile t holds taps t*T .. side by side, c rows each (the lanes
-                # of the on-chip im2col), zero rows after the last tap.
-                per, taps = taps_per_tile(work, lanes, pack), kh * kw
-                tiles = np.zeros((-(-taps // per) * per, c, co), np.float32)
-                tiles[:taps] = matrix.reshape(taps, c, co)
-                tiles = tiles.reshape(-1, per * c, co)
-                matrix = np.zeros((len(tiles), lanes, co), np.float32)
-                matrix[:, :per * c] = tiles
-                matrix, align = matrix.reshape(-1, co), lanes
-    elif kind == "matmul" and len(args) > 1 and args[1].is_const and len(args[1].shape) == 2:
-        matrix = np.asarray(args[1].const, np.float32)
-    return None if matrix is None else (matrix, align)
 
 
 def install_pool(cfg, plane: int, lane: int, lanes: int) -> tuple:
@@ -104,17 +57,16 @@ def _install_pools(ctx: LoweringContext, op: RegionOp, matrix, align: int):
 
 
 def place_weights(ctx: LoweringContext, op: RegionOp):
-    """The MXM weight matrix of an op, placed (None for vector ops): an SRAM tensor while
-    the budget lasts, else :class:`~.storage.StreamedWeights`."""
-    if op.main.op == "take":
-        # A table read by gather: each lane tile one run of lines on one slice (a gather
-        # addresses one slice), placed while the slices are still empty.
-        table = op.main.args[0].const
-        return ctx.builder.constant(f"{op.out}.table", table, ctx.dtype, spread=1)
-    found = weight_matrix(ctx, op)
-    if found is None:
-        return None
-    matrix, align = found
+    """The constants an op's lowering reads (its MXM weight matrix, a gather's table),
+    placed before any working space as its family lays them out
+    (:func:`~.registry.weights_of`); None for an op without."""
+    place = weights_of(mxm_view(op))  # an int8 composite as its integer conv2d / matmul
+    return None if place is None else place(ctx, op)
+
+
+def place_matrix(ctx: LoweringContext, op: RegionOp, matrix, align: int):
+    """An op's MXM weight matrix (rows cut at multiples of ``align`` between slices):
+    an SRAM tensor while the budget lasts, else :class:`~.storage.StreamedWeights`."""
     lanes = ctx.cfg.lanes
     dtype = ctx.mxm_dtype(op)
     rows, cols = matrix.shape

@@ -3,13 +3,19 @@ exact, first index on ties, with no comparison op on the VXM."""
 
 from __future__ import annotations
 
+from tvm.relax.dpl import is_op, wildcard
+
+import math
+
 import numpy as np
 
 from ....machine.isa import DType
 from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..row_passes import reduce_tiles
-from ..registry import register_lowering
+from ..registry import OpPattern, register_lowering, register_pattern
+from ..pattern_checks import last_axis_rows_problem, type_problem
+from ..relax_exprs import expr_shape
 from ..storage import chunk_of, one, runs
 from ..values import new_value
 
@@ -62,3 +68,34 @@ def lower_argmax(ctx: LoweringContext, op: RegionOp, is_output: bool):
         v = g.vxm("vxm.mul", g.read(one(neg.tensor.segments(0, r0, r1))), imm=-1.0)
         g.write(g.vxm("vxm.cvt", v, to=DType.INT32), one(y.tensor.segments(0, r0, r1)))
     ctx.values[op.out] = type(y)(y.tensor, op.shape)
+
+
+# ---- patterns ---------------------------------------------------------------------------
+
+
+def _argmax_pattern():
+    data = wildcard()
+    root = is_op("relax.argmax")(data)
+    cast = is_op("relax.astype")(root)
+    return cast, {"input": data, "root": root, "cast": cast}
+
+
+def _argmax_check(a, settings):
+    op, cast = a["root"], a["cast"]
+    problem = type_problem(a["input"].ty, settings)
+    if problem:
+        return op, problem
+    shape = expr_shape(a["input"])
+    rank = len(shape)
+    if op.attrs.axis is None or int(op.attrs.axis) % max(rank, 1) != rank - 1:
+        return op, "argmax over all axes or not the last one: LPX reduces the last axis"
+    if cast.ty.dtype != "int32":
+        return cast, f"argmax as {cast.ty.dtype}: LPX gives int32 indices"
+    rows = math.prod(shape[:-1])
+    if rows > 1 and not bool(op.attrs.keepdims):
+        return op, "argmax of several rows without keepdims (the indices would be stored across lanes)"
+    return last_axis_rows_problem(op, shape, settings, "argmax")
+
+
+# Keys: ``input``, ``root`` (the ``argmax``), ``cast`` (the ``astype`` to int32).
+register_pattern(OpPattern("argmax", _argmax_pattern, None, (_argmax_check,), priority=73, zero_d=True))

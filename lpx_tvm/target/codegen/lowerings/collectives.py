@@ -8,7 +8,9 @@ from __future__ import annotations
 from ...system_programs import emit_all_reduce
 from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
-from ..registry import register_lowering
+from ..registry import OpPattern, register_lowering, register_pattern, unary_pattern
+from ..pattern_checks import tensors_problem
+from ..relax_exprs import expr_shape
 from ..values import new_value
 
 
@@ -22,3 +24,20 @@ def lower_all_reduce(ctx: LoweringContext, op: RegionOp, is_output: bool):
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
     emit_all_reduce(ctx.builder, place, x.tensor, y.tensor, f"{op.out}.all_reduce")
     ctx.values[op.out] = y
+
+
+# ---- patterns ---------------------------------------------------------------------------
+
+
+def _all_reduce_check(a, settings):
+    op = a["root"]
+    if str(op.attrs.op_type) != "sum":
+        return op, f"an all-reduce by {op.attrs.op_type}: LPX all-reduces by sum"
+    if len(expr_shape(op)) != 2:
+        return op, f"an all-reduce of a {len(expr_shape(op))}-D value: LPX all-reduces rows of a 2-D value"
+    return tensors_problem(op, [a["input"]], settings)
+
+
+# ``input`` (2-D), ``root`` (``ccl.allreduce``, sum): the sum over the chips of a system's group.
+register_pattern(OpPattern("all_reduce", lambda: unary_pattern("relax.ccl.allreduce"), None,
+                           (_all_reduce_check,), priority=79, zero_d=True))

@@ -5,24 +5,74 @@ and image stems whose input arrives as im2col rows (one matmul)."""
 
 from __future__ import annotations
 
+from tvm.relax.dpl import is_op, wildcard
+
 import numpy as np
 
 from ....machine.isa import Unit
 from ....machine.timing import unit_count
-from ....tir_schedules import DenseTiling
+from ....tir_schedules import DenseTiling, round_up
 from ....tir_schedules.schedules import taps_per_tile
 from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..lanes import lane_pass
 from ..mxm_tiles import conv_tiles, conv_workload, emit_mxm, layer_tiling, matmul, tuned_pack
 from ..padding import padded
-from ..registry import register_lowering
-from ..rules import grouped_conv_problem, is_depthwise
+from ..quant import mxm_view
+from ..registry import OpPattern, register_lowering, register_pattern
+from ..pattern_checks import EPILOGUE_VARIANTS, epilogue_checks, epilogue_name, epilogue_pattern, same_dtype_problem
+from ..relax_exprs import expr_shape, is_const
+from ..rules import block_diagonal, grouped_conv_problem, is_depthwise
 from ..storage import Stored, chunk_of, one, runs
+from ..weights import place_matrix
 from .depthwise import lower_depthwise
 
 
-@register_lowering("nn.conv2d", banding="window")
+def _place_weights(ctx: LoweringContext, op: RegionOp):
+    """The weight matrix as the lowering reads it, placed (:func:`~..weights.place_matrix`):
+    row (tap * c + ci) of a dense convolution, whole taps per chunk (or lane tiles) so no
+    K tile straddles slices; a diagonal tile per tap of a depthwise one; a block-diagonal
+    weight for other groupings; a tuned packing's rows or tiles of taps."""
+    view = mxm_view(op)  # an int8 composite as its integer conv2d
+    args, a = view.main.args, view.main.attrs
+    if len(args) < 2 or not args[1].is_const:
+        return None
+    lanes = ctx.cfg.lanes
+    align = lanes
+    w = np.asarray(args[1].const, np.float32)
+    co, cg, kh, kw = w.shape
+    c, groups = args[0].shape[1], a.get("groups", 1)
+    depthwise = is_depthwise(groups, c, w.shape)
+    if groups != 1 and not depthwise:
+        w = block_diagonal(w, groups)  # other groupings are lowered as a dense conv
+        co, cg, kh, kw = w.shape
+    if depthwise:
+        cpad = round_up(c, lanes)
+        # Row (tap * cpad + ch) holds w[ch, tap] at lane ch % lanes: a diagonal tile per tap.
+        diag = np.zeros((kh * kw, cpad, lanes), np.float32)
+        diag[:, np.arange(c), np.arange(c) % lanes] = w.reshape(c, kh * kw).T
+        return place_matrix(ctx, op, diag.reshape(-1, lanes), align)
+    matrix = w.transpose(2, 3, 1, 0).reshape(-1, co)
+    im2col = args[0].name in ctx.im2col_values  # one matmul: whole lane tiles
+    align = lanes if cg % lanes == 0 or kh * kw == 1 or im2col else cg
+    work = None if im2col else conv_workload(ctx, args[0].shape, w.shape, a)
+    pack = "" if im2col else tuned_pack(ctx, view, work)
+    if pack == "rows":
+        align = kw * c  # a kernel row's taps (one reduction tile, or two) never straddle slices
+    elif pack == "taps":
+        # Reduction tile t holds taps t*T .. side by side, c rows each (the lanes of the
+        # on-chip im2col), zero rows after the last tap.
+        per, taps = taps_per_tile(work, lanes, pack), kh * kw
+        tiles = np.zeros((-(-taps // per) * per, c, co), np.float32)
+        tiles[:taps] = matrix.reshape(taps, c, co)
+        tiles = tiles.reshape(-1, per * c, co)
+        matrix = np.zeros((len(tiles), lanes, co), np.float32)
+        matrix[:, :per * c] = tiles
+        matrix, align = matrix.reshape(-1, co), lanes
+    return place_matrix(ctx, op, matrix, align)
+
+
+@register_lowering("nn.conv2d", banding="window", weights=_place_weights)
 def lower_conv2d(ctx: LoweringContext, op: RegionOp, is_output: bool, q=None):
     """A convolution; ``q`` (int8): the zero-point fill, int32 epilogue and output dtype."""
     a = op.main.attrs
@@ -37,7 +87,7 @@ def lower_conv2d(ctx: LoweringContext, op: RegionOp, is_output: bool, q=None):
         if is_depthwise(groups, x.shape[1], w.shape):
             return lower_depthwise(ctx, op, x, w, is_output, q)
         # Any other grouping runs as a dense conv with a block-diagonal weight
-        # (built by weights.weight_matrix): the MXM also multiplies the zeros between groups.
+        # (built by _place_weights): the MXM also multiplies the zeros between groups.
         problem = grouped_conv_problem(groups, x.shape[1], w.shape[0])
         if problem:
             raise UnsupportedOnLPX(problem)
@@ -157,3 +207,48 @@ def _conv_from_im2col(ctx: LoweringContext, op: RegionOp, x: Stored, w: np.ndarr
     (taps x channels, out channels) weight matrix."""
     co, cg, kh, kw = w.shape
     matmul(ctx, op, x, x.tensor.layout.rows, kh * kw * cg, co, is_output, q=q)
+
+
+# ---- patterns ---------------------------------------------------------------------------
+
+
+def _conv2d_pattern(bias=False, activation=None):
+    data, weight = wildcard(), wildcard()
+    conv = is_op("relax.nn.conv2d")(data, weight)
+    return epilogue_pattern(conv, {"input": data, "weight": weight, "root": conv}, bias, activation)
+
+
+def _conv2d_check(a, settings):
+    conv, data, weight = a["root"], a["input"], a["weight"]
+    found = same_dtype_problem(conv, data, weight, ("input", "weight"))
+    if found:
+        return found
+    attrs = conv.attrs
+    layouts = (attrs.data_layout, attrs.kernel_layout, attrs.out_layout or attrs.data_layout)
+    if layouts != ("NCHW", "OIHW", "NCHW"):
+        return conv, (
+            f"layouts data={layouts[0]} weight={layouts[1]} out={layouts[2]}: "
+            "LPX convolution takes NCHW activations and OIHW weights"
+        )
+    if not is_const(weight):
+        return conv, (
+            "weight is not a constant: LPX keeps conv weights in SRAM, fixed at compile time"
+        )
+    groups, cin, cout = int(attrs.groups), expr_shape(data)[1], expr_shape(weight)[0]
+    problem = grouped_conv_problem(groups, cin, cout) if groups != 1 else None
+    return (conv, problem) if problem else None
+
+
+def _conv_bias_shapes(c):
+    return [(1, c, 1, 1), (c, 1, 1)]
+
+
+# ``lpx.conv2d[_bias][_relu|_clip]``: keys ``input``, ``weight`` (constant OIHW), ``root``
+# (the ``nn.conv2d`` call), ``bias`` (constant), ``bias_add``, ``activation``. Above the
+# single ops (the fused group wins when its checks accept), each variant above the
+# smaller ones.
+register_pattern(*(
+    OpPattern(epilogue_name("conv2d", bias, act), lambda bias=bias, act=act: _conv2d_pattern(bias, act),
+              ("input", "weight"), (_conv2d_check, *epilogue_checks(bias, act, _conv_bias_shapes)),
+              priority=100 + 2 * i, zero_d=True)
+    for i, (bias, act) in enumerate(EPILOGUE_VARIANTS)))

@@ -5,14 +5,32 @@ concats and slices along other axes (whole stored rows placed or picked)."""
 
 from __future__ import annotations
 
+import math
+
+from tvm.relax.dpl import is_op, is_tuple, wildcard
+
 import numpy as np
 
 from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..lanes import LaneMove, gather_lanes, lane_map, move_lanes, tiles_moved_into
 from ..row_passes import write_rows
-from ..registry import register_lowering
-from ..rules import concat_axis_problem, flattens_pixels, reshape_keeps_storage, row_axis_problem, row_blocks
+from ..registry import OpPattern, register_lowering, register_pattern, unary_pattern
+from ..pattern_checks import (
+    one_band_problem,
+    permute_reshape_pattern,
+    reshape_permute_pattern,
+    tensors_problem,
+)
+from ..relax_exprs import expr_shape, int_tuple, is_const
+from ..rules import (
+    channel_axis,
+    concat_axis_problem,
+    flattens_pixels,
+    reshape_keeps_storage,
+    row_axis_problem,
+    row_blocks,
+)
 from ..storage import Stored, chunk_of, one, row_align, runs, stored_shape
 from ..values import copy_value, new_value, whole_groups
 
@@ -284,3 +302,165 @@ def _copy_rows(ctx: LoweringContext, tag: str, x: Stored, y: Stored, blocks):
 def _moved_into(ctx: LoweringContext, moves, shape) -> list:
     """Per column tile of a lane-move result of logical ``shape``, the source tiles moved into it."""
     return tiles_moved_into(moves, ctx.cfg.lanes, -(-shape[-1] // ctx.cfg.lanes))
+
+
+# ---- patterns ---------------------------------------------------------------------------
+
+
+def _reshape_pattern():
+    data, shape = wildcard(), wildcard()
+    root = is_op("relax.reshape")(data, shape)
+    return root, {"input": data, "shape": shape, "root": root}
+
+
+def _reshape_check(a, settings):
+    if is_const(a["input"]):
+        return a["root"], "reshape of a constant (folded at compile time)"
+    src, dst = expr_shape(a["input"]), expr_shape(a["root"])
+    if not reshape_keeps_storage(src, dst):
+        return a["root"], f"reshape {src} -> {dst} moves data between lanes (NHWC storage)"
+    return None
+
+
+def _concat_check(a, settings, rows=False):
+    """``lpx.concat`` (along the lanes), or with ``rows`` ``lpx.concat_rows`` (along another
+    axis of a rank 2 or 3 value). The row pattern is tried first and each refuses the
+    other's case; this one then gives the row case's reason."""
+    concat = a["root"]
+    if concat.attrs.axis is None:
+        return concat, "concat without an axis (flattening) is not supported"
+    fields = getattr(a["input"], "fields", ())
+    if row_axis_problem("concat", int(concat.attrs.axis), len(expr_shape(concat))) is None:
+        if all(is_const(f) for f in fields):
+            return concat, "concat of constants (folded at compile time)"
+        found = one_band_problem(concat, settings, "concat")
+        return found if rows or found else (concat, "a concat of rows (lpx.concat_rows)")
+    if rows:
+        return concat, "not a concat of rows"
+    if any(is_const(f) for f in fields):
+        return concat, "concat of a constant operand is not supported (the concat lowers values in SRAM)"
+    problem = concat_axis_problem(int(concat.attrs.axis), len(expr_shape(concat)))
+    return (concat, problem) if problem else None
+
+
+def _permute_dims_check(a, settings):
+    op = a["root"]
+    rank = len(expr_shape(a["input"]))
+    axes = [int(x) for x in op.attrs.axes] if op.attrs.axes is not None else list(range(rank))[::-1]
+    if rank not in (2, 3):
+        return op, (f"permute_dims {axes} of a {rank}-D tensor: LPX permutes the axes of a 2-D or 3-D "
+                    "tensor (4-D values are stored NHWC)")
+    nbytes = math.prod(expr_shape(a["input"])) * settings.activation_bytes
+    if 4 * nbytes > settings.config.sram_bytes:
+        return op, "a transpose larger than a quarter of the SRAM (it does not run by bands)"
+    return None
+
+
+def _slice_check(a, settings, rows=False):
+    """``lpx.slice`` (of the last axis), or with ``rows`` ``lpx.slice_rows`` (of another
+    axis of a rank 2 or 3 value), as :func:`_concat_check`."""
+    op = a["root"]
+    shape = expr_shape(a["input"])
+    rank = len(shape)
+    ints = [int_tuple(t) for t in op.args[1:]]
+    if any(t is None for t in ints):
+        return op, "strided_slice with runtime bounds"
+    axes = [x % rank for x in ints[0]]
+    strides = ints[3] if len(ints) > 3 else [1] * len(axes)
+    if len(axes) == 1 and strides == [1] and row_axis_problem("strided_slice", axes[0], rank) is None:
+        found = one_band_problem(op, settings, "slice")
+        return found if rows or found else (op, "a slice of rows (lpx.slice_rows)")
+    if rows:
+        return op, "not a slice of rows"
+    # A 4-D value keeps its channels (axis 1) in lanes: their slice is a lane slice too.
+    if axes != [channel_axis(rank)] or strides != [1]:
+        return op, (f"strided_slice over axes {axes} with strides {strides} of a {rank}-D value: LPX slices "
+                    "the channels (the last axis; axis 1 of a 4-D value) with stride 1")
+    return None
+
+
+def _heads_problem(op, rows_shape, s, h, d):
+    """Why a head split / merge of ``s`` rows of ``h`` heads of ``d`` cannot run on LPX, or None."""
+    rows = math.prod(rows_shape[:-1]) if len(rows_shape) > 1 else 1
+    if rows != s or rows_shape[-1] != h * d:
+        return op, f"values {rows_shape} are not {s} rows of {h} heads x {d}: only a batch of one splits into heads"
+    return None
+
+
+def _split_heads_check(a, settings):
+    reshape, permute, data = a["reshape"], a["root"], a["input"]
+    if len(expr_shape(reshape)) != 3 or [int(x) for x in permute.attrs.axes] != [1, 0, 2]:
+        return permute, "a head split is reshape (s, h, d) then permute_dims [1, 0, 2]"
+    s, h, d = expr_shape(reshape)
+    return _heads_problem(permute, expr_shape(data), s, h, d)
+
+
+def _merge_heads_check(a, settings):
+    reshape, permute, data = a["root"], a["permute"], a["input"]
+    if len(expr_shape(data)) != 3 or [int(x) for x in permute.attrs.axes] != [1, 0, 2]:
+        return reshape, "a head merge is permute_dims [1, 0, 2] of (h, s, d) then a reshape"
+    h, s, d = expr_shape(data)
+    return _heads_problem(reshape, expr_shape(reshape), s, h, d)
+
+
+def _flatten_pixels_check(a, settings):
+    reshape, permute, data = a["reshape"], a["root"], a["input"]
+    axes = [int(x) for x in permute.attrs.axes] if permute.attrs.axes is not None else None
+    src, mid = expr_shape(data), expr_shape(reshape)
+    if axes != [0, 2, 1] or mid is None or len(mid) != 3 or mid[:2] != src[:2] \
+            or not flattens_pixels(src, expr_shape(permute)):
+        return permute, "a pixel flatten is reshape (n, c, h, w) -> (n, c, h*w) then permute_dims [0, 2, 1]"
+    return None
+
+
+def _permute_lanes_pattern():
+    """``concat((strided_slice(x), strided_slice(x)), axis=-1)``: lanes of one value
+    picked by two slices (RoPE's halves of a head swapped)."""
+    data = wildcard()
+    first = is_op("relax.strided_slice")(data, varg_default_wildcard=True)
+    second = is_op("relax.strided_slice")(data, varg_default_wildcard=True)
+    root = is_op("relax.concat")(is_tuple([first, second]))
+    return root, {"input": data, "first": first, "second": second, "root": root}
+
+
+def _permute_lanes_check(a, settings):
+    concat = a["root"]
+    rank = len(expr_shape(concat))
+    if rank == 4 or concat.attrs.axis is None or int(concat.attrs.axis) % rank != rank - 1:
+        return concat, "not a concat along the last axis of a value of rank <= 3"
+    for key in ("first", "second"):
+        piece = {"root": a[key], "input": a["input"]}
+        found = tensors_problem(a[key], [a["input"]], settings) or _slice_check(piece, settings)
+        if found:
+            return found
+    return None
+
+
+# Keys: ``lpx.reshape`` ``input``, ``shape``, ``root``; ``lpx.concat[_rows]`` ``input`` (the
+# tuple), ``root``; ``lpx.slice[_rows]`` ``input``, ``root`` (the ``strided_slice``);
+# ``lpx.split_heads`` ``input`` (s, h*d), ``reshape`` (to (s, h, d)), ``root``
+# (``permute_dims`` [1, 0, 2]); ``lpx.merge_heads`` ``input`` (h, s, d), ``permute``,
+# ``root`` (the reshape to (s, h*d)); ``lpx.flatten_pixels`` ``input`` (n, c, h, w),
+# ``reshape`` (to (n, c, h*w)), ``root`` (``permute_dims`` [0, 2, 1]);
+# ``lpx.permute_lanes`` ``input``, ``first`` and ``second`` (its slices), ``root``.
+# The whole-row forms come after the forms they share a pattern with, so those give the
+# last refusal.
+register_pattern(
+    OpPattern("reshape", _reshape_pattern, checks=(_reshape_check,), priority=70, integers=True, zero_d=True),
+    OpPattern("concat", lambda: unary_pattern("relax.concat"), checks=(_concat_check,), priority=71,
+              zero_d=True),
+    OpPattern("permute_dims", lambda: unary_pattern("relax.permute_dims"), checks=(_permute_dims_check,),
+              priority=82, zero_d=True),
+    OpPattern("slice", lambda: unary_pattern("relax.strided_slice"), checks=(_slice_check,), priority=83,
+              zero_d=True),
+    OpPattern("split_heads", reshape_permute_pattern, checks=(_split_heads_check,), priority=84, zero_d=True),
+    OpPattern("merge_heads", permute_reshape_pattern, checks=(_merge_heads_check,), priority=85, zero_d=True),
+    OpPattern("flatten_pixels", reshape_permute_pattern, checks=(_flatten_pixels_check,), priority=93,
+              zero_d=True),
+    OpPattern("concat_rows", lambda: unary_pattern("relax.concat"),
+              checks=(lambda a, s: _concat_check(a, s, rows=True),), priority=94, zero_d=True),
+    OpPattern("slice_rows", lambda: unary_pattern("relax.strided_slice"),
+              checks=(lambda a, s: _slice_check(a, s, rows=True),), priority=95, zero_d=True),
+    OpPattern("permute_lanes", _permute_lanes_pattern, checks=(_permute_lanes_check,), priority=96,
+              zero_d=True),
+)

@@ -9,14 +9,24 @@ import math
 
 import numpy as np
 
+from tvm import relax
+
 from ....errors import SramFull
 from ..lowering_context import LoweringContext
 from ..epilogue import Clip, apply_epilogue, epilogue_steps
 from ..graph import Operand, RegionOp, UnsupportedOnLPX
 from ..row_passes import finish, rowwise
 from ..quant import relax_dtype
-from ..registry import register_lowering
-from ..rules import binary_operands_problem, constant_broadcast, divide_operands_problem, prelu_slope_problem
+from ..pattern_checks import SUPPORTED_DTYPES, binary_pattern, clip_problem, fp8_problem, same_dtype_problem, tensors_problem
+from ..registry import OpPattern, register_lowering, register_pattern, unary_pattern
+from ..relax_exprs import expr_shape, is_const, op_name, scalar_value
+from ..rules import (
+    MAX_INTEGER_POWER,
+    binary_operands_problem,
+    constant_broadcast,
+    divide_operands_problem,
+    prelu_slope_problem,
+)
 from ..storage import Stored, chunk_of, one, row_align, runs, slices_of, stored_shape
 from ..values import apart, clashes, copy_value, new_value, whole_groups
 from .activations import UNARY_CHAINS, leaky
@@ -321,3 +331,126 @@ def lower_where(ctx: LoweringContext, op: RegionOp, is_output: bool):
 
     rowwise(ctx, f"{op.out}.where", ins, y, body)
     ctx.values[op.out] = y
+
+
+# ---- patterns ---------------------------------------------------------------------------
+
+
+def _binary_check(a, settings):
+    op, lhs, rhs = a["root"], a["lhs"], a["rhs"]
+    found = same_dtype_problem(op, lhs, rhs)
+    if found:
+        return found
+    problem = binary_operands_problem(op_name(op), expr_shape(lhs), expr_shape(rhs), is_const(lhs),
+                                      is_const(rhs), expr_shape(op))
+    return (op, problem) if problem else None
+
+
+def _clip_check(a, settings):
+    return clip_problem(a["root"])
+
+
+def _divide_check(a, settings):
+    op, lhs, rhs = a["root"], a["lhs"], a["rhs"]
+    found = same_dtype_problem(op, lhs, rhs)
+    if found:
+        return found
+    problem = divide_operands_problem(expr_shape(lhs), expr_shape(rhs), is_const(lhs), is_const(rhs),
+                                      expr_shape(op))
+    return (op, problem) if problem else None
+
+
+def _prelu_check(a, settings):
+    op = a["root"]
+    data, slope = op.args
+    problem = prelu_slope_problem(expr_shape(data), expr_shape(slope), int(op.attrs.axis), is_const(slope))
+    return (op, problem) if problem else None
+
+
+def _where_check(a, settings):
+    op = a["root"]
+    cond, x, y = op.args
+    if is_const(cond):
+        return op, "where with a constant condition and finite fills (see lpx.MaskingAdd for infinite ones)"
+    if not isinstance(cond.ty, relax.TensorType) or cond.ty.dtype != "bool":
+        return op, f"where with a condition of type {cond.ty}: LPX selects by a bool tensor"
+    found = tensors_problem(op, [b for b in (x, y) if not (is_const(b) and scalar_value(b) is not None)], settings)
+    if found:
+        return found
+    shape = expr_shape(op)
+    if not shape:
+        return op, "a where of scalars (0-d values stay on the CPU)"
+    for b in (cond, x, y):
+        if expr_shape(b) != shape and not (is_const(b) and scalar_value(b) is not None):
+            return op, (f"where operand of shape {expr_shape(b)} broadcast against {shape}: "
+                        "broadcasts move data between lanes")
+    return None
+
+
+def _astype_check(a, settings):
+    op, data = a["root"], a["input"]
+    if "float8_e4m3fn" in (getattr(data.ty, "dtype", None), op.ty.dtype):
+        return fp8_problem(op, settings) or (op, (
+            "an fp8 conversion outside an fp8 dense layer: LPX quantizes to fp8 by clip(x * (1 / s), -448, 448) "
+            "(lpx.fp8_quant) for lpx.qlinear, which widens it"))
+    if is_const(data) or not isinstance(data.ty, relax.TensorType) or data.ty.dtype != "int32" or \
+            op.ty.dtype not in SUPPORTED_DTYPES:
+        return op, (f"astype of {getattr(data.ty, 'dtype', data.ty)} to {op.ty.dtype}: LPX converts int32 "
+                    "indices to float (floats stay at the precision)")
+    return tensors_problem(op, [data], settings, integers=True)
+
+
+def _power_check(a, settings):
+    """lpx.Decompose has turned the exponents LPX raises to into other ops: what is left
+    stays on the CPU."""
+    op = a["root"]
+    exponent = op.args[1]
+    if not is_const(exponent):
+        return op, "power with a runtime exponent: x^y is exp(y * log(x)) and the VXM has no log"
+    if scalar_value(exponent) is None:
+        return op, f"power with an exponent of shape {expr_shape(exponent)}: LPX raises to one constant exponent"
+    return op, (f"power with exponent {scalar_value(exponent):g}: LPX raises to 0.5, -0.5 and the integers "
+                f"1 <= |n| <= {MAX_INTEGER_POWER}; other exponents need exp(c * log(x)) and the VXM has no log")
+
+
+# Ops the VXM has no instruction or exact composition for: they stay on the CPU, and
+# the offload report says why.
+_NO_VXM_OP = {
+    "log": "the VXM has no log (its transcendentals are exp, tanh, sigmoid, erf, GELU, rsqrt and recip)",
+    "floor": "the VXM has no floor (its float -> int conversion rounds to nearest and saturates at 2^31)",
+    "ceil": "the VXM has no ceil (its float -> int conversion rounds to nearest and saturates at 2^31)",
+    "round": "the VXM has no round for the whole float range (its float -> int conversion saturates at 2^31)",
+}
+
+
+def _no_vxm_op_check(a, settings):
+    return a["root"], _NO_VXM_OP[op_name(a["root"])]
+
+
+def _binary(op, priority, checks=(_binary_check,), integers=False):
+    return OpPattern(op, lambda: binary_pattern(f"relax.{op}"), ("lhs", "rhs"), checks, priority, integers)
+
+
+def _unary(name, relax_op, priority, checks=()):
+    return OpPattern(name, lambda: unary_pattern(relax_op), checks=checks, priority=priority)
+
+
+register_pattern(
+    _binary("add", 10, integers=True), _binary("subtract", 10, integers=True), _binary("multiply", 10),
+    *(_unary(name, relax_op, 20, (_clip_check,) if name == "clip" else ())
+      for name, relax_op in (("relu", "relax.nn.relu"), ("sigmoid", "relax.sigmoid"), ("tanh", "relax.tanh"),
+                             ("clip", "relax.clip"), ("erf", "relax.erf"), ("gelu", "relax.nn.gelu"),
+                             ("gelu_tanh", "relax.nn.gelu_tanh"), ("silu", "relax.nn.silu"))),
+    *(_unary(name, relax_op, 30)
+      for name, relax_op in (("abs", "relax.abs"), ("negative", "relax.negative"), ("exp", "relax.exp"),
+                             ("sqrt", "relax.sqrt"), ("rsqrt", "relax.rsqrt"), ("sign", "relax.sign"),
+                             ("leakyrelu", "relax.nn.leakyrelu"))),
+    _binary("minimum", 40), _binary("maximum", 40),
+    _binary("divide", 50, (_divide_check,)),
+    _unary("prelu", "relax.nn.prelu", 51, (_prelu_check,)),
+    OpPattern("power", lambda: unary_pattern("relax.power"), checks=(_power_check,), priority=52, lowered=False),
+    *(OpPattern(op, lambda op=op: unary_pattern(f"relax.{op}"), checks=(_no_vxm_op_check,), priority=53,
+                lowered=False) for op in _NO_VXM_OP),
+    OpPattern("astype", lambda: unary_pattern("relax.astype"), None, (_astype_check,), 76, zero_d=True),
+    OpPattern("where", lambda: unary_pattern("relax.where"), None, (_where_check,), 81, zero_d=True),
+)

@@ -4,12 +4,17 @@ this is the value's last use."""
 
 from __future__ import annotations
 
+from tvm import relax
+from tvm.relax.dpl import is_op, is_tuple, wildcard
+
 import numpy as np
 
 from ....machine.isa import DType
 from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
-from ..registry import register_lowering
+from ..registry import OpPattern, register_lowering, register_pattern
+from ..pattern_checks import tensors_problem
+from ..relax_exprs import expr_shape, is_const, static_shape
 from ..storage import Stored, one
 from ..values import copy_value
 
@@ -59,3 +64,51 @@ def lower_index_put(ctx: LoweringContext, op: RegionOp, is_output: bool):
     ctx.values[op.out] = Stored(y.tensor, tuple(op.shape))
     if in_place:
         ctx.updated_in_place.add(op.out)
+
+
+# ---- patterns ---------------------------------------------------------------------------
+
+
+def _index_put_pattern():
+    data, rows, cols, values = wildcard(), wildcard(), wildcard(), wildcard()
+    root = is_op("relax.index_put")(data, is_tuple([rows, cols]), values)
+    return root, {"input": data, "rows": rows, "cols": cols, "values": values, "root": root}
+
+
+def _index_put_check(a, settings):
+    """``index_put(data, (rows, cols), values)`` writing whole rows of a runtime 2-D value
+    (a decoder's KV cache): ``rows`` int32 of shape (N, 1), ``cols`` the constant
+    ``arange(D)`` of shape (1, D), ``values`` (N, D)."""
+    op, data, rows, cols, values = a["root"], a["input"], a["rows"], a["cols"], a["values"]
+    if is_const(data):
+        return op, "index_put into a constant (folded at compile time)"
+    found = tensors_problem(op, [data, values], settings)
+    if found:
+        return found
+    if op.attrs.accumulate:
+        return op, "index_put with accumulate=True: LPX scatters rows, it does not add them"
+    shape = expr_shape(data)
+    if len(shape) != 2:
+        return op, f"index_put into a {len(shape)}-D value: LPX scatters rows of a 2-D value"
+    d = shape[1]
+    if not isinstance(rows.ty, relax.TensorType) or rows.ty.dtype != "int32" or \
+            static_shape(rows.ty) is None or len(static_shape(rows.ty)) != 2 or static_shape(rows.ty)[1] != 1:
+        return op, f"index_put by row indices of type {rows.ty}: LPX scatters by int32 indices of shape (N, 1)"
+    n = static_shape(rows.ty)[0]
+    whole_rows = is_const(cols) and cols.value.numpy().reshape(-1).tolist() == list(range(d)) and \
+        tuple(cols.value.numpy().shape) in ((1, d), (d,))
+    if not whole_rows:
+        return op, "index_put of part of a row: LPX scatters whole rows (columns arange(D))"
+    if tuple(expr_shape(values)) != (n, d):
+        return op, f"index_put of values of shape {expr_shape(values)} into rows of {shape} by {n} indices"
+    lines = settings.config.lines_per_slice
+    if shape[0] * settings.activation_bytes > lines:  # a stored row takes one line per byte
+        return op, (f"index_put into a value of {shape[0]} rows: a column tile of it must fit one slice "
+                    f"({lines} lines)")
+    return None
+
+
+# Keys: ``input`` (the 2-D value), ``rows`` (int32 (N, 1)), ``cols`` (constant
+# ``arange(D)``), ``values``, ``root``.
+register_pattern(OpPattern("index_put", _index_put_pattern, None, (_index_put_check,), priority=75,
+                           zero_d=True))

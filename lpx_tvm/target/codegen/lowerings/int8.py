@@ -1,4 +1,5 @@
-"""Int8 lowerings: the composites of a QDQ model (see lpx_tvm/relax_passes/int8_patterns.py).
+"""Int8 ops: the composites of a QDQ model (see :mod:`lpx_tvm.relax_passes.qdq`), their
+patterns and their lowerings.
 
 - ``lpx.qconv2d`` / ``lpx.qdense``: the MXM multiplies the stored int8 / uint8 activations
   by int8 weights at int8 rate into int32 accumulators. The activation zero point ``z_x``
@@ -21,19 +22,23 @@
 
 from __future__ import annotations
 
+from tvm.relax.dpl import is_op, wildcard
+
 import math
 
 import numpy as np
 
 from ....machine.isa import DType
+from ....precision import Precision
 from ..lowering_context import LoweringContext
 from ..epilogue import Bias, Dequant, Requant
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..mxm_tiles import matmul, pixel_sums
 from ..row_passes import rowwise, write_rows
 from ..quant import QEpilogue, dequantized, mxm_view, relax_dtype, scalar, step_of, zero_point
-from ..registry import register_lowering
-from ..rules import spatial_mean_problem
+from ..registry import OpPattern, register_lowering, register_pattern, unary_pattern
+from ..relax_exprs import expr_shape, is_const, static_shape
+from ..rules import activation_row_problem, grouped_conv_problem, int8_working_set_problem, spatial_mean_problem
 from ..storage import Stored
 from ..values import apart, constant_beside, new_value
 from .conv2d import lower_conv2d
@@ -161,3 +166,190 @@ def lower_qglobal_avg_pool(ctx: LoweringContext, op: RegionOp, is_output: bool):
         v = g.vxm("vxm.requant", v, imm=sx / (hw * sy), to=out_dt, zp=zy)
         write_rows(ctx, g, v, y, j, i, i + 1)
     ctx.values[op.out] = y
+
+
+# ---- patterns ---------------------------------------------------------------------------
+
+INT_DTYPES = ("int8", "uint8")
+
+
+def _int_type_problem(expr, settings, dtypes=INT_DTYPES):
+    ty = expr.ty
+    if not hasattr(ty, "dtype") or ty.dtype not in dtypes:
+        return f"dtype {getattr(ty, 'dtype', ty)} is not {' or '.join(dtypes)} in an int8 build"
+    shape = static_shape(ty)
+    if shape is None:
+        return f"dynamic shape {ty.shape}: LPX schedules are static and need static shapes"
+    return activation_row_problem(shape, 1 if ty.dtype in INT_DTYPES else 4, settings.config, settings.precision)
+
+
+def _scalar_const(expr) -> bool:
+    return is_const(expr) and expr.value.numpy().size == 1
+
+
+def _int_rule(*keys):
+    def rule(a, settings):
+        for k in keys:
+            problem = _int_type_problem(a[k], settings)
+            if problem:
+                return a["root"], problem
+        return None
+    return rule
+
+
+def _qmxm_rule(a, settings):
+    root, x, w, q = a["root"], a["input"], a["weight"], a["quantize"]
+    for expr in (x, q):
+        problem = _int_type_problem(expr, settings)
+        if problem:
+            return root, problem
+    if not (is_const(w) and w.ty.dtype == "int8"):
+        return root, "the weight is not an int8 constant"
+    if not (_scalar_const(a["zp_in"]) and _scalar_const(a["zp_out"]) and is_const(a["bias"])
+            and is_const(a["scale"])):
+        return root, "zero points, bias and requantization scale must be constants"
+    channels = expr_shape(root)[1 if root.op.name == "relax.nn.conv2d" else -1]
+    if a["scale"].value.numpy().size not in (1, channels) or a["bias"].value.numpy().size not in (1, channels):
+        return root, "the requantization scale and bias are not one value per output channel"
+    if root.op.name == "relax.nn.conv2d":
+        attrs = root.attrs
+        if (attrs.data_layout, attrs.kernel_layout) != ("NCHW", "OIHW"):
+            return root, "LPX convolution takes NCHW activations and OIHW weights"
+        groups, cin, cout = int(attrs.groups), expr_shape(x)[1], expr_shape(w)[0]
+        problem = grouped_conv_problem(groups, cin, cout) if groups != 1 else None
+        if problem:
+            return root, problem
+    else:
+        if len(expr_shape(w)) != 2 or len(expr_shape(x)) < 2:
+            return root, "LPX dense takes a 2-D (K, N) weight and an input of rank >= 2"
+    return None
+
+
+def _scales_rule(*keys):
+    def rule(a, settings):
+        for k in keys:
+            call = a[k]
+            if not (_scalar_const(call.args[1]) and _scalar_const(call.args[2])):
+                return a["root"], "a per-channel scale here: LPX requantizes activations with one scale"
+        return None
+    return rule
+
+
+def _qadd_rule(a, settings):
+    if expr_shape(a["lhs"]) != expr_shape(a["rhs"]):
+        return a["root"], "broadcasting quantized add"
+    return None
+
+
+def _qgap_rule(a, settings):
+    mean = a["root"]
+    rank = len(expr_shape(a["input"]))
+    problem = spatial_mean_problem(rank, mean.attrs.axis or range(rank))
+    return (mean, problem) if problem else None
+
+
+def _qpool_rule(a, settings):
+    pool = a["root"]
+    attrs = pool.attrs
+    if (attrs.layout, attrs.out_layout or attrs.layout) != ("NCHW", "NCHW"):
+        return pool, "LPX pooling takes NCHW"
+    if attrs.ceil_mode:
+        return pool, "ceil_mode=True: LPX pooling windows follow floor mode only"
+    if any(int(d) != 1 for d in attrs.dilation):
+        return pool, "dilated pooling is not supported"
+    return None
+
+
+def _quantize_rule(a, settings):
+    problem = _int_type_problem(a["input"], settings, ("float32",)) or _int_type_problem(a["root"], settings)
+    return (a["root"], problem) if problem else None
+
+
+def _dequantize_rule(a, settings):
+    problem = _int_type_problem(a["input"], settings) or _int_type_problem(a["root"], settings, ("float32",))
+    return (a["root"], problem) if problem else None
+
+
+def _fits_rule(*keys):
+    """The activations at ``keys`` (the op's inputs and its result) fit the SRAM together
+    (:func:`..rules.int8_working_set_problem`)."""
+    def rule(a, settings):
+        values = []
+        for k in keys:
+            expr = a[k]
+            shape = None if is_const(expr) else static_shape(expr.ty)
+            if shape is not None:
+                values.append((shape, 1 if expr.ty.dtype in INT_DTYPES else 4))
+        weight = a.get("weight")
+        weight_bytes = weight.value.numpy().nbytes if weight is not None and is_const(weight) else 0
+        problem = int8_working_set_problem(values, settings.config, weight_bytes)
+        return (a["root"], problem) if problem else None
+    return rule
+
+
+def _qmxm_pattern(op):
+    x, zp_in, w, bias, scale, zp_out = (wildcard() for _ in range(6))
+    centered = is_op("relax.subtract")(is_op("relax.astype")(x), zp_in)
+    root = is_op(op)(centered, w)
+    acc = is_op("relax.add")(root, bias)
+    q = is_op("relax.quantize")(is_op("relax.astype")(acc), scale, zp_out)
+    return q, {"input": x, "zp_in": zp_in, "weight": w, "root": root, "bias": bias, "scale": scale,
+               "zp_out": zp_out, "quantize": q}
+
+
+def _dq(x):
+    return is_op("relax.dequantize")(x, wildcard(), wildcard())
+
+
+def _q(x):
+    return is_op("relax.quantize")(x, wildcard(), wildcard())
+
+
+def _qadd_pattern():
+    a, b = wildcard(), wildcard()
+    da, db = _dq(a), _dq(b)
+    root = is_op("relax.add")(da, db)
+    q = _q(root)
+    return q, {"lhs": a, "rhs": b, "dq_lhs": da, "dq_rhs": db, "root": root, "quantize": q}
+
+
+def _qgap_pattern(reshape):
+    x = wildcard()
+    dq = _dq(x)
+    root = is_op("relax.mean")(dq)
+    out = is_op("relax.reshape")(root, wildcard()) if reshape else root
+    q = _q(out)
+    return q, {"input": x, "dq": dq, "root": root, "quantize": q}
+
+
+_unary = unary_pattern
+
+
+def _int8(name, make, checks, priority):
+    return OpPattern(name, make, None, checks, priority, zero_d=True, precisions=(Precision.INT8,))
+
+
+# Tried in an int8 build only (in a float build they refuse without a reason, so the
+# float patterns' reasons stand). Keys: ``lpx.qconv2d`` / ``lpx.qdense`` ``input``,
+# ``zp_in``, ``weight``, ``root`` (the conv2d / matmul), ``bias``, ``scale``, ``zp_out``,
+# ``quantize``; ``lpx.qadd`` ``lhs``, ``rhs``, ``dq_lhs``, ``dq_rhs``, ``root``, ``quantize``;
+# ``lpx.qglobal_avg_pool2d[_reshape]`` ``input``, ``dq``, ``root`` (the mean), ``quantize``.
+register_pattern(
+    _int8("quantize", lambda: _unary("relax.quantize"),
+          (_quantize_rule, _scales_rule("root"), _fits_rule("input", "root")), 200),
+    _int8("dequantize", lambda: _unary("relax.dequantize"),
+          (_dequantize_rule, _scales_rule("root"), _fits_rule("input", "root")), 201),
+    _int8("qmax_pool2d", lambda: _unary("relax.nn.max_pool2d"),
+          (_int_rule("input", "root"), _qpool_rule, _fits_rule("input", "root")), 202),
+    _int8("qadd", _qadd_pattern, (_int_rule("lhs", "rhs", "quantize"), _qadd_rule,
+                                  _scales_rule("dq_lhs", "dq_rhs", "quantize"),
+                                  _fits_rule("lhs", "rhs", "quantize")), 203),
+    _int8("qglobal_avg_pool2d", lambda: _qgap_pattern(False),
+          (_int_rule("input", "quantize"), _qgap_rule, _scales_rule("dq", "quantize"),
+           _fits_rule("input", "quantize")), 204),
+    _int8("qglobal_avg_pool2d_reshape", lambda: _qgap_pattern(True),
+          (_int_rule("input", "quantize"), _qgap_rule, _scales_rule("dq", "quantize"),
+           _fits_rule("input", "quantize")), 205),
+    _int8("qconv2d", lambda: _qmxm_pattern("relax.nn.conv2d"), (_qmxm_rule, _fits_rule("input", "quantize")), 206),
+    _int8("qdense", lambda: _qmxm_pattern("relax.matmul"), (_qmxm_rule, _fits_rule("input", "quantize")), 207),
+)

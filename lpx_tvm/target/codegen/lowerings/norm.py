@@ -7,7 +7,9 @@ import numpy as np
 from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..row_passes import finish, reduce_tiles
-from ..registry import register_lowering
+from ..registry import OpPattern, register_lowering, register_pattern, unary_pattern
+from ..pattern_checks import last_axis_rows_problem
+from ..relax_exprs import expr_shape, is_const, op_name
 from ..storage import chunk_of, one, runs, slices_of
 from ..values import new_value
 
@@ -73,3 +75,24 @@ def lower_norm(ctx: LoweringContext, op: RegionOp, is_output: bool):
                 else:
                     g.write(v, seg(cen, j, r0, r1))
     ctx.values[op.out] = y
+
+
+# ---- patterns ---------------------------------------------------------------------------
+
+
+def _norm_check(a, settings):
+    """layer_norm (data, gamma, beta) and rms_norm (data, weight) over the last axis."""
+    op = a["root"]
+    data, *params = op.args
+    what = op_name(op).removeprefix("nn.")
+    if not all(is_const(p) for p in params):
+        return op, f"{what} with a runtime " + ("gamma or beta" if len(params) == 2 else "weight")
+    shape = expr_shape(data)
+    rank = len(shape)
+    if [int(ax) % max(rank, 1) for ax in op.attrs.axes] != [rank - 1]:
+        return op, f"{what} over axes {[int(x) for x in op.attrs.axes]}: LPX normalizes the last axis"
+    return last_axis_rows_problem(op, shape, settings, what)
+
+
+register_pattern(*(OpPattern(op, lambda op=op: unary_pattern(f"relax.nn.{op}"), checks=(_norm_check,),
+                             priority=80, zero_d=True) for op in ("layer_norm", "rms_norm")))

@@ -11,11 +11,14 @@ lanes.
 
 from __future__ import annotations
 
+from tvm.relax.dpl import is_op, wildcard
+
 from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..rules import pad_problem, pad_source
 from ..row_passes import fill_vector
-from ..registry import register_lowering
+from ..registry import OpPattern, register_lowering, register_pattern, unary_pattern
+from ..relax_exprs import expr_shape, int_tuple, is_const
 from ..storage import Stored, chunk_of, one, runs
 from ..values import new_value
 
@@ -112,3 +115,60 @@ def lower_zero_stuff(ctx: LoweringContext, op: RegionOp, is_output: bool):
     y = new_value(ctx, op.out, op.shape, is_output, dtype=x.tensor.layout.dtype)
     place_pixels(ctx, op.out, x, y, rows, cols, 0.0)
     ctx.values[op.out] = y
+
+
+# ---- patterns ---------------------------------------------------------------------------
+
+
+def _pad_check(a, settings):
+    op = a["root"]
+    problem = pad_problem(expr_shape(a["input"]), [int(w) for w in op.attrs.pad_width], str(op.attrs.pad_mode))
+    return (op, problem) if problem else None
+
+
+def _zero_stuff_pattern(cropped=False):
+    data, shape6, shape4 = wildcard(), wildcard(), wildcard()
+    split = is_op("relax.reshape")(data, shape6)
+    spread = is_op("relax.nn.pad")(split)
+    root = stuffed = is_op("relax.reshape")(spread, shape4)
+    if cropped:
+        root = is_op("relax.strided_slice")(stuffed, varg_default_wildcard=True)
+    return root, {"input": data, "split": split, "pad": spread, "stuffed": stuffed, "root": root}
+
+
+def _zero_stuff_check(a, settings):
+    """(N, C, H, W) -> (N, C, H, 1, W, 1) -> zeros after the unit axes -> (N, C, H*sh, W*sw):
+    the zero-stuffing :mod:`lpx_tvm.relax_passes.conv_transpose` writes."""
+    root, spread = a["root"], a["pad"]
+    src, split = expr_shape(a["input"]), expr_shape(a["split"])
+    widths = [int(w) for w in spread.attrs.pad_width]
+    if (len(src) != 4 or split != (*src[:3], 1, src[3], 1) or str(spread.attrs.pad_mode) != "constant"
+            or float(spread.attrs.pad_value) != 0.0 or any(widths[:7]) or any(widths[8:11])):
+        return root, "reshape / pad / reshape that is not the zero-stuffing of an image"
+    if not root.same_as(a["stuffed"]):  # a slice of the stuffed image's first rows and columns
+        ints = [int_tuple(t) for t in root.args[1:]]
+        if any(t is None for t in ints) or sorted(ints[0]) != [2, 3] or any(ints[1]) or \
+                (len(ints) > 3 and any(v != 1 for v in ints[3])):
+            return root, "a slice of a zero-stuffed image other than its first rows and columns"
+    return None
+
+
+def _conv2d_transpose_check(a, settings):
+    """Why a transposed convolution is still one: lpx.ConvTransposeAsConv rewrote every
+    one LPX runs into zero-stuffing and a conv2d."""
+    op = a["root"]
+    if not is_const(op.args[1]):
+        return op, ("weight is not a constant: LPX runs a transposed convolution as a convolution "
+                    "with the kernel flipped at compile time")
+    return op, ("layouts other than NCHW/IOHW, or pads beyond the kernel's reach (the equivalent "
+                "convolution would crop)")
+
+
+register_pattern(
+    OpPattern("pad", lambda: unary_pattern("relax.nn.pad"), checks=(_pad_check,), priority=89, zero_d=True),
+    OpPattern("zero_stuff", _zero_stuff_pattern, checks=(_zero_stuff_check,), priority=90, zero_d=True),
+    OpPattern("zero_stuff_cropped", lambda: _zero_stuff_pattern(cropped=True), checks=(_zero_stuff_check,),
+              priority=91, zero_d=True),
+    OpPattern("conv2d_transpose", lambda: unary_pattern("relax.nn.conv2d_transpose"),
+              checks=(_conv2d_transpose_check,), priority=92, lowered=False),
+)

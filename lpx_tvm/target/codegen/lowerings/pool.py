@@ -10,7 +10,8 @@ from ..graph import RegionOp, UnsupportedOnLPX
 from ..mxm_tiles import pixel_sums
 from ..padding import padded
 from ..row_passes import finish, write_rows
-from ..registry import register_lowering
+from ..registry import OpPattern, register_lowering, register_pattern, unary_pattern
+from ..relax_exprs import expr_shape
 from ..rules import spatial_mean_problem
 from ..storage import Stored, chunk_of, one, runs, slices_of
 from ..values import apart, new_value
@@ -100,3 +101,35 @@ def lower_global_avg_pool(ctx: LoweringContext, op: RegionOp, is_output: bool):
     for g, v, i, j in pixel_sums(ctx, op.out, x, column, ctx.acc):
         write_rows(ctx, g, v, y, j, i, i + 1)
     ctx.values[op.out] = y
+
+
+# ---- patterns ---------------------------------------------------------------------------
+
+
+def _pool2d_check(a, settings):
+    pool = a["root"]
+    attrs = pool.attrs
+    if len(expr_shape(a["input"])) != 4:
+        return pool, "pooling input is not 4-D"
+    if (attrs.layout, attrs.out_layout or attrs.layout) != ("NCHW", "NCHW"):
+        return pool, f"layout {attrs.layout}/{attrs.out_layout}: LPX pooling takes NCHW"
+    if attrs.ceil_mode:
+        return pool, "ceil_mode=True: LPX pooling windows follow floor mode only"
+    if any(int(d) != 1 for d in attrs.dilation):
+        return pool, f"dilation {tuple(attrs.dilation)}: dilated pooling is not supported"
+    return None
+
+
+def _global_avg_pool2d_check(a, settings):
+    mean = a["root"]
+    rank = len(expr_shape(a["input"]))
+    problem = spatial_mean_problem(rank, mean.attrs.axis or range(rank))
+    return (mean, problem) if problem else None
+
+
+register_pattern(
+    *(OpPattern(op, lambda op=op: unary_pattern(f"relax.nn.{op}"), checks=(_pool2d_check,), priority=60,
+                zero_d=True) for op in ("max_pool2d", "avg_pool2d")),
+    OpPattern("global_avg_pool2d", lambda: unary_pattern("relax.mean"), checks=(_global_avg_pool2d_check,),
+              priority=61, zero_d=True),
+)

@@ -20,7 +20,8 @@ import numpy as np
 from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..row_passes import finish, rowwise
-from ..registry import register_lowering
+from ..registry import OpPattern, register_lowering, register_pattern, unary_pattern
+from ..relax_exprs import expr_shape
 from ..rules import resize_problem
 from ..storage import Stored, chunk_of, one, runs
 from ..values import new_value
@@ -259,3 +260,20 @@ def lower_resize2d(ctx: LoweringContext, op: RegionOp, is_output: bool):
         y = new_value(ctx, op.out, op.shape, is_output, avoid=[cur])
         rowwise(ctx, tag, [cur], y, lambda g, vs: vs[0])
     ctx.values[op.out] = y
+
+
+# ---- patterns ---------------------------------------------------------------------------
+
+
+def _resize_check(a, settings):
+    op = a["root"]
+    attrs = op.attrs
+    if attrs.out_dtype is not None and str(attrs.out_dtype) not in ("", "void", str(op.args[0].ty.dtype)):
+        return op, f"resize to dtype {attrs.out_dtype}: LPX resizes within one dtype"
+    problem = resize_problem(len(expr_shape(a["input"])), str(attrs.layout), str(attrs.method),
+                             str(attrs.coordinate_transformation_mode), str(attrs.rounding_method))
+    return (op, problem) if problem else None
+
+
+register_pattern(OpPattern("resize2d", lambda: unary_pattern("relax.image.resize2d"), checks=(_resize_check,),
+                           priority=88, zero_d=True))

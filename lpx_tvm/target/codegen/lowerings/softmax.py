@@ -5,7 +5,9 @@ from __future__ import annotations
 from ..lowering_context import LoweringContext
 from ..graph import RegionOp
 from ..row_passes import finish, reduce_tiles
-from ..registry import register_lowering
+from ..registry import OpPattern, register_lowering, register_pattern, unary_pattern
+from ..pattern_checks import last_axis_rows_problem
+from ..relax_exprs import expr_shape
 from ..storage import chunk_of, one, runs
 from ..values import new_value
 
@@ -41,3 +43,19 @@ def lower_softmax(ctx: LoweringContext, op: RegionOp, is_output: bool):
             v = g.vxm("vxm.mul", g.read(seg(ex, j, r0, r1)), g.read(seg(sm, 0, r0, r1)))
             finish(g, v, seg(y, j, r0, r1))
     ctx.values[op.out] = y
+
+
+# ---- patterns ---------------------------------------------------------------------------
+
+
+def _softmax_check(a, settings):
+    op = a["root"]
+    shape = expr_shape(a["input"])
+    rank = len(shape)
+    if int(op.attrs.axis) % max(rank, 1) != rank - 1:
+        return op, f"softmax over axis {int(op.attrs.axis)} of a {rank}-D tensor: LPX reduces the last axis"
+    return last_axis_rows_problem(op, shape, settings, "softmax")
+
+
+register_pattern(OpPattern("softmax", lambda: unary_pattern("relax.nn.softmax"), checks=(_softmax_check,),
+                           priority=72, zero_d=True))

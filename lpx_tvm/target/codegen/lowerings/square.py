@@ -13,7 +13,7 @@ from ..registry import OpPattern, register_lowering, register_pattern, unary_pat
 from ..row_passes import rowwise
 from ..values import new_value
 
-register_pattern(OpPattern("square", lambda: unary_pattern("relax.square")))
+register_pattern(OpPattern("square", lambda: unary_pattern("relax.square"), priority=30))
 
 
 @register_lowering("square")

@@ -4,18 +4,29 @@ table's slices, the indices put one per vector by an SXM transpose."""
 
 from __future__ import annotations
 
+from tvm import relax
+from tvm.relax.dpl import is_op, wildcard
+
 import math
 
 from ....machine.isa import DType
 from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
 from ..row_passes import write_rows
-from ..registry import register_lowering
+from ..registry import OpPattern, register_lowering, register_pattern
+from ..pattern_checks import type_problem
+from ..relax_exprs import expr_shape, is_const, static_shape
 from ..storage import one
 from ..values import new_value
 
 
-@register_lowering("take")
+def _place_table(ctx: LoweringContext, op: RegionOp):
+    """The table read by gather: each lane tile one run of lines on one slice (a gather
+    addresses one slice), placed while the slices are still empty."""
+    return ctx.builder.constant(f"{op.out}.table", op.main.args[0].const, ctx.dtype, spread=1)
+
+
+@register_lowering("take", weights=_place_table)
 def lower_take(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """``take(table, indices, axis=0)``: the indices (one row of int32 lanes, or one per
     row) become one vector each with the index in lane 0, which every column tile's
@@ -28,7 +39,7 @@ def lower_take(ctx: LoweringContext, op: RegionOp, is_output: bool):
         raise UnsupportedOnLPX(f"take with {x.tensor.layout.dtype.short} indices (LPX gathers by int32)")
     n = math.prod(idx.shape) if idx.shape else 1
     lanes = ctx.cfg.lanes
-    t = ctx.weights[op.out]  # placed with the weights (weights.place_weights)
+    t = ctx.weights[op.out]  # placed with the weights (_place_table)
     if t.layout.nchunks != 1:
         raise UnsupportedOnLPX(f"take from a table of {table.shape[0]} rows: a column tile spans several slices")
     y = new_value(ctx, op.out, op.shape, is_output)
@@ -47,3 +58,37 @@ def lower_take(ctx: LoweringContext, op: RegionOp, is_output: bool):
                 index = g.sxm("sxm.transpose", row, out=b1 - b0)
             write_rows(ctx, g, g.gather(index, t.tile(j)), y, j, b0, b1)
     ctx.values[op.out] = y
+
+
+# ---- patterns ---------------------------------------------------------------------------
+
+
+def _take_pattern():
+    table, indices = wildcard(), wildcard()
+    root = is_op("relax.take")(table, indices)
+    return root, {"input": table, "indices": indices, "root": root}
+
+
+def _take_check(a, settings):
+    op, table, idx = a["root"], a["input"], a["indices"]
+    if not is_const(table) or len(expr_shape(table)) != 2:
+        return op, "take from a runtime tensor: LPX gathers rows of a constant 2-D table"
+    if op.attrs.axis is None or int(op.attrs.axis) != 0:
+        return op, "take along an axis other than 0: LPX gathers whole rows"
+    problem = type_problem(op.ty, settings)
+    if problem:
+        return op, problem
+    if not isinstance(idx.ty, relax.TensorType) or idx.ty.dtype != "int32" or static_shape(idx.ty) is None:
+        return op, f"take by indices of type {idx.ty}: LPX gathers by static-shape int32 indices"
+    shape = static_shape(idx.ty)
+    if is_const(idx) or len(shape) > 2 or (len(shape) == 2 and shape[-1] != 1):
+        return op, f"take by indices of shape {shape}: LPX gathers by a row of indices or one per row"
+    rows = expr_shape(table)[0]
+    lines = settings.config.lines_per_slice
+    if rows * settings.activation_bytes > lines:  # a stored row takes one line per byte
+        return op, f"take from a table of {rows} rows: a column tile of it must fit one slice ({lines} lines)"
+    return None
+
+
+# Keys: ``input`` (the constant table), ``indices`` (int32), ``root``.
+register_pattern(OpPattern("take", _take_pattern, None, (_take_check,), priority=74, zero_d=True))

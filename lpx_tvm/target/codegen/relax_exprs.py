@@ -1,19 +1,10 @@
-"""What the ``lpx.`` check functions share: facts about Relax expressions, and the check
-builder that applies a pattern's rules and records the first refusal.
-
-The float patterns (:mod:`.patterns`) and the int8 ones (:mod:`.int8_patterns`) both
-import this module; it imports neither.
-"""
+"""Facts about Relax expressions that the pattern checks read: op names, constants,
+static shapes, compile-time scalars. Pure functions of an expression; no check here."""
 
 from __future__ import annotations
 
 import tvm
 from tvm import relax
-from tvm.relax.backend.utils import has_leaking_intermediate_variables
-
-from .check_context import Rejection, current_settings
-
-PATTERN_PREFIX = "lpx."
 
 
 def op_name(call) -> str:
@@ -56,25 +47,13 @@ def clip_bounds(call) -> tuple | None:
     return None if lo is None or hi is None else (lo, hi)
 
 
-def make_check(name, rules):
-    """A check function that applies ``rules`` in order and records the first refusal.
-
-    Each rule is ``rule(annotated, settings) -> None | (op to blame, reason)``."""
-
-    def check(context) -> bool:
-        if has_leaking_intermediate_variables(context):
-            # An inner result is used outside the group; a smaller pattern will take it.
-            return False
-        settings = current_settings()
-        annotated = {key: context.annotated_expr[key] for key in context.annotated_expr}
-        for rule in rules:
-            found = rule(annotated, settings)
-            if found is not None:
-                op, reason = found
-                key = context.value_to_bound_var.get(op, op)
-                settings.log.record(key, Rejection(name, op_name(op), reason))
-                return False
-        return True
-
-    check.__name__ = f"check_{name.removeprefix(PATTERN_PREFIX)}"
-    return check
+def int_tuple(expr) -> list | None:
+    """The ints of a tuple of compile-time integers (strided_slice's axes, begin, end, strides)."""
+    fields = expr.fields if isinstance(expr, relax.Tuple) else expr.values if isinstance(expr, relax.ShapeExpr) \
+        else None
+    if fields is None:
+        return None
+    values = list(fields)
+    if not all(isinstance(v, tvm.tirx.IntImm) for v in values):
+        return None
+    return [int(v.value) for v in values]
