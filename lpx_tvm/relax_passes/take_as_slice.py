@@ -16,7 +16,6 @@ Indices of higher rank, out of range under ``mode="fast"``, and takes of constan
 from __future__ import annotations
 
 import numpy as np
-import tvm
 from tvm import relax
 
 from ._binding_rewrite import bindings, is_const, op_is, rewrite_bindings, static_shape

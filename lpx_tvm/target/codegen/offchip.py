@@ -20,9 +20,8 @@ from ..builder import OffchipTensor
 from .lowering_context import LoweringContext
 from .graph import Operand, RegionOp, UnsupportedOnLPX
 from .row_passes import finish
-from .lowerings.resize import resize_band_rows
-from .registry import banding_of, cuts_constants, lower
-from .rules import activation_row_problem, flattens_pixels, reshape_keeps_storage
+from .registry import band_rows_of, banding_of, cuts_constants, lower
+from .rules import activation_row_problem
 from .storage import Stored, row_align, stored_shape
 
 
@@ -53,14 +52,8 @@ def spill_param(ctx: LoweringContext, name: str, shape: tuple) -> Spilled:
 
 def lower_by_bands(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """Lower one op whose operands and result live off chip, band by band."""
-    if banding_of(op) == "view":  # an NCHW value and its pixel rows: the same bytes
+    if banding_of(op) == "view":  # the same bytes seen another way (its pattern checked the storage)
         ctx.values[op.out] = Spilled(ctx.values[op.main.args[0].name].tensor, tuple(op.shape))
-        return
-    if op.composite in ("lpx.reshape", "lpx.flatten_pixels"):
-        x = ctx.values[op.main.args[0].name]
-        if not (reshape_keeps_storage(x.shape, op.shape) or flattens_pixels(x.shape, op.shape)):
-            raise UnsupportedOnLPX(f"reshape {x.shape} -> {op.shape} moves data between lanes")
-        ctx.values[op.out] = Spilled(x.tensor, tuple(op.shape))
         return
     tensors = list({a.name: a for s in [op.main] + op.epilogue for a in s.args
                     if not a.is_const and a.name in ctx.values}.values())
@@ -162,7 +155,7 @@ def _bands(ctx: LoweringContext, op: RegionOp, tensors: list):
                     loads[a.name] = _Load((image * a.shape[2] + r0) * w, nr * w, 0, (1, a.shape[1], nr, w))
                     if pads is not None:
                         band_op = _with_padding(band_op, pads)
-                    if op.main.op == "image.resize2d":  # where the band sits in the whole resize
+                    if band_rows_of(op) is not None:  # where the band sits in the whole op
                         band_op = replace(band_op, main=replace(band_op.main, attrs={
                             **band_op.main.attrs, "band": (h0, r0, a.shape[2], oh)}))
                 band_op = _with_shapes(band_op, {k: v.shape for k, v in loads.items()})
@@ -283,8 +276,9 @@ def _row_source(op: RegionOp, a: Operand, out_shape: tuple):
             r0, r1 = max(0, start), min(height, end)
             return r0, r1 - r0, (r0 - start, pl, end - r1, pr)
         return window
-    if op.main.op == "image.resize2d":
-        return resize_band_rows(op.main.attrs, a.shape[2], out_shape[2])
+    band_rows = band_rows_of(op)
+    if band_rows is not None:
+        return band_rows(op.main.attrs, a.shape[2], out_shape[2])
     if a.shape[2:] == tuple(out_shape[2:]):
         return lambda h0, nrows: (h0, nrows, None)
     if a.shape[2:] == (1, 1):

@@ -41,13 +41,20 @@ _CUTS_CONSTANTS: set = set()  # ops whose full-tensor constant operands a band c
 # weight matrix of a conv2d or a dense layer, a gather's table): ``place(ctx, op) ->
 # placed | None``, read by :func:`.weights.place_weights`.
 _WEIGHTS: dict = {}
+# The input rows a band of output rows reads, for a family whose window is its own (a
+# resize's taps): ``band_rows(attrs, input height, output height) -> fn(h0, rows) ->
+# (first input row, input rows, padding)``; such a band op learns where it sits
+# (``attrs["band"]``).
+_BAND_ROWS: dict = {}
 
 
-def register_lowering(*names: str, banding="rows", cuts_constants: bool = False, weights=None):
+def register_lowering(*names: str, banding="rows", cuts_constants: bool = False, weights=None, band_rows=None):
     """Register the decorated function as the lowering of each of ``names``, with how
-    the off-chip driver bands it (:data:`BANDINGS`, or ``banding(op) -> str``), whether
-    a band cuts its full-tensor constant operands (elementwise ops), and how its
-    constants are placed (``weights(ctx, op) -> placed | None``: its weight layout)."""
+    the off-chip driver bands it (:data:`BANDINGS`, or ``banding(op) -> str``; and
+    ``band_rows``, the input rows of a band of output rows where the family has its own
+    window), whether a band cuts its full-tensor constant operands (elementwise ops), and
+    how its constants are placed (``weights(ctx, op) -> placed | None``: its weight
+    layout)."""
     if not callable(banding) and banding not in BANDINGS:
         raise ValueError(f"banding {banding!r}: expected one of {', '.join(BANDINGS)}")
 
@@ -61,6 +68,8 @@ def register_lowering(*names: str, banding="rows", cuts_constants: bool = False,
                 _CUTS_CONSTANTS.add(name)
             if weights is not None:
                 _WEIGHTS[name] = weights
+            if band_rows is not None:
+                _BAND_ROWS[name] = band_rows
         return fn
 
     return register
@@ -71,6 +80,11 @@ def banding_of(op: RegionOp) -> str:
     the lowering is, by composite first, then by main op)."""
     kind = _BANDING.get(op.composite) or _BANDING.get(op.main.op, "rows")
     return kind(op) if callable(kind) else kind
+
+
+def band_rows_of(op: RegionOp):
+    """The family's own ``band_rows`` of ``op`` (see :func:`register_lowering`), or None."""
+    return _BAND_ROWS.get(op.composite) or _BAND_ROWS.get(op.main.op)
 
 
 def weights_of(op: RegionOp):

@@ -3,11 +3,10 @@ exact, first index on ties, with no comparison op on the VXM."""
 
 from __future__ import annotations
 
-from tvm.relax.dpl import is_op, wildcard
-
 import math
 
 import numpy as np
+from tvm.relax.dpl import is_op, wildcard
 
 from ....machine.isa import DType
 from ..lowering_context import LoweringContext
@@ -18,6 +17,7 @@ from ..pattern_checks import last_axis_rows_problem, type_problem
 from ..relax_exprs import expr_shape
 from ..storage import chunk_of, one, runs
 from ..values import new_value
+
 
 # (m - x) * 2^100 * 2^100 is at least 2^51 for any positive fp32 difference (the smallest
 # is 2^-149) and exactly 0 at a maximum: min(., 1) marks the lanes that are not maxima.

@@ -5,9 +5,8 @@ and image stems whose input arrives as im2col rows (one matmul)."""
 
 from __future__ import annotations
 
-from tvm.relax.dpl import is_op, wildcard
-
 import numpy as np
+from tvm.relax.dpl import is_op, wildcard
 
 from ....machine.isa import Unit
 from ....machine.timing import unit_count
@@ -76,8 +75,8 @@ def _place_weights(ctx: LoweringContext, op: RegionOp):
 def lower_conv2d(ctx: LoweringContext, op: RegionOp, is_output: bool, q=None):
     """A convolution; ``q`` (int8): the zero-point fill, int32 epilogue and output dtype."""
     a = op.main.attrs
-    if a.get("data_layout", "NCHW") != "NCHW" or a.get("kernel_layout", "OIHW") != "OIHW":
-        raise UnsupportedOnLPX("conv2d layouts other than NCHW/OIHW")
+    assert a.get("data_layout", "NCHW") == "NCHW" and a.get("kernel_layout", "OIHW") == "OIHW", \
+        "the conv2d patterns take NCHW / OIHW"
     x = ctx.value(op.main.args[0])
     w = np.asarray(op.main.args[1].const, np.float32)
     if op.main.args[0].name in ctx.im2col_values:

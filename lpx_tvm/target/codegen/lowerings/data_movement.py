@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import math
 
-from tvm.relax.dpl import is_op, is_tuple, wildcard
-
 import numpy as np
+from tvm.relax.dpl import is_op, is_tuple, wildcard
 
 from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
@@ -62,8 +61,7 @@ def lower_transpose(ctx: LoweringContext, op: RegionOp, is_output: bool):
     two (:func:`_swap_first`, rows moved whole)."""
     x = ctx.value(op.main.args[0])
     rank = len(x.shape)
-    if x.nhwc or rank not in (2, 3):
-        raise UnsupportedOnLPX(f"permute_dims of a {rank}-D value")
+    assert not x.nhwc and rank in (2, 3), "the permute_dims pattern takes 2-D and 3-D values"
     axes = op.main.attrs.get("axes")
     axes = list(range(rank))[::-1] if axes in (None, []) else [int(a) % rank for a in axes]
     steps = permute_steps(axes)
@@ -165,7 +163,7 @@ def lower_concat(ctx: LoweringContext, op: RegionOp, is_output: bool):
     ctx.values[op.out] = y
 
 
-@register_lowering("reshape", "lpx.flatten_pixels")
+@register_lowering("reshape", "lpx.flatten_pixels", banding="view")
 def lower_reshape(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """A reshape that leaves every element where it is stored: the same tensor under the
     new shape (an output alias is copied out by the region driver). So is the patch

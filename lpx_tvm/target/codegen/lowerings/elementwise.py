@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
 from tvm import relax
 
 from ....errors import SramFull
@@ -30,6 +29,7 @@ from ..rules import (
 from ..storage import Stored, chunk_of, one, row_align, runs, slices_of, stored_shape
 from ..values import apart, clashes, copy_value, new_value, whole_groups
 from .activations import UNARY_CHAINS, leaky
+
 
 # Relax unary ops that are one VXM transcendental each.
 UNARY_VXM = {"sigmoid": "vxm.sigmoid", "tanh": "vxm.tanh", "erf": "vxm.erf", "nn.gelu": "vxm.gelu",
@@ -137,8 +137,8 @@ def _repeated_rows_binary(ctx, op, is_output, a, b, vop):
 def lower_astype(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """Int32 (an index, a position) to the float dtype values are stored at."""
     x = ctx.value(op.main.args[0])
-    if x.tensor.layout.dtype != relax_dtype("int32") or op.dtype not in ("float32", "float16", "bfloat16"):
-        raise UnsupportedOnLPX(f"astype of {x.tensor.layout.dtype.short} to {op.dtype}")
+    assert x.tensor.layout.dtype == relax_dtype("int32") and op.dtype in SUPPORTED_DTYPES, \
+        "the astype pattern converts int32 to a float dtype"
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
     rowwise(ctx, f"{op.out}.astype", [x], y, lambda g, vs: vs[0])  # finish converts
     ctx.values[op.out] = y

@@ -4,10 +4,9 @@ this is the value's last use."""
 
 from __future__ import annotations
 
+import numpy as np
 from tvm import relax
 from tvm.relax.dpl import is_op, is_tuple, wildcard
-
-import numpy as np
 
 from ....machine.isa import DType
 from ..lowering_context import LoweringContext
@@ -25,12 +24,12 @@ def lower_index_put(ctx: LoweringContext, op: RegionOp, is_output: bool):
     ``data``, each row of ``values`` to the row its index names (the indices are stored
     one per vector, in lane 0, which is what ``mem.scatter`` reads). ``data`` is updated
     where it lies when no later op reads it; otherwise the scatter goes into a copy."""
-    if len(op.main.args) != 4 or op.main.attrs.get("accumulate"):
-        raise UnsupportedOnLPX("index_put on LPX writes whole rows (two index tensors, no accumulate)")
+    assert len(op.main.args) == 4 and not op.main.attrs.get("accumulate"), \
+        "the index_put pattern takes two index tensors, no accumulate"
     data, rows, cols, values = op.main.args
     r, d = op.shape
-    if data.is_const or not cols.is_const or np.asarray(cols.const).reshape(-1).tolist() != list(range(d)):
-        raise UnsupportedOnLPX("index_put on LPX scatters whole rows (columns arange(D)) into a runtime value")
+    assert not data.is_const and cols.is_const and np.asarray(cols.const).reshape(-1).tolist() == list(range(d)), \
+        "the index_put pattern takes whole rows (columns arange(D)) of a runtime value"
     x, v = ctx.value(data), ctx.value(values)
     if rows.is_const:
         idx = ctx.temp(ctx.builder.constant(f"{op.out}.rows", np.asarray(rows.const, np.int32).reshape(-1, 1),

@@ -22,11 +22,10 @@ patterns and their lowerings.
 
 from __future__ import annotations
 
-from tvm.relax.dpl import is_op, wildcard
-
 import math
 
 import numpy as np
+from tvm.relax.dpl import is_op, wildcard
 
 from ....machine.isa import DType
 from ....precision import Precision
@@ -43,6 +42,7 @@ from ..storage import Stored
 from ..values import apart, constant_beside, new_value
 from .conv2d import lower_conv2d
 from .pool import lower_pool
+
 
 # Max pooling of quantized values is the float pooling on their own dtype.
 register_lowering("lpx.qmax_pool2d")(lower_pool)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..lowering_context import LoweringContext
-from ..graph import RegionOp, UnsupportedOnLPX
+from ..graph import RegionOp
 from ..row_passes import finish, reduce_tiles
 from ..registry import OpPattern, register_lowering, register_pattern, unary_pattern
 from ..pattern_checks import last_axis_rows_problem
@@ -23,8 +23,8 @@ def lower_norm(ctx: LoweringContext, op: RegionOp, is_output: bool):
     x = ctx.value(op.main.args[0])
     a = op.main.attrs
     rms = op.main.op == "nn.rms_norm"
-    if x.nhwc or [int(v) % len(x.shape) for v in a.get("axes", [-1])] != [len(x.shape) - 1]:
-        raise UnsupportedOnLPX(f"{op.main.op} over axes other than the last of a value that is not 4-D")
+    assert not x.nhwc and [int(v) % len(x.shape) for v in a.get("axes", [-1])] == [len(x.shape) - 1], \
+        "the norm patterns take the last axis of a value that is not 4-D"
     lay = x.tensor.layout
     rows, cols, lanes, f32 = lay.rows, lay.cols, ctx.cfg.lanes, ctx.acc
     eps = float(a.get("epsilon", 1e-5))

@@ -6,7 +6,7 @@ under the other shape."""
 from __future__ import annotations
 
 from ..lowering_context import LoweringContext
-from ..graph import RegionOp, UnsupportedOnLPX
+from ..graph import RegionOp
 from ..registry import OpPattern, register_lowering, register_pattern
 from ..pattern_checks import permute_reshape_pattern, reshape_permute_pattern
 from ..relax_exprs import expr_shape
@@ -16,8 +16,7 @@ from ..values import copy_value
 
 def _check(shape4: tuple, rows_shape: tuple):
     n, c, h, w = shape4
-    if tuple(rows_shape) != (n * h * w, c):
-        raise UnsupportedOnLPX(f"{tuple(rows_shape)} is not the pixel rows of {tuple(shape4)}")
+    assert tuple(rows_shape) == (n * h * w, c), "the pixel-rows patterns take the (N*H*W, C) view only"
 
 
 @register_lowering("lpx.pixels_to_rows", banding="view")

@@ -23,8 +23,8 @@ def lower_pool(ctx: LoweringContext, op: RegionOp, is_output: bool):
     group (the taps of one image share a slice, so they cannot stream together), then
     scale (average) and convert."""
     a = op.main.attrs
-    if a.get("layout", "NCHW") != "NCHW" or a.get("ceil_mode", False):
-        raise UnsupportedOnLPX("pooling with ceil_mode or a layout other than NCHW")
+    assert a.get("layout", "NCHW") == "NCHW" and not a.get("ceil_mode", False), \
+        "the pooling pattern takes NCHW, floor mode only"
     is_max = op.main.op == "nn.max_pool2d"
     x = ctx.value(op.main.args[0])
     n, c, h, w = x.shape

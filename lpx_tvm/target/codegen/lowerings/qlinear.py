@@ -17,12 +17,11 @@ fp8 e4m3 (on a machine whose MXM multiplies fp8).
 
 from __future__ import annotations
 
-import ml_dtypes
-from tvm.relax.dpl import is_const, is_op, wildcard
-
 import math
 
+import ml_dtypes
 import numpy as np
+from tvm.relax.dpl import is_const, is_op, wildcard
 
 from ....machine.isa import FP8_MAX, DType
 from ....precision import Precision
@@ -38,6 +37,7 @@ from ..relax_exprs import clip_bounds, expr_shape, scalar_value
 from ..values import constant_beside, new_value
 from .matmul import dense_bias_shapes
 
+
 # What each quantization stores, and the range its clip must have (the saturating
 # conversion to the dtype then clips to the same range: no separate min/max).
 QUANTIZED = {"lpx.act_quant": (DType.INT8, (-128.0, 127.0)), "lpx.fp8_quant": (DType.FP8, (-FP8_MAX, FP8_MAX))}
@@ -45,12 +45,10 @@ QUANTIZED = {"lpx.act_quant": (DType.INT8, (-128.0, 127.0)), "lpx.fp8_quant": (D
 
 @register_lowering(*QUANTIZED)
 def lower_act_quant(ctx: LoweringContext, op: RegionOp, is_output: bool):
-    if op.main.op != "multiply" or not op.main.args[1].is_const:
-        raise UnsupportedOnLPX(f"{op.composite}: expected x * (1 / scale) first")
+    assert op.main.op == "multiply" and op.main.args[1].is_const, f"{op.composite}: x * (1 / scale) first"
     dtype, bounds = QUANTIZED[op.composite]
     lo, hi = (float(np.asarray(a.const)) for a in step_of(op, "clip").args[1:3])
-    if (lo, hi) != bounds:
-        raise UnsupportedOnLPX(f"{op.composite}: clipped to [{lo}, {hi}], not the {dtype.short} range")
+    assert (lo, hi) == bounds, f"{op.composite}: its pattern clips to the {dtype.short} range"
     inv = scalar(op.main.args[1])
     x = ctx.value(op.main.args[0])
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x], dtype=dtype)

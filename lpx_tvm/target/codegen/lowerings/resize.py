@@ -217,7 +217,7 @@ def _nearest(src_shape: tuple, out_hw: tuple, hruns: list, wruns: list) -> list:
     return jobs
 
 
-@register_lowering("image.resize2d")
+@register_lowering("image.resize2d", band_rows=resize_band_rows)
 def lower_resize2d(ctx: LoweringContext, op: RegionOp, is_output: bool):
     a = op.main.attrs
     x = ctx.value(op.main.args[0])

@@ -4,10 +4,10 @@ table's slices, the indices put one per vector by an SXM transpose."""
 
 from __future__ import annotations
 
+import math
+
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
-
-import math
 
 from ....machine.isa import DType
 from ..lowering_context import LoweringContext
@@ -32,8 +32,8 @@ def lower_take(ctx: LoweringContext, op: RegionOp, is_output: bool):
     row) become one vector each with the index in lane 0, which every column tile's
     gather reads; the gathered rows are written in index order."""
     table, idx = op.main.args
-    if not table.is_const or len(table.shape) != 2 or int(op.main.attrs.get("axis", 0) or 0) != 0:
-        raise UnsupportedOnLPX("take on LPX gathers rows of a constant 2-D table")
+    assert table.is_const and len(table.shape) == 2 and int(op.main.attrs.get("axis", 0) or 0) == 0, \
+        "the take pattern gathers rows of a constant 2-D table"
     x = ctx.value(idx)
     if x.tensor.layout.dtype != DType.INT32:
         raise UnsupportedOnLPX(f"take with {x.tensor.layout.dtype.short} indices (LPX gathers by int32)")
