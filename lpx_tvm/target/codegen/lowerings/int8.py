@@ -41,7 +41,7 @@ from ..rules import activation_row_problem, grouped_conv_problem, int8_working_s
 from ..storage import Stored
 from ..values import apart, constant_beside, new_value
 from .conv2d import lower_conv2d
-from .pool import lower_pool
+from .pool import global_avg_pool2d_check, lower_pool, pool2d_check
 
 
 # Max pooling of quantized values is the float pooling on their own dtype.
@@ -241,25 +241,6 @@ def _qadd_rule(a, settings):
     return None
 
 
-def _qgap_rule(a, settings):
-    mean = a["root"]
-    rank = len(expr_shape(a["input"]))
-    problem = spatial_mean_problem(rank, mean.attrs.axis or range(rank))
-    return (mean, problem) if problem else None
-
-
-def _qpool_rule(a, settings):
-    pool = a["root"]
-    attrs = pool.attrs
-    if (attrs.layout, attrs.out_layout or attrs.layout) != ("NCHW", "NCHW"):
-        return pool, "LPX pooling takes NCHW"
-    if attrs.ceil_mode:
-        return pool, "ceil_mode=True: LPX pooling windows follow floor mode only"
-    if any(int(d) != 1 for d in attrs.dilation):
-        return pool, "dilated pooling is not supported"
-    return None
-
-
 def _quantize_rule(a, settings):
     problem = _int_type_problem(a["input"], settings, ("float32",)) or _int_type_problem(a["root"], settings)
     return (a["root"], problem) if problem else None
@@ -340,15 +321,15 @@ register_pattern(
     _int8("dequantize", lambda: _unary("relax.dequantize"),
           (_dequantize_rule, _scales_rule("root"), _fits_rule("input", "root")), 201),
     _int8("qmax_pool2d", lambda: _unary("relax.nn.max_pool2d"),
-          (_int_rule("input", "root"), _qpool_rule, _fits_rule("input", "root")), 202),
+          (_int_rule("input", "root"), pool2d_check, _fits_rule("input", "root")), 202),
     _int8("qadd", _qadd_pattern, (_int_rule("lhs", "rhs", "quantize"), _qadd_rule,
                                   _scales_rule("dq_lhs", "dq_rhs", "quantize"),
                                   _fits_rule("lhs", "rhs", "quantize")), 203),
     _int8("qglobal_avg_pool2d", lambda: _qgap_pattern(False),
-          (_int_rule("input", "quantize"), _qgap_rule, _scales_rule("dq", "quantize"),
+          (_int_rule("input", "quantize"), global_avg_pool2d_check, _scales_rule("dq", "quantize"),
            _fits_rule("input", "quantize")), 204),
     _int8("qglobal_avg_pool2d_reshape", lambda: _qgap_pattern(True),
-          (_int_rule("input", "quantize"), _qgap_rule, _scales_rule("dq", "quantize"),
+          (_int_rule("input", "quantize"), global_avg_pool2d_check, _scales_rule("dq", "quantize"),
            _fits_rule("input", "quantize")), 205),
     _int8("qconv2d", lambda: _qmxm_pattern("relax.nn.conv2d"), (_qmxm_rule, _fits_rule("input", "quantize")), 206),
     _int8("qdense", lambda: _qmxm_pattern("relax.matmul"), (_qmxm_rule, _fits_rule("input", "quantize")), 207),

@@ -106,7 +106,7 @@ def lower_global_avg_pool(ctx: LoweringContext, op: RegionOp, is_output: bool):
 # ---- patterns ---------------------------------------------------------------------------
 
 
-def _pool2d_check(a, settings):
+def pool2d_check(a, settings):
     pool = a["root"]
     attrs = pool.attrs
     if len(expr_shape(a["input"])) != 4:
@@ -120,7 +120,7 @@ def _pool2d_check(a, settings):
     return None
 
 
-def _global_avg_pool2d_check(a, settings):
+def global_avg_pool2d_check(a, settings):
     mean = a["root"]
     rank = len(expr_shape(a["input"]))
     problem = spatial_mean_problem(rank, mean.attrs.axis or range(rank))
@@ -128,8 +128,8 @@ def _global_avg_pool2d_check(a, settings):
 
 
 register_pattern(
-    *(OpPattern(op, lambda op=op: unary_pattern(f"relax.nn.{op}"), checks=(_pool2d_check,), priority=60,
+    *(OpPattern(op, lambda op=op: unary_pattern(f"relax.nn.{op}"), checks=(pool2d_check,), priority=60,
                 zero_d=True) for op in ("max_pool2d", "avg_pool2d")),
-    OpPattern("global_avg_pool2d", lambda: unary_pattern("relax.mean"), checks=(_global_avg_pool2d_check,),
+    OpPattern("global_avg_pool2d", lambda: unary_pattern("relax.mean"), checks=(global_avg_pool2d_check,),
               priority=61, zero_d=True),
 )
