@@ -11,9 +11,14 @@ name (instruction tags, and so program hashes, stay as they are):
 2. :func:`attach` writes the name into the span of each such binding's call
    (``Span(SourceName(name), 0, 0, 0, 0)``). Graph passes copy a call's span when they
    keep the call, and the patterns copy the calls into the composite functions.
-3. :func:`region_layer_names` reads them back from a partitioned region: the layer tag
+3. Fusion keeps one function for structurally equal composites (and with it the first
+   one's spans): :func:`unshare_composites` gives each call of a shared one a copy of
+   its own, named from the call's source name (:func:`call_names`, read before fusion).
+4. :func:`region_layer_names` reads them back from a partitioned region: the layer tag
    the code generator gives each composite call (its binding's name hint, made unique
    in the region as codegen makes it) -> the first name among the composite's calls.
+   Several composites may carry one name (a layer made of several ops): the report
+   adds them up.
 
 A call a pass builds anew (a convolution whose weights absorbed a BatchNorm) has no
 span; its composite takes the name of another of its calls (the ReLU that follows), and
@@ -22,8 +27,11 @@ a composite with none keeps its tag (docs/report.md).
 
 from __future__ import annotations
 
+from collections import Counter
+
 import tvm
 from tvm import relax
+from tvm_ffi import structural_hash
 
 
 def owners(func: relax.Function, results: list) -> dict:
@@ -109,15 +117,156 @@ def region_layer_names(func: relax.Function) -> dict:
     for p in func.params:
         unique(p.name)
     local, out = {}, {}
-    for block in func.body.blocks:
-        for b in block.bindings:
-            value = b.value
-            if isinstance(value, relax.Function):
-                local[b.var] = value
-            elif isinstance(value, relax.Call) and isinstance(value.op, relax.Var) and value.op in local:
-                tag = unique(b.var.name)
-                names = [span_name(inner.value) for blk in local[value.op].body.blocks for inner in blk.bindings]
-                name = next((n for n in names if n), None)
-                if name is not None:
-                    out[tag] = name
+    bindings = [b for block in func.body.blocks for b in block.bindings]
+    calls = Counter(b.value.op for b in bindings if isinstance(b.value, relax.Call) and isinstance(b.value.op, relax.Var))
+    for b in bindings:
+        value = b.value
+        if isinstance(value, relax.Function):
+            local[b.var] = value
+        elif isinstance(value, relax.Call) and isinstance(value.op, relax.Var) and value.op in local:
+            tag = unique(b.var.name)
+            if calls[value.op] > 1:  # one definition for several layers: its name is the first's
+                continue
+            names = [span_name(inner.value) for blk in local[value.op].body.blocks for inner in blk.bindings]
+            name = next((n for n in names if n), None)
+            if name is not None:
+                out[tag] = name
+    return out
+
+
+def _key(expr, var_id):
+    """What identifies a binding's value across fusion: its op, attributes and operands,
+    the operands' variables by ``var_id`` (None: not known, and so neither is the key)."""
+    if isinstance(expr, relax.Var):
+        v = var_id(expr)
+        return None if v is None else ("v", v)
+    if isinstance(expr, relax.Call):
+        args = tuple(_key(a, var_id) for a in expr.args)
+        if any(a is None for a in args):
+            return None
+        attrs = structural_hash(expr.attrs) if expr.attrs is not None else 0
+        return ("c", structural_hash(expr.op), args, attrs)
+    if isinstance(expr, relax.Tuple):
+        fields = tuple(_key(f, var_id) for f in expr.fields)
+        return None if any(f is None for f in fields) else ("t", fields)
+    if isinstance(expr, relax.TupleGetItem):
+        inner = _key(expr.tuple_value, var_id)
+        return None if inner is None else ("g", inner, int(expr.index))
+    return ("s", structural_hash(expr))
+
+
+class CallNames:
+    """The bindings of ``main`` before fusion, to find each fused op's source name after
+    it: a binding is known by its op, attributes and operands (:func:`_key`), its
+    operands by the binding that made them."""
+
+    def __init__(self, func: relax.Function):
+        self.ids = {p: ("p", p.name) for p in func.params}
+        self.by_key, self.names = {}, {}
+        for block in func.body.blocks:
+            for b in block.bindings:
+                if not isinstance(b, relax.VarBinding):
+                    continue
+                if isinstance(b.value, relax.Var):  # an alias: the same value
+                    self.ids[b.var] = self.ids.get(b.value)
+                    continue
+                key = _key(b.value, self.ids.get)
+                if key is None:
+                    continue
+                self.ids[b.var] = key
+                self.by_key.setdefault(key, key)
+                if isinstance(b.value, relax.Call) and span_name(b.value):
+                    self.names[key] = span_name(b.value)
+
+
+@relax.expr_functor.mutator
+class _Respan(relax.PyExprMutator):
+    """Each call of a composite's body with the span of its own op's source name."""
+
+    def __init__(self, names: dict):
+        super().__init__()
+        self.names = names  # the body's binding var -> source name (or None)
+
+    def visit_var_binding_(self, binding):
+        value = self.visit_expr(binding.value)
+        if isinstance(value, relax.Call):
+            name = self.names.get(binding.var)
+            span = None if name is None else tvm.ir.Span(tvm.ir.SourceName(name), 0, 0, 0, 0)
+            value = relax.Call(value.op, value.args, value.attrs, value.ty_args, span)
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(value)))
+
+
+@relax.expr_functor.mutator
+class _CallOwnCopy(relax.PyExprMutator):
+    def __init__(self, copies: dict):
+        super().__init__()
+        self.copies = copies  # binding var -> the GlobalVar of its own copy
+
+    def visit_var_binding_(self, binding):
+        gv = self.copies.get(binding.var)
+        if gv is None:
+            return super().visit_var_binding_(binding)
+        value = self.visit_expr(binding.value)
+        call = relax.Call(gv, value.args, value.attrs, value.ty_args, value.span)
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(call)))
+
+
+def _composite(mod, expr):
+    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.GlobalVar):
+        func = mod[expr.op]
+        if isinstance(func, relax.Function) and "Composite" in (func.attrs or {}):
+            return func
+    return None
+
+
+def unshare_composites(mod: tvm.IRModule, before: CallNames) -> tvm.IRModule:
+    """``mod`` (after ``FuseOpsByPattern``) with each call of a composite function that
+    several calls share given a copy of its own, whose ops carry their own source names
+    (found in ``before``, ``main`` before fusion; an op not found there gets none).
+    Fusion keeps one function for structurally equal composites, and with it the source
+    names of the first: layer 3's RoPE would be reported as layer 0's."""
+    main = mod["main"]
+    ids = {p: ("p", p.name) for p in main.params}  # parameters by name (fusion makes new ones)
+    bindings = [b for block in main.body.blocks for b in block.bindings if isinstance(b, relax.VarBinding)]
+    calls = {}
+    for b in bindings:
+        func = _composite(mod, b.value)
+        if func is not None:
+            calls.setdefault(b.value.op, []).append(b)
+    shared = {gv for gv, bs in calls.items() if len(bs) > 1}
+    if not shared:
+        return mod
+    out = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv not in shared}, attrs=mod.attrs)
+    copies, count = {}, {}
+    for b in bindings:
+        func = _composite(mod, b.value)
+        if isinstance(b.value, relax.Var):
+            ids[b.var] = ids.get(b.value)
+            continue
+        if func is None:  # an op kept as is: known by its operands
+            key = _key(b.value, ids.get)
+            ids[b.var] = before.by_key.get(key) if key is not None else None
+            continue
+        # The composite's body, op by op, against main's ops before fusion.
+        inner = dict(zip(func.params, (ids.get(a) if isinstance(a, relax.Var) else _key(a, ids.get)
+                                       for a in b.value.args)))
+        names = {}
+        for blk in func.body.blocks:
+            for ib in blk.bindings:
+                if isinstance(ib.value, relax.Var):
+                    inner[ib.var] = inner.get(ib.value)
+                    continue
+                key = _key(ib.value, inner.get)
+                inner[ib.var] = before.by_key.get(key) if key is not None else None
+                names[ib.var] = before.names.get(inner[ib.var])
+        ids[b.var] = inner.get(func.body.body) if isinstance(func.body.body, relax.Var) else None
+        gv = b.value.op
+        if gv not in shared:
+            continue
+        k = count[gv] = count.get(gv, -1) + 1
+        copy = tvm.ir.GlobalVar(f"{gv.name_hint}_call{k}")
+        relax.expr._update_type(copy, gv.ty)  # a call's type is its callee's
+        out[copy] = _Respan(names).visit_expr(func)
+        copies[b.var] = copy
+    out["main"] = _CallOwnCopy(copies).visit_expr(main)
     return out

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections import Counter
 
 import numpy as np
 import tvm
@@ -125,9 +124,6 @@ def lower_regions(mod: tvm.IRModule, cfg: LPXConfig, precision: str, names: dict
             pending[:0] = [f"{fn}_a", f"{fn}_b"]
     funcs = sorted(lpx_functions(mod).items())
     known = [region_layer_names(func) for _, func in funcs]
-    # Structurally equal composites share one definition, and with it the source name of
-    # the first: a name more than one layer carries is not trusted.
-    uses = Counter(name for table in known for name in table.values())
     regions = {}
     for i, (fn, _) in enumerate(funcs):
         region = compiled[fn]
@@ -136,7 +132,7 @@ def lower_regions(mod: tvm.IRModule, cfg: LPXConfig, precision: str, names: dict
         table = {}
         for layer in dict.fromkeys(layer_of(ins.tag) for ins in region.program.instrs):
             name = known[i].get(layer)
-            table[layer] = name if name is not None and uses[name] == 1 else f"region{i}/{layer}"
+            table[layer] = name if name is not None else f"region{i}/{layer}"
         regions[names[fn]] = dataclasses.replace(region, layer_names=table)
     return mod, names, regions
 

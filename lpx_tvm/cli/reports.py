@@ -53,6 +53,16 @@ def _print_profile(profile) -> None:
         table.add_row(x.name, f"{x.cycles:,}", f"{share:.1%}", f"{x.waited:,}", f"{x.macs:,}", x.floor_kind,
                       f"{x.floor_cycles:,.1f}", frac, x.bottleneck)
     console.print(table)
+    if profile.kinds:
+        kinds = Table(title="by kind: the layers above summed (floors summed per resource)")
+        for col in ("kind", "cycles", "share", "waited", "MACs", "floor", "floor cycles", "cycles / floor"):
+            kinds.add_column(col, justify="left" if col in ("kind", "floor") else "right")
+        for x in profile.kinds:
+            share = x.cycles / profile.cycles if profile.cycles else 0.0
+            over = f"{x.cycles / x.floor_cycles:,.1f}x" if x.floor_cycles else "-"
+            kinds.add_row(x.name, f"{x.cycles:,}", f"{share:.1%}", f"{x.waited:,}", f"{x.macs:,}", x.floor_kind,
+                          f"{x.floor_cycles:,.1f}", over)
+        console.print(kinds)
 
 
 def _print_tuned(model, onnx_model, log: str, cfg, precision: str) -> None:

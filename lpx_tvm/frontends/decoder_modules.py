@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 
 from ..machine.isa import FP8_MAX
+from .decoder_parts import ATTENTION_PARTS, DENSE_PATHS, MLP_PARTS, STEP_PARTS
 from .torch_collectives import all_reduce  # the sum of the chips' partial products (identity in torch)
 
 # The mask value added to a score a query may not attend to, per position of distance:
@@ -148,6 +149,28 @@ class Calibrating:
         return self.inner.apply(step, x_in, name, bias)
 
 
+# ---- the step's structure, as the report names it ----------------------------------------
+
+class Scope(torch.nn.Module):
+    """A named place in the decoder's structure (``layers.3.mlp.down_proj``). Calling it
+    runs ``fn(*args)`` as that module, so torch.export records its path in each op's
+    module stack, and the profile and report name the op's layer by it
+    (:func:`~.torch.layer_name`). It holds nothing and computes nothing of its own."""
+
+    def forward(self, fn, *args):
+        return fn(*args)
+
+
+def add_scopes(root: torch.nn.Module, paths) -> None:
+    """Make a :class:`Scope` at each dotted path under ``root`` (and its parents)."""
+    for path in paths:
+        m = root
+        for part in path.split("."):
+            if part not in m._modules:
+                m.add_module(part, Scope())
+            m = m._modules[part]
+
+
 # ---- the layers ----------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -163,35 +186,51 @@ class Attention:
         s, T = step.spec, step.steps
         B, NH, KVH, D = s.batch, s.heads, s.kv_heads, s.head_dim
         rep = NH // KVH
-        h = step.family.norm(x, w["input_norm"], w.get("input_norm_b"), w["eps"])
-        h_in = step.linears.input(h, f"{self.layer}.attn")
-        qkv = dense(h_in, "qkv")  # [B*T, (NH + 2 KVH) * D]: the query heads, the keys, the values
+        at = step.scope(f"layers.{self.layer}")
+        h = at("input_layernorm")(step.family.norm, x, w["input_norm"], w.get("input_norm_b"), w["eps"])
+        qkv = dense(h, "qkv")  # [B*T, (NH + 2 KVH) * D]: the query heads, the keys, the values
         k0, v0 = NH * D, (NH + KVH) * D
         heads = [None] * NH
         c = self.cache
         for g in range(KVH):
-            k = qkv[:, k0 + g * D:k0 + (g + 1) * D]
-            if rope is not None:
-                k = rotary(k, rope[2], rope[3])
-            v = qkv[:, v0 + g * D:v0 + (g + 1) * D]
-            k_cache = torch.ops.aten.index_put(caches[2 * (c * KVH + g)], [rows, step.cols], k)
-            v_cache = torch.ops.aten.index_put(caches[2 * (c * KVH + g) + 1], [rows, step.cols], v)
+            # Each op in its part of the layer, in the order the step has always run them
+            # (the program does not change with the names).
+            def keys(t, g=g):  # the group's key rows, rotated
+                k = t[:, k0 + g * D:k0 + (g + 1) * D]
+                return k if rope is None else rotary(k, rope[2], rope[3])
+
+            def write(k, t, g=g):  # the new rows into the group's caches
+                v = t[:, v0 + g * D:v0 + (g + 1) * D]
+                return (torch.ops.aten.index_put(caches[2 * (c * KVH + g)], [rows, step.cols], k),
+                        torch.ops.aten.index_put(caches[2 * (c * KVH + g) + 1], [rows, step.cols], v))
+
+            def queries(t, g=g):  # the group's query rows (r, b, t), rotated
+                qs = [t[:, n * D:(n + 1) * D] for n in range(g * rep, (g + 1) * rep)]
+                qg = torch.cat(qs, dim=0) if rep > 1 else qs[0]  # [rep*B*T, D]
+                return qg if rope is None else rotary(qg, rope[0], rope[1])
+
+            def values(p, v):  # p @ V, cut into the group's heads
+                a = p @ v  # [rep*B*T, D]
+                return tuple(a[r * B * T:(r + 1) * B * T] for r in range(rep)) if rep > 1 else (a,)
+
+            k = at("self_attn.rotary" if rope is not None else "self_attn.kv_cache")(keys, qkv)
+            k_cache, v_cache = at("self_attn.kv_cache")(write, k, qkv)
             new_caches += [k_cache, v_cache]
             # The group's query heads share one pass over its keys: rows (r, b, t). The
             # keys are installed (K^T, transposed on the SXM) and the few query rows
             # stream through; streaming the C key rows past installed queries cost
             # C vectors at the 16-bit rate and a transpose of the scores (-33% cycles
             # of a decode step at C = 256).
-            qs = [qkv[:, n * D:(n + 1) * D] for n in range(g * rep, (g + 1) * rep)]
-            qg = torch.cat(qs, dim=0) if rep > 1 else qs[0]  # [rep*B*T, D]
-            if rope is not None:
-                qg = rotary(qg, rope[0], rope[1])
-            scores = (qg @ k_cache.T) * step.scale + mask  # [rep*B*T, B*C]
-            a = torch.softmax(scores, dim=-1) @ v_cache  # [rep*B*T, D]
-            for r in range(rep):
-                heads[g * rep + r] = a[r * B * T:(r + 1) * B * T] if rep > 1 else a
-        attn = torch.cat(heads, dim=1) if NH > 1 else heads[0]  # [B*T, NH*D]
-        return x + step.summed(dense(step.linears.input(attn, f"{self.layer}.o"), "o"))
+            qg = at("self_attn.rotary" if rope is not None else "self_attn.scores")(queries, qkv)
+            scores = at("self_attn.scores")(lambda q, k: (q @ k.T) * step.scale + mask, qg, k_cache)  # [rep*B*T, B*C]
+            p = at("self_attn.softmax")(torch.softmax, scores, -1)
+            heads[g * rep:(g + 1) * rep] = at("self_attn.values")(values, p, v_cache)
+
+        def project(x, *heads):  # the heads side by side [B*T, NH*D], o, the residual
+            attn = torch.cat(heads, dim=1) if NH > 1 else heads[0]
+            return x + step.summed(dense(attn, "o"))
+
+        return at("self_attn.o_proj")(project, x, *heads)
 
 
 @dataclass(frozen=True)
@@ -202,9 +241,10 @@ class MLP:
     layer: int
 
     def __call__(self, step, x, w, dense):
-        h = step.family.norm(x, w["post_norm"], w.get("post_norm_b"), w["eps"])
-        m = step.family.mlp(dense, step.linears.input(h, f"{self.layer}.mlp"))
-        return x + step.summed(dense(step.linears.input(m, f"{self.layer}.down"), "down"))
+        at = step.scope(f"layers.{self.layer}")
+        h = at("post_attention_layernorm")(step.family.norm, x, w["post_norm"], w.get("post_norm_b"), w["eps"])
+        m = at("mlp.act_fn")(step.family.mlp, dense, h)
+        return at("mlp.down_proj")(lambda x, m: x + step.summed(dense(m, "down")), x, m)
 
 
 @dataclass(frozen=True)
@@ -250,7 +290,7 @@ class DecoderStep(torch.nn.Module):
         self.family = FAMILY_LAYERS[spec.family]
         self.blocks, self.linears, self.shard = layers, linears, shard
         self.first, self.last, self.embed_in_step = first, last, embed_in_step
-        self.layers = []  # per layer: {key: buffer name, or a float / None kept as is}
+        self.layer_buffers = []  # per layer: {key: buffer name, or a float / None kept as is}
         for i, layer in enumerate(weights["layers"]):
             names = {}
             for key, t in layer.items():
@@ -259,7 +299,7 @@ class DecoderStep(torch.nn.Module):
                 else:
                     self.register_buffer(f"layer{i}_{key}", t)
                     names[key] = f"layer{i}_{key}"
-            self.layers.append(names)
+            self.layer_buffers.append(names)
         if self.family.rope and any(b.attention for b in layers):
             # RoPE: x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] head by
             # head, is x's halves swapped (lanes moved on the SXM) times a sine whose
@@ -272,9 +312,13 @@ class DecoderStep(torch.nn.Module):
             if key == "embed" and not embed_in_step or not first and key in ("embed", "positions") or \
                     not last and key in ("lm_head", "norm_w", "norm_b"):
                 continue
-            if weights.get(key) is not None:
-                self.register_buffer(key, weights[key])
+            if weights.get(key) is not None:  # (the head's weight beside its scope, lm_head)
+                self.register_buffer("lm_head_weight" if key == "lm_head" else key, weights[key])
         linears.add_buffers(self, dense)
+        self.sites = dict(dense)  # a dense layer's weight buffer -> the input site of its scale
+        add_scopes(self, [f"layers.{b.index}.{part}" for b in layers
+                          for part in (ATTENTION_PARTS if b.attention else ()) + (MLP_PARTS if b.mlp else ())]
+                   + list(STEP_PARTS))
         self.eps = weights["eps"]
         dtype = weights["embed"].dtype
         if shard is not None and last:  # zeros where the other chips' logits go (constants)
@@ -312,28 +356,39 @@ class DecoderStep(torch.nn.Module):
         attends = any(b.attention for b in self.blocks)
         # [B*T, H]: the ids' rows, or the rows themselves (a later pipeline stage's: the
         # hidden rows of the stage before)
-        x = self.embed.index_select(0, input_ids) if self.embed_in_step and self.first else input_ids
-        pos_rows = position + self.token_offsets  # [B*T] int32
+        model = self.scope("model")  # each op in its part of the step (the report's rows)
+        x = model("embed_tokens")(self.embed.index_select, 0, input_ids) if self.embed_in_step and self.first \
+            else input_ids
+        pos_rows = model("positions")(torch.add, position, self.token_offsets)  # [B*T] int32
         rope = None
         if not self.family.rope:
             if self.first:
-                x = x + self.positions.index_select(0, pos_rows)
+                x = model("embed_tokens")(lambda x, p: x + self.positions.index_select(0, p), x, pos_rows)
         elif attends:  # the query rows' [rep*B*T, D] and the key rows' [B*T, D]
-            pos_q = position + self.query_token_offsets
-            rope = (self.cos.index_select(0, pos_q), self.sin_signed.index_select(0, pos_q),
-                    self.cos.index_select(0, pos_rows), self.sin_signed.index_select(0, pos_rows))
+            def tables(pos_rows):
+                pos_q = position + self.query_token_offsets
+                return (self.cos.index_select(0, pos_q), self.sin_signed.index_select(0, pos_q),
+                        self.cos.index_select(0, pos_rows), self.sin_signed.index_select(0, pos_rows))
+            rope = model("rotary_emb")(tables, pos_rows)
         mask = rows = None
         if attends:
             # 0 where a query row may see a cache row, -1e4 elsewhere (exp(-1e4) is 0 in
             # every float format, and -1e4 fits fp16).
-            mask = torch.clamp(position.to(x.dtype) + self.mask_base, -1.0, 0.0) * MASK_SCALE
-            rows = position.reshape(1, 1) + self.row_offsets  # [B*T, 1]: the new tokens' cache rows
+            mask = model("mask")(lambda p: torch.clamp(p.to(x.dtype) + self.mask_base, -1.0, 0.0) * MASK_SCALE,
+                                 position)
+            # [B*T, 1]: the new tokens' cache rows
+            rows = model("positions")(lambda p: p.reshape(1, 1) + self.row_offsets, position)
         new_caches = []
-        for i, (names, block) in enumerate(zip(self.layers, self.blocks)):
+        for i, (names, block) in enumerate(zip(self.layer_buffers, self.blocks)):
             w = {key: getattr(self, n) if isinstance(n, str) else n for key, n in names.items()}
 
-            def dense(x_in, key, bias=None, i=i, w=w):
-                return self.linears.apply(self, x_in, f"layer{i}_{key}", w.get(bias or f"{key}_bias"))
+            def dense(x, key, i=i, w=w, n=block.index):
+                """Dense layer ``key`` of the ``i``-th layer: its input quantized (8-bit
+                linears), multiplied, its bias added; as the layer's part."""
+                name = f"layer{i}_{key}"
+                return self.scope(f"layers.{n}")(DENSE_PATHS[key])(
+                    lambda x: self.linears.apply(self, self.linears.input(x, self.sites[name]), name,
+                                                 w.get(f"{key}_bias")), x)
 
             if block.attention is not None:
                 x = block.attention(self, x, w, dense, caches, new_caches, mask, rows, rope)
@@ -341,18 +396,31 @@ class DecoderStep(torch.nn.Module):
                 x = block.mlp(self, x, w, dense)
         if not self.last:  # the hidden rows, every token's, to the next stage
             return (x, *new_caches)
-        if T > 1:
-            x = x.reshape(B, T, s.hidden)[:, T - 1:T].reshape(B, s.hidden)  # the last token's rows
-        last = self.family.norm(x, self.norm_w, getattr(self, "norm_b", None), self.eps)  # [B, H]
-        logits = self.linears.apply(self, self.linears.input(last, "head"), "lm_head", None)
-        if self.shard is not None:  # this chip's tokens' logits among zeros, summed over the chips
-            # (zeros times the position: values of the step, as the concat of a value and a
-            # constant is not an LPX op; the product is exactly 0)
+        def last_norm(x):  # [B, H]: the last token's rows, normalized
+            if T > 1:
+                x = x.reshape(B, T, s.hidden)[:, T - 1:T].reshape(B, s.hidden)
+            return self.family.norm(x, self.norm_w, getattr(self, "norm_b", None), self.eps)
+
+        def head(h):
+            logits = self.linears.apply(self, self.linears.input(h, "head"), "lm_head_weight", None)
+            if self.shard is None:
+                return logits
+            # This chip's tokens' logits among zeros, summed over the chips (zeros times
+            # the position: values of the step, as the concat of a value and a constant is
+            # not an LPX op; the product is exactly 0).
             parts = [getattr(self, "head_before", None), logits, getattr(self, "head_after", None)]
-            logits = all_reduce(torch.cat([t if t is logits else t * position.to(t.dtype) for t in parts
-                                           if t is not None], dim=1))
-        next_ids = logits.argmax(-1, keepdim=True).to(torch.int32)
+            return all_reduce(torch.cat([t if t is logits else t * position.to(t.dtype) for t in parts
+                                         if t is not None], dim=1))
+
+        at = self.scope()
+        logits = at("lm_head")(head, model("norm")(last_norm, x))
+        next_ids = at("argmax")(lambda t: t.argmax(-1, keepdim=True).to(torch.int32), logits)
         return (next_ids, logits, *new_caches)
+
+    def scope(self, prefix: str = ""):
+        """``at(part)``: the :class:`Scope` at ``prefix.part`` (made in ``__init__``)."""
+        base = self.get_submodule(prefix) if prefix else self
+        return base.get_submodule
 
     def summed(self, partial):
         """o's or down's output: with tensor parallelism, the chips' partial products summed."""

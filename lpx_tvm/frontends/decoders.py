@@ -367,7 +367,7 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
     dense = [(f"layer{i}_{key}", f"{layer.index}.{site}") for i, (layer, w) in enumerate(zip(layers, weights["layers"]))
              for key, site in LAYER_DENSE.items() if w.get(key) is not None]
     last = stage is None or stage.last
-    return parts.DecoderStep(weights, spec, steps, layers, linears, dense + ([("lm_head", "head")] if last else []),
+    return parts.DecoderStep(weights, spec, steps, layers, linears, dense + ([("lm_head_weight", "head")] if last else []),
                              shard=shard, head_rows=vocab_slice(spec.vocab, shard) if shard is not None else None,
                              first=stage is None or stage.first, last=last, embed_in_step=embed_in_step).eval()
 

@@ -148,6 +148,11 @@ def exported_to_relax(exported, name: str):
     return attach(mod, results)
 
 
+# Module classes whose path alone names a layer (every op they run is the layer's):
+# torch's own, and the parts of a decoder step (``layers.3.mlp.down_proj``).
+LAYER_MODULES = ("torch.nn.", "lpx_tvm.frontends.decoder_modules.Scope")
+
+
 def layer_name(node) -> str:
     """The name a torch fx node's layer takes in reports: the path of the module that ran
     it (``layer1.0.conv1``); for an op a module of the user's own calls in ``forward``,
@@ -157,7 +162,7 @@ def layer_name(node) -> str:
         return node.name
     path, kind = stack[-1]
     kind = kind if isinstance(kind, str) else f"{kind.__module__}.{kind.__qualname__}"
-    return path if kind.startswith("torch.nn.") else f"{path}:{node.name}"
+    return path if kind.startswith(LAYER_MODULES) else f"{path}:{node.name}"
 
 
 def _cumsum(node, importer):

@@ -454,6 +454,7 @@ class LLMSession:
         counters of its check are those of every run."""
         from types import SimpleNamespace
 
+        from ..frontends.decoder_parts import part_kind
         from ..runtime.executable import RunStats
         from ..runtime.profile import Call, build_profile
         from ..runtime.report import layer_of
@@ -465,7 +466,7 @@ class LLMSession:
                 stats.layer_macs[region.name, layer_of(tag)] += t.macs
         step = SimpleNamespace(config=self.config, regions={region.name: region}, stats=stats,
                                precision=self.precision)
-        return build_profile(step, [Call(region=region.name)])
+        return build_profile(step, [Call(region=region.name)], kind_of=part_kind)
 
     @property
     def report(self) -> dict:

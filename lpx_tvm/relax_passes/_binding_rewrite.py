@@ -80,6 +80,10 @@ class _BindingRewriter(relax.PyExprMutator):
             super().visit_var_binding_(binding)
             return
         value = self.builder_.normalize(make(self.visit_expr, self.builder_))
+        if isinstance(value, relax.Call) and value.span is None and getattr(binding.value, "span", None) is not None:
+            # The new op stands for the old one: it keeps its source name (lpx_tvm/layer_names.py).
+            value = self.builder_.normalize(relax.Call(value.op, value.args, value.attrs, value.ty_args,
+                                                       binding.value.span))
         self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
 
 

@@ -16,6 +16,7 @@ import tvm
 from tvm import relax
 from tvm.relax.backend.pattern_registry import get_patterns_with_prefix
 
+from ..layer_names import CallNames, unshare_composites
 from ..runtime.report import Offload
 from . import cpu_only
 from .patterns import PATTERN_PREFIX, check_settings  # importing registers the patterns
@@ -118,11 +119,7 @@ def partition_for_lpx(mod: tvm.IRModule, config=None, precision: str = "fp16"):
         seq = tvm.ir.transform.Sequential(
             [
                 relax.transform.ConvertToDataflow(),
-                relax.transform.FuseOpsByPattern(
-                    get_patterns_with_prefix(PATTERN_PREFIX),
-                    bind_constants=True,
-                    annotate_codegen=False,
-                ),
+                _fuse_by_pattern,
                 _merge_regions,
             ]
         )
@@ -131,6 +128,16 @@ def partition_for_lpx(mod: tvm.IRModule, config=None, precision: str = "fp16"):
     report.config = settings.config.name
     report.precision = settings.precision
     return partitioned, report
+
+
+@tvm.ir.transform.module_pass(opt_level=0, name="lpx.FuseByPattern")
+def _fuse_by_pattern(mod, ctx):
+    """``FuseOpsByPattern`` with the ``lpx.`` patterns, each composite call keeping the
+    source name of its own layer (:func:`~lpx_tvm.layer_names.unshare_composites`)."""
+    before = CallNames(mod["main"])
+    fuse = relax.transform.FuseOpsByPattern(get_patterns_with_prefix(PATTERN_PREFIX), bind_constants=True,
+                                            annotate_codegen=False)
+    return unshare_composites(fuse(mod), before)
 
 
 @tvm.ir.transform.module_pass(opt_level=0, name="lpx.MergeRegions")

@@ -220,6 +220,7 @@ class Profile:
     layers: list  # [LayerProfile], in order of first issue; cycles add up to ``cycles``
     cycles: int
     floors: Floors
+    kinds: list = field(default_factory=list)  # [LayerProfile] per kind of layer, when the model names kinds
 
     @property
     def cpu_wall_s(self) -> float:
@@ -240,12 +241,29 @@ class Profile:
             "cpu_kernels": sum(1 for c in self.calls if c.cpu), "cpu_wall_s": self.cpu_wall_s,
             "dependency_factor": DEPENDENCY_FACTOR,
             "layers": [x.to_json() for x in self.layers],
+            **({"kinds": [x.to_json() for x in self.kinds]} if self.kinds else {}),
         }
 
 
-def build_profile(executable, calls: list) -> Profile:
+def by_kind(layers: list, kind_of) -> list:
+    """The layers summed by ``kind_of(layer name)``: one :class:`LayerProfile` per kind
+    (its cycles, MACs and floors the sums of its layers'), in order of first issue."""
+    kinds = {}
+    for x in layers:
+        k = kinds.setdefault(kind_of(x.name), LayerProfile(kind_of(x.name)))
+        k.cycles += x.cycles
+        k.waited += x.waited
+        k.span += x.span
+        k.instructions += x.instructions
+        k.macs += x.macs
+        k.floors = add(k.floors, x.floors)
+    return list(kinds.values())
+
+
+def build_profile(executable, calls: list, kind_of=None) -> Profile:
     """The :class:`Profile` of one recorded run of ``executable`` (``calls`` from
-    :func:`recorded_calls`; ``executable.stats`` of that same run)."""
+    :func:`recorded_calls`; ``executable.stats`` of that same run). ``kind_of(layer
+    name)``: the kind each layer is summed under (a decoder step's parts), if any."""
     cfg = executable.config
     timelines, rows, totals = {}, {}, []
     for c in calls:
@@ -269,8 +287,9 @@ def build_profile(executable, calls: list) -> Profile:
             rows[layer].macs += sum(macs.get((name, t), 0) for t in part.tags)
             rows[layer].mxm_dtype = rows[layer].mxm_dtype or dtypes.get(layer, "")
     cycles = sum(timelines[c.region].cycles for c in calls if c.region)
-    return Profile(cfg.name, str(executable.precision), cfg, calls, timelines, list(rows.values()), cycles,
-                   add(*totals))
+    layers = list(rows.values())
+    return Profile(cfg.name, str(executable.precision), cfg, calls, timelines, layers, cycles, add(*totals),
+                   by_kind(layers, kind_of) if kind_of else [])
 
 
 def _layer_dtypes(tl: RegionTimeline) -> dict:

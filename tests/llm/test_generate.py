@@ -12,6 +12,7 @@ transformers = pytest.importorskip("transformers")
 import lpx_tvm  # noqa: E402
 from lpx_tvm.cli import main  # noqa: E402
 from lpx_tvm.frontends import decoders  # noqa: E402
+from lpx_tvm.frontends.decoder_parts import ATTENTION_PARTS, KINDS, MLP_PARTS, STEP_PARTS  # noqa: E402
 from lpx_tvm.llm import DoesNotFit  # noqa: E402
 
 from decoder_models import (LLAMA, check_half_logits, random_decoder as _model,  # noqa: E402
@@ -173,6 +174,22 @@ def test_cli_profile_of_a_decode_step(tmp_path, capsys):
     assert table["cycles"] == session.report["decode_cycles_per_token"]
     assert sum(x["cycles"] for x in table["layers"]) == table["cycles"]
     assert trace["traceEvents"] and (out / "roofline.png").exists()
+    # Rows are the decoder's own parts, every one of each layer: no aten node or Relax
+    # variable names (two layers' ops are structurally equal, and still each layer's).
+    names = {x["name"] for x in table["layers"]}
+    parts = {f"layers.{n}.{p}" for n in (0, 1) for p in ATTENTION_PARTS + MLP_PARTS} | set(STEP_PARTS)
+    assert names <= parts | {"(idle)"}, names - parts
+    for n in (0, 1):
+        assert {f"layers.{n}.self_attn.{p}" for p in ("qkv_proj", "rotary", "kv_cache", "scores", "softmax",
+                                                      "values", "o_proj")} <= names
+        assert {f"layers.{n}.input_layernorm", f"layers.{n}.mlp.down_proj"} <= names
+    assert {"lm_head", "argmax", "model.norm"} <= names
+    # The summary by kind sums the same cycles and MACs.
+    kinds = {x["name"]: x for x in table["kinds"]}
+    assert set(kinds) <= set(KINDS) | {"other"} and {"attention", "MLP", "norms", "head", "argmax"} <= set(kinds)
+    assert sum(x["cycles"] for x in kinds.values()) == table["cycles"]
+    assert sum(x["macs"] for x in kinds.values()) == sum(x["macs"] for x in table["layers"])
+    assert kinds["head"]["macs"] == LLAMA["hidden_size"] * LLAMA["vocab_size"]
 
 
 def test_a_batch_whose_caches_do_not_fit_beside_the_weights_is_refused():

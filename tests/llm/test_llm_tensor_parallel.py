@@ -53,6 +53,6 @@ def test_lm_head_split_by_vocabulary():
     full = model.lm_head.weight.detach()
     for rank, (lo, hi) in enumerate([(0, 106), (106, 213), (213, 320)]):
         step = decoders.decoder_step(model, spec, 1, shard=decoders.TensorShard(rank, 3))
-        assert torch.equal(step.lm_head, full[lo:hi])
+        assert torch.equal(step.lm_head_weight, full[lo:hi])
         widths = [getattr(step, n).shape[1] for n in ("head_before", "head_after") if hasattr(step, n)]
         assert sum(widths) + (hi - lo) == 320 and (lo == 0) == (not hasattr(step, "head_before"))

@@ -86,3 +86,19 @@ def test_torch_layers_are_named_by_module_path():
     names = [layer.name for layer in rep.layers]
     assert sum(layer.cycles for layer in rep.layers) == rep.cycles
     assert names[0] == "0.conv" and "0.fc" in names and "0:mean" in names, names
+
+
+def test_structurally_equal_layers_keep_their_own_names():
+    """Fusion keeps one function for equal composites (both tanh here); each call still
+    reports its own module, as it did before fusion."""
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh()).eval()
+    xt = torch.randn(4, 8)
+    model = lpx_tvm.from_torch(module, (xt,), preset="mini", precision="fp32")
+    got = list(model.run([xt.numpy()]).values())[0]
+    np.testing.assert_allclose(got, module(xt).detach().numpy(), rtol=1e-4, atol=1e-4)
+    names = [layer.name for layer in model.report.layers]
+    assert {"0", "1", "2", "3"} <= set(names), names
+    assert not any("region" in n for n in names), names
