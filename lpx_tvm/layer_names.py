@@ -152,6 +152,8 @@ def _key(expr, var_id):
     if isinstance(expr, relax.TupleGetItem):
         inner = _key(expr.tuple_value, var_id)
         return None if inner is None else ("g", inner, int(expr.index))
+    if isinstance(expr, tvm.ir.GenericConst):  # a weight: known by its type (hashing its data is slow)
+        return ("k", str(expr.ty))
     return ("s", structural_hash(expr))
 
 
@@ -161,8 +163,8 @@ class CallNames:
     operands by the binding that made them."""
 
     def __init__(self, func: relax.Function):
-        self.ids = {p: ("p", p.name) for p in func.params}
         self.by_key, self.names = {}, {}
+        self.ids = {p: self.by_key.setdefault(("p", p.name), len(self.by_key)) for p in func.params}
         for block in func.body.blocks:
             for b in block.bindings:
                 if not isinstance(b, relax.VarBinding):
@@ -173,10 +175,10 @@ class CallNames:
                 key = _key(b.value, self.ids.get)
                 if key is None:
                     continue
-                self.ids[b.var] = key
-                self.by_key.setdefault(key, key)
+                # A number per distinct value: keys stay flat (operands by number).
+                self.ids[b.var] = number = self.by_key.setdefault(key, len(self.by_key))
                 if isinstance(b.value, relax.Call) and span_name(b.value):
-                    self.names[key] = span_name(b.value)
+                    self.names[number] = span_name(b.value)
 
 
 @relax.expr_functor.mutator
@@ -226,7 +228,7 @@ def unshare_composites(mod: tvm.IRModule, before: CallNames) -> tvm.IRModule:
     Fusion keeps one function for structurally equal composites, and with it the source
     names of the first: layer 3's RoPE would be reported as layer 0's."""
     main = mod["main"]
-    ids = {p: ("p", p.name) for p in main.params}  # parameters by name (fusion makes new ones)
+    ids = {p: before.by_key.get(("p", p.name)) for p in main.params}  # by name (fusion makes new ones)
     bindings = [b for block in main.body.blocks for b in block.bindings if isinstance(b, relax.VarBinding)]
     calls = {}
     for b in bindings:
