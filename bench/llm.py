@@ -2,7 +2,8 @@
 lpx_tvm.compile_llm, measured side by side in one run.
 
 For each machine (``tsp``, then ``lp30``):
-- ``ttft_cycles``: the prefill program of a ``--prompt-len`` prompt (default 128);
+- ``ttft_cycles``: the prefill program of a ``--prompt-len`` prompt (default 128), beside
+  ``ttft_floor_cycles`` (the larger of its install and multiply floors, docs/llm.md);
 - ``decode_cycles_per_token`` and ``tokens_per_s_per_user`` at batch 1;
 - ``decode_floor_cycles``: the larger of the decode program's MXM weight bytes over the
   chip's install bandwidth and the KV cache's values over its SRAM read bandwidth
@@ -17,7 +18,7 @@ For each machine (``tsp``, then ``lp30``):
 Each machine runs its own precision (``--precision tsp=int8 lp30=fp8`` by default: each
 one's 8-bit W8A8 path, docs/llm.md: int8 on tsp, fp8 e4m3 on lp30) on a model sized to
 fit one chip at that precision. The last line printed is JSON with
-``ttft_cycles``, ``decode_cycles_per_token``, ``decode_floor_cycles``,
+``ttft_cycles``, ``ttft_floor_cycles``, ``decode_cycles_per_token``, ``decode_floor_cycles``,
 ``tokens_per_s_per_user`` for the tsp case at batch 1 and the same keys prefixed
 ``lp30_``.
 """
@@ -92,7 +93,8 @@ def measure(preset: str, precision: str, args) -> dict:
     rep = session.report
     sim_step_s = (sim_s - session._last["sim_prefill_wall_s"]) / max(1, args.new_tokens - 1)
     torch_s = torch_step_s(session)
-    row = {k: rep[k] for k in ("parameters", "ttft_cycles", "decode_cycles_per_token", "decode_floor_cycles",
+    row = {k: rep[k] for k in ("parameters", "ttft_cycles", "ttft_floor_cycles", "ttft_floor_kind", "ttft_over_floor",
+                               "decode_cycles_per_token", "decode_floor_cycles",
                                "decode_floor_kind", "decode_over_floor", "tokens_per_s_per_user",
                                "mxm_utilization", "install_utilization")}
     row.update(preset=preset, precision=precision, context=args.context, prompt_len=args.prompt_len,
@@ -101,7 +103,8 @@ def measure(preset: str, precision: str, args) -> dict:
                embedding=rep["on_chip"]["embedding"], sim_step_s=sim_step_s, torch_step_s=torch_s,
                sim_over_torch=sim_step_s / torch_s)
     print(f"{preset}: {rep['parameters'] / 1e6:.1f}M parameters, {precision}; compiled in {compile_s:.0f} s; "
-          f"TTFT ({args.prompt_len} tokens) {rep['ttft_cycles']:,} cycles; decode {rep['decode_cycles_per_token']:,} "
+          f"TTFT ({args.prompt_len} tokens) {rep['ttft_cycles']:,} cycles, floor {rep['ttft_floor_cycles']:,.0f} "
+          f"({rep['ttft_floor_kind']}) -> {rep['ttft_over_floor']:.1f}x; decode {rep['decode_cycles_per_token']:,} "
           f"cycles/token = {rep['tokens_per_s_per_user']:,.0f} tokens/s per user; floor "
           f"{rep['decode_floor_cycles']:,.0f} ({rep['decode_floor_kind']}) -> {rep['decode_over_floor']:.1f}x; "
           f"program's own largest floor {rep['floors']['program_binding']} "
@@ -171,7 +174,8 @@ def main() -> None:
         precision = precisions.get(preset, "fp16")
         row = measure(preset, precision, args)
         prefix = "" if preset == "tsp" else f"{preset}_"
-        for k in ("ttft_cycles", "decode_cycles_per_token", "decode_floor_cycles", "tokens_per_s_per_user"):
+        for k in ("ttft_cycles", "ttft_floor_cycles", "decode_cycles_per_token", "decode_floor_cycles",
+                  "tokens_per_s_per_user"):
             out[prefix + k] = row[k]
         out[f"{preset}_details"] = row
         if row.get("batches") and args.png:

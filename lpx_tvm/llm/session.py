@@ -478,6 +478,25 @@ def _binding_bytes(cfg: LPXConfig, layout) -> int:
     return sum(lines for _, _, lines in chunk_lines(layout)) * cfg.lanes
 
 
+def ttft_floors(spec, matrix_parameters: int, prompt: "int | None", peak_macs: float,
+                install_floor: float) -> "dict | None":
+    """The floors of a ``prompt``-token prefill (None before a generation): every matrix
+    installed once (``install_floor``, as a decode step's), and the multiplies no prefill
+    avoids over the MXM's peak: each of the batch's ``prompt`` rows through every matrix
+    but the LM head, which only the last token's row needs, and attention over the
+    positions each token sees (q k^T and p V: ``t + 1`` positions of ``head_dim`` for
+    token ``t``, each query head, each layer)."""
+    if not prompt:
+        return None
+    head = spec.vocab * spec.hidden
+    rows = spec.batch * prompt
+    attention = 2 * spec.layers * spec.heads * spec.head_dim * spec.batch * prompt * (prompt + 1) // 2
+    macs = (matrix_parameters - head) * rows + head * spec.batch + attention
+    multiply = macs / peak_macs
+    kind, floor = max((("install", install_floor), ("multiply", multiply)), key=lambda kv: kv[1])
+    return dict(macs=macs, multiply=multiply, install=install_floor, floor_kind=kind, floor_cycles=floor)
+
+
 def llm_report(session: LLMSession) -> dict:
     cfg, spec, dec = session.config, session.spec, session.decode
     prog = dec.program
@@ -504,6 +523,7 @@ def llm_report(session: LLMSession) -> dict:
     macs = dec.region.macs
     per_user = cfg.clock_hz / decode_cycles
     last = session._last
+    ttft = ttft_floors(spec, session.matrix_parameters, last.get("prompt_len"), peak, floor_install)
     report = dict(
         preset=cfg.name, precision=session.precision, family=spec.family, parameters=spec.parameters,
         layers=spec.layers, batch=spec.batch, max_context=spec.max_context,
@@ -511,13 +531,15 @@ def llm_report(session: LLMSession) -> dict:
         ttft_cycles=last.get("ttft_cycles"),
         ttft_s=cfg.seconds(last["ttft_cycles"]) if last.get("ttft_cycles") else None,
         decode_cycles_per_token=decode_cycles,
+        ttft_floor_cycles=ttft and ttft["floor_cycles"], ttft_floor_kind=ttft and ttft["floor_kind"],
+        ttft_over_floor=last["ttft_cycles"] / ttft["floor_cycles"] if ttft and last.get("ttft_cycles") else None,
         decode_s_per_token=cfg.seconds(decode_cycles),
         tokens_per_s_per_user=per_user,
         tokens_per_s_per_chip=per_user * spec.batch,
         decode_floor_cycles=floor, decode_floor_kind=floor_kind,
         decode_over_floor=decode_cycles / floor if floor else None,
         floors=dict(weights_over_install=floor_install, kv_over_sram_read=floor_kv,
-                    program=own.to_json(), program_binding=own.largest()[0]),
+                    program=own.to_json(), program_binding=own.largest()[0], ttft=ttft),
         sram=dict(capacity_bytes=cfg.sram_bytes, weights_bytes=image_bytes, kv_cache_bytes=kv_bytes,
                   kv_cache_values_bytes=kv_values_bytes,
                   prefill_constants_bytes=prefill_extra,

@@ -162,6 +162,27 @@ def test_embedding_table_too_large_for_a_slice_is_looked_up_by_the_host():
         .report["on_chip"]["embedding"].startswith("lpx")
 
 
+def test_ttft_is_reported_beside_its_floor_by_hand():
+    """The prefill's floors, from the Llama's dimensions: every matrix installed once, and
+    13 rows through every matrix but the head (1 row), plus causal attention."""
+    model = _model("llama")
+    session = lpx_tvm.compile_llm(model, preset="tsp", precision="fp32", max_context=24)
+    session.generate(np.random.default_rng(2).integers(0, 320, (1, 13)), 2)
+    rep, cfg = session.report, session.config
+    h, i, d, nh, kvh, layers, vocab = 240, 400, 40, 6, 3, 2, 320
+    per_layer = h * nh * d * 2 + h * kvh * d * 2 + 3 * h * i  # q, o; k, v; gate, up, down
+    head = h * vocab
+    macs = layers * per_layer * 13 + head + 2 * layers * nh * d * (13 * 14 // 2)
+    install = (layers * per_layer + head) * 4 / cfg.install_bytes_per_cycle
+    multiply = macs / cfg.peak_macs_per_cycle_for("fp32")
+    ttft = rep["floors"]["ttft"]
+    assert ttft["macs"] == macs and ttft["install"] == pytest.approx(install)
+    assert rep["ttft_floor_cycles"] == pytest.approx(max(install, multiply))
+    assert rep["ttft_floor_kind"] == ("install" if install > multiply else "multiply")
+    assert rep["ttft_cycles"] >= rep["ttft_floor_cycles"]
+    assert rep["ttft_over_floor"] == pytest.approx(rep["ttft_cycles"] / rep["ttft_floor_cycles"])
+
+
 def test_cli_profile_of_a_decode_step(tmp_path, capsys):
     path = tmp_path / "config.json"
     path.write_text(transformers.LlamaConfig(**LLAMA).to_json_string())
