@@ -21,7 +21,7 @@ class NextToken(torch.nn.Module):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-@pytest.mark.parametrize("rows, vocab", [(1, 700), (3, 250)])
+@pytest.mark.parametrize("rows, vocab", [(1, 700), (3, 250), (1, 4100), (2, 3000)])
 def test_argmax_matches_torch(precision, rows, vocab):
     torch.manual_seed(0)
     model = NextToken(64, vocab).eval()
@@ -54,6 +54,25 @@ def test_argmax_first_index_on_ties_and_tiny_gaps():
     ids = compiled.run([x])["output_0"][:, 0]
     np.testing.assert_array_equal(ids, [5, 330, 649, 0])
     np.testing.assert_array_equal(ids, torch.from_numpy(x).argmax(-1).numpy())
+
+
+def test_argmax_over_a_large_vocabulary_reduces_tiles_as_a_tree():
+    """4,100 values: 12 whole lane tiles, combined lane by lane a few to a group, and a
+    partial one reduced over its 260 valid lanes alone; ties across tiles still give the
+    first index, and a maximum in the partial tile's last lane still wins."""
+    x = np.zeros((3, 4100), np.float32)
+    x[0, [10, 2000, 4000]] = 3.0  # ties across tiles (and in the partial tile): the first wins
+    x[1] = -1.0
+    x[1, 4099] = np.nextafter(np.float32(-1.0), np.float32(0.0))  # the last valid lane
+    x[2] = np.random.default_rng(3).standard_normal(4100).astype(np.float32)
+    compiled = lpx_tvm.from_torch(Ties(), (torch.from_numpy(x),), preset="tsp", precision="fp32")
+    ids = compiled.run([x])["output_0"][:, 0]
+    np.testing.assert_array_equal(ids, torch.from_numpy(x).argmax(-1).numpy())
+    assert ids[0] == 10 and ids[1] == 4099
+    # The row maximum took fewer cross-lane reductions than the 13 tiles (the tree ran).
+    instrs = [i for r in compiled.executable.regions.values() for i in r.program.instrs]
+    reductions = [i for i in instrs if i.op == "vxm.reduce_max" and ".max" in i.tag]
+    assert 0 < len(reductions) < 13, len(reductions)
 
 
 class Embed(torch.nn.Module):

@@ -56,6 +56,14 @@ def fill_vector(ctx: LoweringContext, value: float, dtype=None):
     return ctx.fills[key]
 
 
+# A max or min does not depend on its order: whole lane tiles are combined lane by lane
+# first, up to TREE_TILES to a group as a tree, and reduced across lanes once per group.
+# A sum keeps its order (its rounding is the reference's), and so does a reduction that
+# transforms each tile (the transform may read other tensors through the same ports).
+TREE_TILES = 4
+TREE_COMBINES = ("vxm.max", "vxm.min")
+
+
 def reduce_tiles(ctx: LoweringContext, tag: str, x: Stored, acc: Stored, r0: int, r1: int, reduce: str,
                  combine: str, each=None, scale=None):
     """Reduce rows r0 .. r1 of ``x`` across all its lanes into ``acc`` (fp32, one tile;
@@ -64,15 +72,40 @@ def reduce_tiles(ctx: LoweringContext, tag: str, x: Stored, acc: Stored, r0: int
     lanes, combined with the tiles before it, and multiplied by ``scale`` at the last."""
     lanes, f32, ntiles = ctx.cfg.lanes, ctx.acc, x.tensor.ntiles
     dst = one(acc.tensor.segments(0, r0, r1))
-    for j in range(ntiles):
+    cols = x.tensor.layout.cols
+    runs = _tile_runs(x, r0, r1, dst.slice, ntiles, TREE_TILES if combine in TREE_COMBINES and each is None else 1)
+    for k, run in enumerate(runs):
         g = ctx.builder.group(tag)
-        v = g.read(one(x.tensor.segments(j, r0, r1)))
-        v = v if v.dtype == f32 else g.vxm("vxm.cvt", v, to=f32)
-        if each is not None:
-            v = each(g, j, v)
-        v = g.vxm(reduce, v, width=min(x.tensor.layout.cols - j * lanes, lanes))
-        if j:
+        tiles = []
+        for j in run:
+            v = g.read(one(x.tensor.segments(j, r0, r1)))
+            v = v if v.dtype == f32 else g.vxm("vxm.cvt", v, to=f32)
+            tiles.append((j, each(g, j, v) if each is not None else v))
+        whole = [v for j, v in tiles if cols - j * lanes >= lanes]
+        while len(whole) > 1:  # whole tiles lane by lane, pairwise
+            whole = [g.vxm(combine, a, b) for a, b in zip(whole[::2], whole[1::2])] + whole[len(whole) // 2 * 2:]
+        parts = [g.vxm(reduce, v, width=lanes) for v in whole]
+        parts += [g.vxm(reduce, v, width=cols - j * lanes) for j, v in tiles if cols - j * lanes < lanes]
+        v = parts[0]
+        for p in parts[1:]:
+            v = g.vxm(combine, v, p)
+        if k:
             v = g.vxm(combine, v, g.read(dst))
-        if scale is not None and j == ntiles - 1:
+        if scale is not None and k == len(runs) - 1:
             v = g.vxm("vxm.mul", v, imm=scale)
         g.write(v, dst)
+
+
+def _tile_runs(x: Stored, r0: int, r1: int, dst_slice: int, ntiles: int, most: int) -> list:
+    """The lane tiles of rows r0 .. r1 cut into runs of at most ``most`` consecutive tiles
+    on different slices (a group reads each through its own slice's port), the runs after
+    the first also apart from the accumulator's slice (they read it)."""
+    runs, used = [], set()
+    for j in range(ntiles):
+        sl = one(x.tensor.segments(j, r0, r1)).slice
+        if not runs or len(runs[-1]) >= most or sl in used:
+            runs.append([])
+            used = {dst_slice} if len(runs) > 1 else set()  # (the accumulator lies apart from x)
+        runs[-1].append(j)
+        used.add(sl)
+    return runs
