@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.relax.backend.pattern_registry import get_patterns_with_prefix
 
@@ -145,7 +146,43 @@ def _merge_regions(mod, ctx):
     """``MergeCompositeFunctions``, with the bindings it cannot visit (Ifs, match_casts,
     packed calls: :mod:`.cpu_only`) hidden from it and left on the CPU."""
     mod, hidden = cpu_only.hide(mod)
-    return cpu_only.restore(relax.transform.MergeCompositeFunctions()(mod), hidden)
+    return _share_equal_regions(cpu_only.restore(relax.transform.MergeCompositeFunctions()(mod), hidden))
+
+
+def _share_equal_regions(mod: tvm.IRModule) -> tvm.IRModule:
+    """One definition for LPX regions equal but for their name (compiled once, called at
+    each place). Each composite call has a function of its own (its layer's names, see
+    :func:`_fuse_by_pattern`), so the merged regions are named apart even where they are
+    the same program."""
+    regions = [(gv, f) for gv, f in mod.functions.items()
+               if isinstance(f, relax.Function) and f.attrs is not None and "Codegen" in f.attrs]
+    first, same = {}, {}
+    for gv, f in regions:
+        bare = f.without_attr("global_symbol")
+        key = tvm_ffi.structural_hash(bare, map_free_vars=True)
+        for other in first.get(key, []):
+            if tvm_ffi.structural_equal(bare, mod[other].without_attr("global_symbol"), map_free_vars=True):
+                same[gv] = other
+                break
+        else:
+            first.setdefault(key, []).append(gv)
+    if not same:
+        return mod
+    out = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv not in same}, attrs=mod.attrs)
+    for gv, f in list(out.functions.items()):
+        if isinstance(f, relax.Function):
+            out[gv] = _CallShared(same).visit_expr(f)
+    return out
+
+
+@relax.expr_functor.mutator
+class _CallShared(relax.PyExprMutator):
+    def __init__(self, same: dict):
+        super().__init__()
+        self.same = same
+
+    def visit_global_var_(self, gv):
+        return self.same.get(gv, gv)
 
 
 def offload_report(mod: tvm.IRModule, log=None) -> OffloadReport:
