@@ -67,6 +67,16 @@ def owners(func: relax.Function, results: list) -> dict:
     return out
 
 
+def name_span(name: str) -> tvm.ir.Span:
+    """The span that carries a source name."""
+    return tvm.ir.Span(tvm.ir.SourceName(name), 0, 0, 0, 0)
+
+
+def with_span(call: relax.Call, span) -> relax.Call:
+    """``call`` as it is, with ``span``."""
+    return relax.Call(call.op, call.args, call.attrs, call.ty_args, span)
+
+
 @relax.expr_functor.mutator
 class _Attach(relax.PyExprMutator):
     def __init__(self, names: dict):
@@ -79,7 +89,7 @@ class _Attach(relax.PyExprMutator):
         if name is None or not isinstance(value, relax.Call) or value.span is not None:
             return super().visit_var_binding_(binding)
         value = self.visit_expr(value)
-        named = relax.Call(value.op, value.args, value.attrs, value.ty_args, tvm.ir.Span(tvm.ir.SourceName(name), 0, 0, 0, 0))
+        named = with_span(value, name_span(name))
         # The same Var: later uses need no remapping, and its name hint (the tag) stays.
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(named)))
 
@@ -193,8 +203,7 @@ class _Respan(relax.PyExprMutator):
         value = self.visit_expr(binding.value)
         if isinstance(value, relax.Call):
             name = self.names.get(binding.var)
-            span = None if name is None else tvm.ir.Span(tvm.ir.SourceName(name), 0, 0, 0, 0)
-            value = relax.Call(value.op, value.args, value.attrs, value.ty_args, span)
+            value = with_span(value, None if name is None else name_span(name))
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(value)))
 
 

@@ -11,19 +11,9 @@ from collections import Counter
 import tvm
 from tvm import relax
 
-
-def is_const(expr) -> bool:
-    return isinstance(expr, tvm.ir.GenericConst) and isinstance(expr.ty, relax.TensorType)
-
-
-def static_shape(expr):
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    values = ty.shape.values
-    if not all(isinstance(v, tvm.tirx.IntImm) for v in values):
-        return None
-    return tuple(int(v) for v in values)
+from ..layer_names import with_span
+from ..target.codegen.relax_exprs import expr_shape as static_shape  # noqa: F401  (a tensor expression's static shape)
+from ..target.codegen.relax_exprs import is_const  # noqa: F401  (the passes import both from here)
 
 
 def is_float(dtype) -> bool:
@@ -82,8 +72,7 @@ class _BindingRewriter(relax.PyExprMutator):
         value = self.builder_.normalize(make(self.visit_expr, self.builder_))
         if isinstance(value, relax.Call) and value.span is None and getattr(binding.value, "span", None) is not None:
             # The new op stands for the old one: it keeps its source name (lpx_tvm/layer_names.py).
-            value = self.builder_.normalize(relax.Call(value.op, value.args, value.attrs, value.ty_args,
-                                                       binding.value.span))
+            value = self.builder_.normalize(with_span(value, binding.value.span))
         self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
 
 

@@ -250,7 +250,8 @@ def by_kind(layers: list, kind_of) -> list:
     (its cycles, MACs and floors the sums of its layers'), in order of first issue."""
     kinds = {}
     for x in layers:
-        k = kinds.setdefault(kind_of(x.name), LayerProfile(kind_of(x.name)))
+        kind = kind_of(x.name)
+        k = kinds.setdefault(kind, LayerProfile(kind))
         k.cycles += x.cycles
         k.waited += x.waited
         k.span += x.span

@@ -75,22 +75,27 @@ def register_lowering(*names: str, banding="rows", cuts_constants: bool = False,
     return register
 
 
+def _of(table: dict, op: RegionOp):
+    """``op``'s entry in ``table``: by its composite's name first, then by its main op."""
+    return table.get(op.composite) or table.get(op.main.op)
+
+
 def banding_of(op: RegionOp) -> str:
     """How the off-chip driver bands ``op``: as its lowering was registered (looked up as
     the lowering is, by composite first, then by main op)."""
-    kind = _BANDING.get(op.composite) or _BANDING.get(op.main.op, "rows")
+    kind = _of(_BANDING, op) or "rows"
     return kind(op) if callable(kind) else kind
 
 
 def band_rows_of(op: RegionOp):
     """The family's own ``band_rows`` of ``op`` (see :func:`register_lowering`), or None."""
-    return _BAND_ROWS.get(op.composite) or _BAND_ROWS.get(op.main.op)
+    return _of(_BAND_ROWS, op)
 
 
 def weights_of(op: RegionOp):
     """How ``op``'s constants are placed (``place(ctx, op)``), or None for an op
     without: looked up as the lowering is, by composite first, then by main op."""
-    return _WEIGHTS.get(op.composite) or _WEIGHTS.get(op.main.op)
+    return _of(_WEIGHTS, op)
 
 
 def cuts_constants(op_name: str) -> bool:
@@ -163,7 +168,7 @@ def unary_pattern(op: str) -> tuple:
 
 def lowering_for(op: RegionOp) -> Lowering:
     """The lowering of a region op; :class:`UnsupportedOnLPX` naming the op if none."""
-    fn = _LOWERINGS.get(op.composite) or _LOWERINGS.get(op.main.op)
+    fn = _of(_LOWERINGS, op)
     if fn is None:
         raise UnsupportedOnLPX(f"no LPX lowering for {op.main.op}")
     return fn
