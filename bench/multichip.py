@@ -193,8 +193,8 @@ def main() -> None:
         for c in last.groups[0]:
             feed[c][last.decode[c].ids] = [0]
         for c, s in last.decode.items():
-            feed[c].update({name: np.zeros((last.local.cache_rows, last.local.head_dim), np.float32)
-                            for name in s.caches})
+            feed[c].update({n: np.zeros(last.local.cache_shape(name), np.float32)
+                            for n, name in zip(s.caches, last.local.cache_names)})
         t = time.perf_counter()
         r = last.sim.run(progs, feed)
         functional = time.perf_counter() - t

@@ -18,7 +18,7 @@ here, so only building a step needs it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -173,6 +173,16 @@ def add_scopes(root: torch.nn.Module, paths) -> None:
 
 # ---- the layers ----------------------------------------------------------------------
 
+class CachePlaces(NamedTuple):
+    """Where a step's ``B*T`` new tokens go in the caches: ``rows`` [B*T, 1] int32, their
+    value cache rows (b*C + position + t); ``columns`` [B*T, B*C], one-hot, their key
+    cache columns; ``keep`` [1, B*C], 0 at the columns written, 1 elsewhere."""
+
+    rows: object
+    columns: object
+    keep: object
+
+
 @dataclass(frozen=True)
 class Attention:
     """The attention of model layer ``layer``, its caches the step's ``cache``-th
@@ -181,7 +191,7 @@ class Attention:
     layer: int
     cache: int
 
-    def __call__(self, step, x, w, dense, caches, new_caches, mask, rows, rope):
+    def __call__(self, step, x, w, dense, caches, new_caches, mask, places, rope):
         """``x`` plus the attention, the updated caches appended to ``new_caches``."""
         s, T = step.spec, step.steps
         B, NH, KVH, D = s.batch, s.heads, s.kv_heads, s.head_dim
@@ -199,10 +209,12 @@ class Attention:
                 k = t[:, k0 + g * D:k0 + (g + 1) * D]
                 return k if rope is None else rotary(k, rope[2], rope[3])
 
-            def write(k, t, g=g):  # the new rows into the group's caches
+            def write(k, t, g=g):  # the new keys and values into the group's caches
                 v = t[:, v0 + g * D:v0 + (g + 1) * D]
-                return (torch.ops.aten.index_put(caches[2 * (c * KVH + g)], [rows, step.cols], k),
-                        torch.ops.aten.index_put(caches[2 * (c * KVH + g) + 1], [rows, step.cols], v))
+                # The key cache is K^T: the new keys' columns placed by a product with
+                # the one-hot columns (exact: one term), the old ones kept elsewhere.
+                keys_t = caches[2 * (c * KVH + g)] * places.keep + k.T @ places.columns
+                return keys_t, torch.ops.aten.index_put(caches[2 * (c * KVH + g) + 1], [places.rows, step.cols], v)
 
             def queries(t, g=g):  # the group's query rows (r, b, t), rotated
                 qs = [t[:, n * D:(n + 1) * D] for n in range(g * rep, (g + 1) * rep)]
@@ -217,12 +229,12 @@ class Attention:
             k_cache, v_cache = at("self_attn.kv_cache")(write, k, qkv)
             new_caches += [k_cache, v_cache]
             # The group's query heads share one pass over its keys: rows (r, b, t). The
-            # keys are installed (K^T, transposed on the SXM) and the few query rows
+            # key cache, stored as K^T, is installed as it lies and the few query rows
             # stream through; streaming the C key rows past installed queries cost
             # C vectors at the 16-bit rate and a transpose of the scores (-33% cycles
             # of a decode step at C = 256).
             qg = at("self_attn.rotary" if rope is not None else "self_attn.scores")(queries, qkv)
-            scores = at("self_attn.scores")(lambda q, k: (q @ k.T) * step.scale + mask, qg, k_cache)  # [rep*B*T, B*C]
+            scores = at("self_attn.scores")(lambda q, k: (q @ k) * step.scale + mask, qg, k_cache)  # [rep*B*T, B*C]
             p = at("self_attn.softmax")(torch.softmax, scores, -1)
             heads[g * rep:(g + 1) * rep] = at("self_attn.values")(values, p, v_cache)
 
@@ -342,14 +354,24 @@ class DecoderStep(torch.nn.Module):
         self.register_buffer("cols", torch.arange(spec.head_dim, dtype=i32)[None, :])
         # The mask before the position is added: query row (r, b, t) of a group may see
         # cache row (b', j) iff b' == b and j <= position + t, i.e. position + base >= 0
-        # with base = t - j; another batch's rows get a base no position reaches.
-        j = torch.arange(C)
-        base = (t[:, None] - j[None, :]).to(torch.float32)  # [T, C]
-        blocks = torch.full((B, T, B, C), -float(2 * C + 2))
+        # with base = t - j; another batch's rows get a base no position reaches. Int32,
+        # added to the position before any float: a float16 position is exact only to
+        # 2,048 (position 2,051 would read 2,052 and see one future row).
+        j = torch.arange(C, dtype=i32)
+        base = t[:, None] - j[None, :]  # [T, C]
+        blocks = torch.full((B, T, B, C), -(2 * C + 2), dtype=i32)
         for k in range(B):
             blocks[k, :, k, :] = base
         self.register_buffer("mask_base", blocks.reshape(1, B * T, B * C).repeat(rep, 1, 1)
-                             .reshape(rep * B * T, B * C).to(dtype))
+                             .reshape(rep * B * T, B * C))
+        # The new keys' columns of a key cache (stored K^T): row (b, t) is column
+        # b*C + position + t, where position + column_base is 0 ...
+        cols = torch.arange(B * C, dtype=i32)
+        self.register_buffer("column_base", self.row_offsets - cols[None, :])  # [B*T, B*C]
+        # ... and column (b, j) is written by the step iff position <= j < position + T:
+        # clamp(position - j + T, 0, 1) - clamp(position - j, 0, 1) is 1 there, else 0.
+        self.register_buffer("column_from_last", -(cols % C)[None, :])  # [1, B*C]
+        self.register_buffer("column_after_first", T - (cols % C)[None, :])
 
     def forward(self, input_ids, position, *caches):
         s, T, B = self.spec, self.steps, self.spec.batch
@@ -370,14 +392,13 @@ class DecoderStep(torch.nn.Module):
                 return (self.cos.index_select(0, pos_q), self.sin_signed.index_select(0, pos_q),
                         self.cos.index_select(0, pos_rows), self.sin_signed.index_select(0, pos_rows))
             rope = model("rotary_emb")(tables, pos_rows)
-        mask = rows = None
+        mask = places = None
         if attends:
             # 0 where a query row may see a cache row, -1e4 elsewhere (exp(-1e4) is 0 in
             # every float format, and -1e4 fits fp16).
-            mask = model("mask")(lambda p: torch.clamp(p.to(x.dtype) + self.mask_base, -1.0, 0.0) * MASK_SCALE,
+            mask = model("mask")(lambda p: torch.clamp((p + self.mask_base).to(x.dtype), -1.0, 0.0) * MASK_SCALE,
                                  position)
-            # [B*T, 1]: the new tokens' cache rows
-            rows = model("positions")(lambda p: p.reshape(1, 1) + self.row_offsets, position)
+            places = model("positions")(self._cache_places, position, x.dtype)
         new_caches = []
         for i, (names, block) in enumerate(zip(self.layer_buffers, self.blocks)):
             w = {key: getattr(self, n) if isinstance(n, str) else n for key, n in names.items()}
@@ -391,7 +412,7 @@ class DecoderStep(torch.nn.Module):
                                                  w.get(f"{key}_bias")), x)
 
             if block.attention is not None:
-                x = block.attention(self, x, w, dense, caches, new_caches, mask, rows, rope)
+                x = block.attention(self, x, w, dense, caches, new_caches, mask, places, rope)
             if block.mlp is not None:
                 x = block.mlp(self, x, w, dense)
         if not self.last:  # the hidden rows, every token's, to the next stage
@@ -416,6 +437,14 @@ class DecoderStep(torch.nn.Module):
         logits = at("lm_head")(head, model("norm")(last_norm, x))
         next_ids = at("argmax")(lambda t: t.argmax(-1, keepdim=True).to(torch.int32), logits)
         return (next_ids, logits, *new_caches)
+
+    def _cache_places(self, position, dtype) -> "CachePlaces":
+        """Where the step's new tokens go in the caches (arithmetic on the position)."""
+        def near(base):  # position + base, exact in int32, then float: 0 where it is 0
+            return (position + base).to(dtype)
+        one_hot = torch.clamp(1.0 - torch.abs(near(self.column_base)), 0.0, 1.0)
+        written = torch.clamp(near(self.column_after_first), 0.0, 1.0) - torch.clamp(near(self.column_from_last), 0.0, 1.0)
+        return CachePlaces(position.reshape(1, 1) + self.row_offsets, one_hot, 1.0 - written)
 
     def scope(self, prefix: str = ""):
         """``at(part)``: the :class:`Scope` at ``prefix.part`` (made in ``__init__``)."""

@@ -61,6 +61,12 @@ class DecoderSpec:
         """Rows of one (layer, kv head) key (or value) cache: (batch, position)."""
         return self.batch * self.max_context
 
+    def cache_shape(self, name: str) -> tuple:
+        """The shape of cache ``name``: a key cache is stored transposed, ``head_dim`` rows
+        of (batch, position) columns (the scores' installed weights, written a column per
+        token); a value cache is (batch, position) rows of ``head_dim``."""
+        return (self.head_dim, self.cache_rows) if name.startswith("k_") else (self.cache_rows, self.head_dim)
+
     @property
     def cache_names(self) -> list:
         """The caches in step-argument order: for each layer, each kv head, key then value."""
@@ -464,7 +470,7 @@ def example_inputs(spec: DecoderSpec, steps: int, dtype=None, embed_in_step: boo
     """Inputs of a step: token ids (zeros; or their embedding rows), position 0, empty caches."""
     torch = _torch()
     dtype = dtype or torch.float32
-    caches = [torch.zeros(spec.cache_rows, spec.head_dim, dtype=dtype) for _ in spec.cache_names]
+    caches = [torch.zeros(spec.cache_shape(n), dtype=dtype) for n in spec.cache_names]
     tokens = torch.zeros(spec.batch * steps, dtype=torch.int32) if embed_in_step else \
         torch.zeros(spec.batch * steps, spec.hidden, dtype=dtype)
     return (tokens, torch.zeros(1, dtype=torch.int32), *caches)

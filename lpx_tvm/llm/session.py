@@ -406,8 +406,8 @@ class LLMSession:
         feed = {step.ids: tokens, step.position: np.array([position], np.int32)}
         keep = step.caches
         if fresh:  # a new request: its prefill starts from empty caches
-            zeros = np.zeros((self.spec.cache_rows, self.spec.head_dim), np.float32)
-            feed.update({n: zeros for n in step.caches})
+            feed.update({n: np.zeros(self.spec.cache_shape(name), np.float32)
+                           for n, name in zip(step.caches, self.spec.cache_names)})
             keep = ()
         wanted = [step.next_ids] + ([step.logits] if logits else [])
         return self.chip.run(step.program, feed, keep=keep, outputs=wanted)

@@ -77,6 +77,7 @@ def half_layer_stored(model, spec: decoders.DecoderSpec, size: int, lanes: int) 
 
 
 def cache_bytes_as_stored(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> int:
-    """Bytes of SRAM the caches take as stored: each row of ``head_dim`` values takes whole
-    vectors of lanes, one line per byte of a value."""
-    return stored_bytes(len(spec.cache_names) * spec.cache_rows, spec.head_dim, float_bytes(precision), cfg.lanes)
+    """Bytes of SRAM the caches take as stored, whole vectors of lanes, one line per byte
+    of a value: a value cache's rows of ``head_dim`` values each take a vector, a key
+    cache's ``head_dim`` rows of positions (stored transposed) their lane tiles."""
+    return sum(stored_bytes(*spec.cache_shape(n), float_bytes(precision), cfg.lanes) for n in spec.cache_names)

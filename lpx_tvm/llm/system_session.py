@@ -167,8 +167,8 @@ class SystemLLMSession:
             if c in self.groups[0]:  # the later stages receive their rows from the stage before
                 feed[c][step.ids] = tokens
             if fresh:  # a new request: its prefill starts from empty caches
-                zeros = np.zeros((self.local.cache_rows, self.local.head_dim), np.float32)
-                feed[c].update({n: zeros for n in step.caches})
+                feed[c].update({n: np.zeros(self.local.cache_shape(name), np.float32)
+                           for n, name in zip(step.caches, self.local.cache_names)})
             else:
                 keep[c] = step.caches
         r = self.sim.run(self.programs(steps), feed, keep=keep)

@@ -72,8 +72,11 @@ def test_step_logits_equal_forward(rope_scaling):
         np.testing.assert_allclose(logits[0].numpy(), want[5].numpy(), rtol=1e-4, atol=1e-4)
         _, logits, *caches = decode(ids[0, 6:7].int(), torch.tensor([6], dtype=torch.int32), *caches)
         np.testing.assert_allclose(logits[0].numpy(), want[6].numpy(), rtol=1e-4, atol=1e-4)
-    # The cache rows past the position are untouched (zeros).
-    assert torch.count_nonzero(caches[0][7:]) == 0
+    # The key cache is K^T: a column per position, the value cache a row; those past the
+    # position are untouched (zeros), the written ones are not.
+    assert caches[0].shape == (spec.head_dim, 12) and caches[1].shape == (12, spec.head_dim)
+    assert torch.count_nonzero(caches[0][:, 7:]) == 0 and torch.count_nonzero(caches[1][7:]) == 0
+    assert all(torch.count_nonzero(caches[0][:, j]) > 0 and torch.count_nonzero(caches[1][j]) > 0 for j in range(7))
 
 
 def test_steps_export():

@@ -238,3 +238,90 @@ def test_cache_rows_written_at_a_runtime_position(precision, steps, position):
                    if any(i.op == "mem.scatter" for i in r.program.instrs))
     inputs = {b.layout.tiles for b in program.bindings if b.role == "input"}
     assert any(b.role == "output" and b.layout.tiles in inputs for b in program.bindings)
+
+
+class IntMask(torch.nn.Module):
+    """The decoder step's mask: the position added to int32 offsets before any float (a
+    float16 position is exact only to 2,048)."""
+
+    def __init__(self, steps, context):
+        super().__init__()
+        t, j = torch.arange(steps, dtype=torch.int32)[:, None], torch.arange(context, dtype=torch.int32)[None, :]
+        self.register_buffer("offsets", t - j)
+
+    def forward(self, scores, position):
+        mask = torch.clamp((position + self.offsets).to(scores.dtype), -1.0, 0.0) * 1e4
+        return torch.softmax(scores + mask, dim=-1)
+
+
+def test_mask_past_float16_integers():
+    """At positions past 2,048 a float16 position rounds (2,051 reads 2,052): the mask is
+    built in int32 first, so each query row sees exactly the rows up to its position."""
+    steps, context = 2, 2100
+    model = IntMask(steps, context).eval()
+    scores = torch.zeros(steps, context)
+    compiled = lpx_tvm.from_torch(model, (scores, torch.tensor([0], dtype=torch.int32)), preset="tsp",
+                                  precision="fp16")
+    assert not compiled.report["offload"]["cpu"], compiled.report["offload"]
+    for position in (2049, 2051, 2053, 2097):
+        got = compiled.run([scores.numpy(), np.array([position], np.int32)])["output_0"]
+        for t in range(steps):  # equal scores: 1 / (rows seen) on each row seen, 0 after
+            seen = position + t + 1
+            assert (got[t, seen:] == 0).all() and (got[t, :seen] > 0).all(), (position, t)
+            np.testing.assert_allclose(got[t, :seen], 1.0 / seen, rtol=2e-3)
+
+
+class KeyColumns(torch.nn.Module):
+    """A key cache stored transposed (``dim`` rows of (head, position) columns) with the
+    step's new keys written into their columns at a runtime position, as the decoder step
+    writes it: ``cache * keep + k^T @ one_hot``; then scores against the updated cache."""
+
+    def __init__(self, heads, context, steps):
+        super().__init__()
+        i32 = torch.int32
+        cols = torch.arange(heads * context, dtype=i32)[None, :]
+        rows = (torch.arange(heads, dtype=i32)[:, None] * context + torch.arange(steps, dtype=i32)[None, :])
+        self.register_buffer("column_base", rows.reshape(-1, 1) - cols)
+        self.register_buffer("after_first", steps - cols % context)
+        self.register_buffer("from_last", -(cols % context))
+
+    def forward(self, cache, keys, q, position):
+        def near(base):
+            return (position + base).to(cache.dtype)
+        one_hot = torch.clamp(1.0 - torch.abs(near(self.column_base)), 0.0, 1.0)
+        keep = 1.0 - (torch.clamp(near(self.after_first), 0.0, 1.0) - torch.clamp(near(self.from_last), 0.0, 1.0))
+        cache = cache * keep + keys.T @ one_hot
+        return q @ cache, cache
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("heads, context, steps, position", [(1, 64, 1, 37), (2, 400, 1, 350), (1, 2100, 1, 2051),
+                                                             (2, 64, 3, 61), (1, 700, 5, 0)])
+def test_key_cache_columns_written_at_a_runtime_position(precision, heads, context, steps, position):
+    """One new key (the SXM broadcast path) and several (the MXM path), a cache of one and
+    of several lane tiles, a column past float16's integers: the new keys land exactly in
+    their columns, every other column is kept bit for bit, and the cache stays where it lies."""
+    dim = 40
+    torch.manual_seed(steps + position)
+    model = KeyColumns(heads, context, steps).eval()
+    cache = torch.randn(dim, heads * context)
+    keys, q = torch.randn(heads * steps, dim), torch.randn(3, dim)
+    args = (cache, keys, q, torch.tensor([0], dtype=torch.int32))
+    compiled = lpx_tvm.from_torch(model, args, preset="tsp", precision=precision)
+    assert not compiled.report["offload"]["cpu"], compiled.report["offload"]
+    program = next(iter(compiled.executable.regions.values())).program
+    # The SXM transposes only the new keys, never the cache's columns.
+    assert sum(i.count for i in program.instrs if i.op == "sxm.transpose") == heads * steps
+    assert any(i.tag.endswith(".blend") for i in program.instrs)
+    args = (cache, keys, q, torch.tensor([position], dtype=torch.int32))
+    out = compiled.run([a.numpy() for a in args])
+    got_scores, got_cache = out["output_0"], out["output_1"]
+    as_stored = np.float16 if precision == "fp16" else np.float32
+    want = cache.numpy().astype(as_stored).astype(np.float32)
+    written = (np.arange(heads)[:, None] * context + position + np.arange(steps)).reshape(-1)
+    want[:, written] = keys.numpy().T.astype(as_stored)
+    np.testing.assert_array_equal(got_cache, want)  # exact: products by 1 and 0 only
+    loose = dict(rtol=1e-5, atol=2e-5) if precision == "fp32" else dict(rtol=2e-2, atol=5e-2)
+    np.testing.assert_allclose(got_scores, q.numpy() @ want, **loose)
+    inputs = {b.layout.tiles for b in program.bindings if b.role == "input"}
+    assert any(b.role == "output" and b.layout.tiles in inputs for b in program.bindings)
