@@ -201,33 +201,34 @@ class Attention:
         qkv = dense(h, "qkv")  # [B*T, (NH + 2 KVH) * D]: the query heads, the keys, the values
         k0, v0 = NH * D, (NH + KVH) * D
         heads = [None] * NH
-        c = self.cache
+        packs = s.value_packs
+        first = self.cache * (KVH + len(packs))  # this layer's caches: its key caches, then its value caches
+
+        def write_values(t):  # the new value rows into each pack's cache
+            return tuple(torch.ops.aten.index_put(caches[first + KVH + i], [places.rows, getattr(step, f"cols_{n * D}")],
+                                                  t[:, v0 + g0 * D:v0 + (g0 + n) * D]) for i, (g0, n) in enumerate(packs))
+
+        # Each op in its part of the layer (the program does not change with the names).
+        v_caches = at("self_attn.kv_cache")(write_values, qkv)
+        k_caches, probs = [], []
         for g in range(KVH):
-            # Each op in its part of the layer, in the order the step has always run them
-            # (the program does not change with the names).
             def keys(t, g=g):  # the group's key rows, rotated
                 k = t[:, k0 + g * D:k0 + (g + 1) * D]
                 return k if rope is None else rotary(k, rope[2], rope[3])
 
-            def write(k, t, g=g):  # the new keys and values into the group's caches
-                v = t[:, v0 + g * D:v0 + (g + 1) * D]
-                # The key cache is K^T: the new keys' columns placed by a product with
-                # the one-hot columns (exact: one term), the old ones kept elsewhere.
-                keys_t = caches[2 * (c * KVH + g)] * places.keep + k.T @ places.columns
-                return keys_t, torch.ops.aten.index_put(caches[2 * (c * KVH + g) + 1], [places.rows, step.cols], v)
+            def write_keys(k, g=g):  # the new keys into the group's key cache, stored K^T
+                # The new keys' columns placed by a product with the one-hot columns
+                # (exact: one term), the old ones kept elsewhere.
+                return caches[first + g] * places.keep + k.T @ places.columns
 
             def queries(t, g=g):  # the group's query rows (r, b, t), rotated
                 qs = [t[:, n * D:(n + 1) * D] for n in range(g * rep, (g + 1) * rep)]
                 qg = torch.cat(qs, dim=0) if rep > 1 else qs[0]  # [rep*B*T, D]
                 return qg if rope is None else rotary(qg, rope[0], rope[1])
 
-            def values(p, v):  # p @ V, cut into the group's heads
-                a = p @ v  # [rep*B*T, D]
-                return tuple(a[r * B * T:(r + 1) * B * T] for r in range(rep)) if rep > 1 else (a,)
-
             k = at("self_attn.rotary" if rope is not None else "self_attn.kv_cache")(keys, qkv)
-            k_cache, v_cache = at("self_attn.kv_cache")(write, k, qkv)
-            new_caches += [k_cache, v_cache]
+            k_cache = at("self_attn.kv_cache")(write_keys, k)
+            k_caches.append(k_cache)
             # The group's query heads share one pass over its keys: rows (r, b, t). The
             # key cache, stored as K^T, is installed as it lies and the few query rows
             # stream through; streaming the C key rows past installed queries cost
@@ -235,8 +236,20 @@ class Attention:
             # of a decode step at C = 256).
             qg = at("self_attn.rotary" if rope is not None else "self_attn.scores")(queries, qkv)
             scores = at("self_attn.scores")(lambda q, k: (q @ k) * step.scale + mask, qg, k_cache)  # [rep*B*T, B*C]
-            p = at("self_attn.softmax")(torch.softmax, scores, -1)
-            heads[g * rep:(g + 1) * rep] = at("self_attn.values")(values, p, v_cache)
+            probs.append(at("self_attn.softmax")(torch.softmax, scores, -1))
+
+        def values(v, *ps):  # p @ V of a pack's groups at once, cut into their heads
+            # The groups' rows stacked, so the pack's value rows are installed once; group
+            # i's heads are its rows' lanes i*D.. (the other lanes meet other heads' values).
+            a = (torch.cat(ps, dim=0) if len(ps) > 1 else ps[0]) @ v  # [n*rep*B*T, n*D]
+            rows = B * T
+            return tuple(a[(i * rep + r) * rows:(i * rep + r + 1) * rows, i * D:(i + 1) * D] if len(ps) > 1 else
+                         a[r * rows:(r + 1) * rows] if rep > 1 else a
+                         for i in range(len(ps)) for r in range(rep))
+
+        for (g0, n), v_cache in zip(packs, v_caches):
+            heads[g0 * rep:(g0 + n) * rep] = at("self_attn.values")(values, v_cache, *probs[g0:g0 + n])
+        new_caches += k_caches + list(v_caches)
 
         def project(x, *heads):  # the heads side by side [B*T, NH*D], o, the residual
             attn = torch.cat(heads, dim=1) if NH > 1 else heads[0]
@@ -351,7 +364,8 @@ class DecoderStep(torch.nn.Module):
         self.register_buffer("query_token_offsets", t.repeat(rep * B))  # [rep*B*T]: a group's query rows
         # ... -> its cache row at position 0 (a layer's kv-head cache holds (b, position) rows).
         self.register_buffer("row_offsets", (b[:, None] * C + t[None, :]).reshape(-1, 1))  # [B*T, 1]
-        self.register_buffer("cols", torch.arange(spec.head_dim, dtype=i32)[None, :])
+        for _, n in spec.value_packs:  # a value cache's columns (index_put takes an index per axis)
+            self.register_buffer(f"cols_{n * spec.head_dim}", torch.arange(n * spec.head_dim, dtype=i32)[None, :])
         # The mask before the position is added: query row (r, b, t) of a group may see
         # cache row (b', j) iff b' == b and j <= position + t, i.e. position + base >= 0
         # with base = t - j; another batch's rows get a base no position reaches. Int32,

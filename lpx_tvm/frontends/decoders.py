@@ -3,8 +3,8 @@
 A static-shape machine cannot run ``transformers``' generation loop, so the model's
 config and weights are rebuilt as plain torch modules of one signature::
 
-    step(input_ids int32 [B*T], position int32 [1], k_cache_0_0, v_cache_0_0, ...)
-        -> (next_ids int32 [B, 1], logits [B, V], k_cache_0_0', v_cache_0_0', ...)
+    step(input_ids int32 [B*T], position int32 [1], k_cache_0_0, k_cache_0_1, ..., v_cache_0_0, ...)
+        -> (next_ids int32 [B, 1], logits [B, V], k_cache_0_0', ...)
 
 ``T`` is the prompt length for the prefill step (at position 0) and 1 for the decode
 step. Each (layer, kv head) has a key and a value cache of its own, ``[B*C, D]`` with
@@ -55,23 +55,36 @@ class DecoderSpec:
     max_context: int
     batch: int = 1
     parameters: int = 0  # weights of the model (a tied embedding counted once)
+    lanes: int = 320  # the machine's vector width, which the value caches pack heads to
 
     @property
     def cache_rows(self) -> int:
-        """Rows of one (layer, kv head) key (or value) cache: (batch, position)."""
+        """Rows of one key (or value) cache: (batch, position)."""
         return self.batch * self.max_context
 
+    @property
+    def value_packs(self) -> list:
+        """(first kv head, kv heads) of each value cache of a layer: as many heads as fit a
+        vector of ``lanes`` side by side in a row (docs/llm.md), at least one."""
+        per = max(1, min(self.kv_heads, self.lanes // self.head_dim))
+        return [(g, min(per, self.kv_heads - g)) for g in range(0, self.kv_heads, per)]
+
     def cache_shape(self, name: str) -> tuple:
-        """The shape of cache ``name``: a key cache is stored transposed, ``head_dim`` rows
-        of (batch, position) columns (the scores' installed weights, written a column per
-        token); a value cache is (batch, position) rows of ``head_dim``."""
-        return (self.head_dim, self.cache_rows) if name.startswith("k_") else (self.cache_rows, self.head_dim)
+        """The shape of cache ``name``: a key cache (one kv head's) is stored transposed,
+        ``head_dim`` rows of (batch, position) columns (the scores' installed weights,
+        written a column per token); a value cache (a pack of kv heads') is (batch,
+        position) rows of the pack's heads side by side."""
+        if name.startswith("k_"):
+            return (self.head_dim, self.cache_rows)
+        return (self.cache_rows, self.value_packs[int(name.rsplit("_", 1)[1])][1] * self.head_dim)
 
     @property
     def cache_names(self) -> list:
-        """The caches in step-argument order: for each layer, each kv head, key then value."""
-        return [f"{kind}_cache_{i}_{g}" for i in range(self.layers) for g in range(self.kv_heads)
-                for kind in ("k", "v")]
+        """The caches in step-argument order: for each layer, each kv head's key cache, then
+        each pack's value cache."""
+        return [name for i in range(self.layers) for name in
+                [f"k_cache_{i}_{g}" for g in range(self.kv_heads)] +
+                [f"v_cache_{i}_{k}" for k in range(len(self.value_packs))]]
 
     @property
     def cache_values(self) -> int:
@@ -254,10 +267,11 @@ def vocab_slice(vocab: int, shard: TensorShard) -> slice:
     return slice(shard.rank * vocab // shard.size, (shard.rank + 1) * vocab // shard.size)
 
 
-def spec_of(model, max_context: int, batch: int = 1) -> DecoderSpec:
+def spec_of(model, max_context: int, batch: int = 1, lanes: int = 320) -> DecoderSpec:
     """The :class:`DecoderSpec` of a ``transformers`` causal LM, or a ModelError naming
     what the steps do not support (its config checked by
-    :func:`~lpx_tvm.frontends.decoder_config.check_decoder_config`)."""
+    :func:`~lpx_tvm.frontends.decoder_config.check_decoder_config`). ``lanes``: the
+    machine's vector width, which the value caches pack heads to."""
     family = getattr(model.config, "model_type", None)
     if family not in FAMILIES:
         raise ModelError(f"decoder family {family!r}: the LPX decoder steps support {', '.join(FAMILIES)}")
@@ -269,12 +283,13 @@ def spec_of(model, max_context: int, batch: int = 1) -> DecoderSpec:
     if family == "gpt2":
         heads = cfg["n_head"]
         return DecoderSpec(family, cfg["n_layer"], heads, heads, cfg["n_embd"] // heads, cfg["n_embd"],
-                           cfg["vocab_size"], int(max_context), int(batch), params)
+                           cfg["vocab_size"], int(max_context), int(batch), params, lanes)
     if family == "llama" and model.model.layers[0].self_attn.o_proj.bias is not None:
         raise ModelError("attention_bias=True on the output projection is not supported")
     heads = cfg["num_attention_heads"]
     return DecoderSpec(family, cfg["num_hidden_layers"], heads, cfg.get("num_key_value_heads") or heads,
-                       cfg["head_dim"], cfg["hidden_size"], cfg["vocab_size"], int(max_context), int(batch), params)
+                       cfg["head_dim"], cfg["hidden_size"], cfg["vocab_size"], int(max_context), int(batch), params,
+                       lanes)
 
 
 # The dense layers' inputs a quantized step scales, each shared by the layers that read it:

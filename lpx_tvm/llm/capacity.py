@@ -144,7 +144,7 @@ def plan(model_or_config, system, precision: str = "fp16", context: int = 256, p
         raise LPXError("split_layers plans from one chip's samples: give samples='chip'")
     system = load_system(system)
     model = _shape_only(model_or_config, seed)
-    spec = decoders.spec_of(model, context)
+    spec = decoders.spec_of(model, context, lanes=system.config.lanes)
     if not 1 <= prompt_len < context:
         raise LPXError(f"a prompt of {prompt_len} tokens in a context of {context}")
     limit = min(system.chips, max_chips or system.chips)
@@ -245,7 +245,7 @@ class _Runs:
                  budget=WEIGHT_BUDGET):
         self.model, self.system, self.samples, self.split, self.budget = model, system, samples, split, budget
         self._chip_layers = {}  # (t, batch) -> the layer counts one chip's share is sampled at
-        spec = decoders.spec_of(model, context)
+        spec = decoders.spec_of(model, context, lanes=system.config.lanes)
         self.halves = decoders.half_layer_values(model, spec)
         # The whole model's embedding on chip or on the host: one chip's share samples alike.
         self.embeds = embeds_on_chip(spec, system.config, precision)
@@ -338,7 +338,8 @@ class _Runs:
         config = self._config(2) if t == 1 else shard_config(self._config(2), t)
         with torch.device("meta"):
             two = load_decoder(config, self.seed)
-        spec, cfg, precision = decoders.spec_of(two, self.kw["max_context"], batch), self.system.config, self.kw["precision"]
+        spec, cfg, precision = decoders.spec_of(two, self.kw["max_context"], batch,
+                                                                         self.system.config.lanes), self.system.config, self.kw["precision"]
         problem = fit_problem(spec, cfg, precision, matrix_parameters(two),
                               host_table_values(two, spec, cfg, precision, self.embeds))
         self._chip_layers[t, batch] = CHIP_SAMPLED_LARGE if problem else CHIP_SAMPLED

@@ -173,7 +173,7 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
         raise LPXError(f"calibration_ids: they set an 8-bit path's activation scales; precision {precision} has "
                        "none (int8 or fp8 take them)")
     model = load_decoder(model_or_config, seed)
-    spec = decoders.spec_of(model, max_context, batch)
+    spec = decoders.spec_of(model, max_context, batch, cfg.lanes)
     problem = None if system is not None else fit_problem(
         spec, cfg, precision, matrix_parameters(model), host_table_values(model, spec, cfg, precision, embed_on_chip))
     if problem:  # before calibrating or compiling

@@ -72,11 +72,15 @@ def test_step_logits_equal_forward(rope_scaling):
         np.testing.assert_allclose(logits[0].numpy(), want[5].numpy(), rtol=1e-4, atol=1e-4)
         _, logits, *caches = decode(ids[0, 6:7].int(), torch.tensor([6], dtype=torch.int32), *caches)
         np.testing.assert_allclose(logits[0].numpy(), want[6].numpy(), rtol=1e-4, atol=1e-4)
-    # The key cache is K^T: a column per position, the value cache a row; those past the
-    # position are untouched (zeros), the written ones are not.
-    assert caches[0].shape == (spec.head_dim, 12) and caches[1].shape == (12, spec.head_dim)
-    assert torch.count_nonzero(caches[0][:, 7:]) == 0 and torch.count_nonzero(caches[1][7:]) == 0
-    assert all(torch.count_nonzero(caches[0][:, j]) > 0 and torch.count_nonzero(caches[1][j]) > 0 for j in range(7))
+    # A key cache is K^T: a column per position; a value cache a row, its pack of kv heads
+    # side by side. Those past the position are untouched (zeros), the written ones are not.
+    named = dict(zip(spec.cache_names, caches))
+    keys, values = named["k_cache_0_0"], named["v_cache_0_0"]
+    (_, pack), = spec.value_packs  # 320 lanes hold every kv head of 64 values
+    assert pack == spec.kv_heads > 1 and len(caches) == spec.layers * (spec.kv_heads + 1)
+    assert keys.shape == (spec.head_dim, 12) and values.shape == (12, pack * spec.head_dim)
+    assert torch.count_nonzero(keys[:, 7:]) == 0 and torch.count_nonzero(values[7:]) == 0
+    assert all(torch.count_nonzero(keys[:, j]) > 0 and torch.count_nonzero(values[j]) > 0 for j in range(7))
 
 
 def test_steps_export():
