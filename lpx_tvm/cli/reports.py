@@ -39,6 +39,9 @@ def _print_profile(profile) -> None:
     top.add_row("cycles", f"{profile.cycles:,}")
     top.add_row("largest floor", f"{kind} {floor:,.0f} cycles")
     top.add_row("cycles / largest floor", f"{profile.cycles / floor:.2f}x" if floor else "-")
+    if profile.dependency_cycles:  # the schedules' groups with every port and stream free
+        top.add_row("dependency floor (every port free)",
+                    f"{profile.dependency_cycles:,} cycles: {profile.cycles / profile.dependency_cycles:.2f}x")
     kernels = sum(1 for c in profile.calls if c.cpu)
     top.add_row("CPU kernels (measured wall time)",
                 f"{kernels} call(s), {profile.cpu_wall_s * 1e3:,.3f} ms" if kernels else "none")

@@ -34,3 +34,6 @@ class CompiledRegion:
     # Not kept in artifacts.
     constants: tuple = ()
     sram_lines: int = 0  # the most SRAM lines in use at once (constants, bindings, working space)
+    # The program's dependency floor: its groups each at the earliest cycle their
+    # dependencies allow, every port and stream free (target.placer.Placer). Not kept in artifacts.
+    dependency_cycles: int = 0

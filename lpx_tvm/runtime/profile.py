@@ -221,6 +221,9 @@ class Profile:
     cycles: int
     floors: Floors
     kinds: list = field(default_factory=list)  # [LayerProfile] per kind of layer, when the model names kinds
+    # The called regions' dependency floors summed: each schedule's groups at the earliest
+    # cycles their dependencies allow, every port and stream free (target.placer.Placer).
+    dependency_cycles: int = 0
 
     @property
     def cpu_wall_s(self) -> float:
@@ -237,6 +240,7 @@ class Profile:
             "preset": self.preset, "precision": self.precision, "cycles": self.cycles,
             "latency_s": self.cfg.seconds(self.cycles), "floors": self.floors.to_json(),
             "floor_kind": kind, "floor_cycles": floor, "floor_multiple": self.cycles / floor if floor else None,
+            "dependency_cycles": self.dependency_cycles,
             "regions": [{"name": n, "calls": k, "cycles": self.timelines[n].cycles} for n, k in regions.items()],
             "cpu_kernels": sum(1 for c in self.calls if c.cpu), "cpu_wall_s": self.cpu_wall_s,
             "dependency_factor": DEPENDENCY_FACTOR,
@@ -289,8 +293,9 @@ def build_profile(executable, calls: list, kind_of=None) -> Profile:
             rows[layer].mxm_dtype = rows[layer].mxm_dtype or dtypes.get(layer, "")
     cycles = sum(timelines[c.region].cycles for c in calls if c.region)
     layers = list(rows.values())
+    dependency = sum(executable.regions[c.region].dependency_cycles for c in calls if c.region)
     return Profile(cfg.name, str(executable.precision), cfg, calls, timelines, layers, cycles, add(*totals),
-                   by_kind(layers, kind_of) if kind_of else [])
+                   by_kind(layers, kind_of) if kind_of else [], dependency)
 
 
 def _layer_dtypes(tl: RegionTimeline) -> dict:

@@ -271,6 +271,11 @@ class ProgramBuilder:
         return self.sram.peak_lines
 
     @property
+    def dependency_cycles(self) -> int:
+        """The built schedule's dependency floor (:class:`~lpx_tvm.target.placer.Placer`)."""
+        return self.schedule.dependency_cycles
+
+    @property
     def shareable_constants(self) -> tuple:
         return self.sram.shareable_constants
 

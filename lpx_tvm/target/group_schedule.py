@@ -33,6 +33,7 @@ class GroupSchedule:
 
     def __init__(self):
         self.entries = []
+        self.dependency_cycles = 0  # set by place()
 
     def add(self, entry):
         self.entries.append(entry)
@@ -62,13 +63,15 @@ class GroupSchedule:
 
     def place(self, config: LPXConfig):
         """Place the entries in order: yields (entry, its instructions) for each barrier
-        (its sync) and each group with instructions."""
+        (its sync) and each group with instructions. Afterwards ``dependency_cycles`` is
+        the schedule's dependency floor (:class:`~lpx_tvm.target.placer.Placer`)."""
         placer = Placer(config)
         for g in self.entries:
             if isinstance(g, Barrier):
                 yield g, [Instr("icu.sync", placer.sync())]
             elif isinstance(g, Arrival):
                 cycle = g.cycle() if callable(g.cycle) else g.cycle
-                placer.res.record([arrival_effect(g.link, cycle)], 0)
+                placer.arrival(arrival_effect(g.link, cycle))
             elif g.nodes:
                 yield g, placer.place(g)
+        self.dependency_cycles = placer.dependency_cycles

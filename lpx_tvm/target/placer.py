@@ -37,18 +37,34 @@ UNIT_OF_PREFIX = {"mem": Unit.MEM, "dma": Unit.DMA, "mxm": Unit.MXM, "vxm": Unit
 
 
 class Placer:
-    """Places groups one after another at their earliest valid cycle."""
+    """Places groups one after another at their earliest valid cycle.
+
+    Beside the schedule it keeps its dependency floor (``dependency_cycles``): the same
+    groups, in the same order on the same units, each placed at the earliest cycle its
+    dependencies through state allow, as if every port and stream register were free.
+    No placement of this program's groups ends earlier; how far the schedule is from it
+    is what ports and streams cost, and the rest is the program's chain of dependencies
+    (docs/profile.md)."""
 
     def __init__(self, cfg: LPXConfig):
         self.cfg = cfg
         self.res = Reservations()
         self.barrier = 0
         self.max_done = 0
+        self.free = Reservations()  # the dependency floor's placement: state only
+        self.free_barrier = 0
+        self.dependency_cycles = 0
 
     def sync(self) -> int:
         t = max(self.max_done, self.barrier)
         self.barrier = t
+        self.free_barrier = max(self.free_barrier, self.dependency_cycles)
         return t
+
+    def arrival(self, effect):
+        """Data arriving from a link: a dependency of the schedule and of its floor."""
+        self.res.record([effect], 0)
+        self.free.record([effect], 0)
 
     def _timing(self, node: Node, unit: int):
         tm = node.timings.get(unit)
@@ -108,6 +124,10 @@ class Placer:
                 break
             t = max(t + 1, bump)
         units, streams = plan
+        free_t = max(self.free.lower_bound(effects), self.free_barrier)
+        self.free.record(effects, free_t)
+        self.dependency_cycles = max([self.dependency_cycles] + [free_t + n.offset + self._timing(n, units[n]).done
+                                                                 for n in g.nodes])
         return self._commit(g, effects, values, units, streams, t)
 
     def _try(self, g: Group, values, dirs, t: int):

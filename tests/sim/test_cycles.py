@@ -387,6 +387,31 @@ def test_builder_two_groups_share_a_slice_port():
     assert r.counters.by_tag["copy"].sram_bytes_read == 2 * 64 * 16
 
 
+def test_dependency_floor_frees_the_ports_but_keeps_the_chain():
+    """The builder's dependency floor places the same groups with every port free: the two
+    copies of the test above both read at 0, and the second lands at 8 + 63 + 2 = 73
+    (137 - 64, the port's wait); a chain through SRAM (a copy, then a copy of the copy)
+    keeps its order, so its floor is its schedule."""
+    b = ProgramBuilder("mini")
+    x = b.input("x", (64, 16), "int8", slices=[0])
+    y1 = b.output("y1", (64, 16), "int8", slices=[4])
+    y2 = b.output("y2", (64, 16), "int8", slices=[5])
+    for y in (y1, y2):
+        g = b.group("copy")
+        g.write(g.read(x.tile(0)), y.tile(0))
+    prog = b.build()
+    assert Simulator("mini").run(prog, timing_only=True).cycles == 137 and b.dependency_cycles == 73
+    b = ProgramBuilder("mini")
+    x = b.input("x", (64, 16), "int8", slices=[0])
+    t = b.tensor("t", (64, 16), "int8", slices=[4])
+    y = b.output("y", (64, 16), "int8", slices=[5])
+    for src, dst in ((x, t), (t, y)):
+        g = b.group("copy")
+        g.write(g.read(src.tile(0)), dst.tile(0))
+    prog = b.build()
+    assert b.dependency_cycles == Simulator("mini").run(prog, timing_only=True).cycles
+
+
 # ---- per-tag breakdown and timing-only agreement on a mixed program -----------------
 
 def test_tag_counters_add_up():

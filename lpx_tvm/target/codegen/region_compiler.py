@@ -212,7 +212,8 @@ def _compiled(ctx: LoweringContext, region: Region, outputs: list) -> CompiledRe
                    for w in weights if not isinstance(w, StreamedWeights))
     return CompiledRegion(region.name, prog, [(p.name, p.shape) for p in region.params], outputs, ctx.macs,
                           ctx.op_counts, resident + streamed, streamed, ctx.input_transforms,
-                          constants=ctx.builder.shareable_constants, sram_lines=ctx.builder.peak_lines)
+                          constants=ctx.builder.shareable_constants, sram_lines=ctx.builder.peak_lines,
+                          dependency_cycles=ctx.builder.dependency_cycles)
 
 
 def _output_kind(ctx: LoweringContext, name: str, in_names: set) -> OutputKind:
