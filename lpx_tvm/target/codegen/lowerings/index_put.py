@@ -190,7 +190,7 @@ def _cache_columns_pattern():
     data, keep, kt, cols = wildcard(), wildcard(), wildcard(), wildcard()
     kept = is_op("relax.multiply")(data, keep)
     new = is_op("relax.matmul")(kt, cols)
-    root = is_op("relax.add")(kept, new) | is_op("relax.add")(new, kept)
+    root = is_op("relax.add")(kept, new)  # as the decoder step writes it
     return root, {"input": data, "keep": keep, "kt": kt, "columns": cols, "root": root}
 
 
