@@ -114,8 +114,9 @@ def _family_of(config: dict) -> str:
     return family
 
 
-def _check_field(key: str, value) -> None:
+def _check_field(key: str, value, least_layers: int = 1) -> None:
     kind, least, nullable = FIELDS[key]
+    least = least_layers if key in ("num_hidden_layers", "n_layer") else least
     if value is None:
         if nullable:
             return
@@ -181,13 +182,15 @@ def read_config(path) -> dict:
     return cfg
 
 
-def check_decoder_config(config, max_context: "int | None" = None) -> dict:
+def check_decoder_config(config, max_context: "int | None" = None, least_layers: int = 1) -> dict:
     """Check a decoder config (a dict as read from a ``config.json``, or a
     ``transformers`` config) before any model is built: every key the steps read has a
     value of its type and range, the shapes divide, and every field is one the steps
     honour; with ``max_context``, also what depends on the context (a sliding window at
     least as wide). Raises a :class:`ModelError` naming the key and the reason; returns
-    the config as a dict, transformers' defaults filled in for the keys it lacks."""
+    the config as a dict, transformers' defaults filled in for the keys it lacks.
+    ``least_layers``: 0 for the planner's sample of a model's embedding, last norm and
+    head alone (a user's decoder has a layer at least)."""
     if hasattr(config, "to_dict") and not isinstance(config, dict):
         config = config.to_dict()
     if not isinstance(config, dict):
@@ -195,7 +198,7 @@ def check_decoder_config(config, max_context: "int | None" = None) -> dict:
     family = _family_of(config)
     for key, value in config.items():
         if key in FIELDS:
-            _check_field(key, value)
+            _check_field(key, value, least_layers)
     config = _canonical(config)
     merged = {**_defaults(family), **config}
     for key, families, refused, why in REFUSED:
@@ -340,9 +343,11 @@ def with_layers(config: dict, layers: int) -> dict:
     """``config`` with ``layers`` layers (``num_hidden_layers``, GPT-2's ``n_layer``), every
     per-layer list (``layer_types`` ...) cut to them or repeated in its pattern, so that
     transformers builds the model it describes. The planner and the benches derive their
-    sampled models through it."""
-    if layers < 1:
-        raise ModelError(f"a decoder of {layers} layers: at least 1")
+    sampled models through it; the planner's samples of a large model's share take 0
+    (the embedding, the last norm and the head alone: ``load_decoder(...,
+    least_layers=0)``)."""
+    if layers < 0:
+        raise ModelError(f"a decoder of {layers} layers: at least 0")
     key = "n_layer" if config.get("model_type") == "gpt2" else "num_hidden_layers"
     out = dict(config)
     out[key] = layers

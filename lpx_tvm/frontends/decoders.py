@@ -278,13 +278,15 @@ def spec_of(model, max_context: int, batch: int = 1, lanes: int = 320) -> Decode
     if isinstance(max_context, bool) or not isinstance(max_context, (int, np.integer)) or \
             isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or max_context < 1 or batch < 1:
         raise ModelError(f"max_context {max_context!r} and batch {batch!r} must be integers of at least 1")
-    cfg = check_decoder_config(model.config, int(max_context))
+    # A model already built: its config was checked when it was (a planner's sample may
+    # have no layers, only the embedding, the last norm and the head).
+    cfg = check_decoder_config(model.config, int(max_context), least_layers=0)
     params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     if family == "gpt2":
         heads = cfg["n_head"]
         return DecoderSpec(family, cfg["n_layer"], heads, heads, cfg["n_embd"] // heads, cfg["n_embd"],
                            cfg["vocab_size"], int(max_context), int(batch), params, lanes)
-    if family == "llama" and model.model.layers[0].self_attn.o_proj.bias is not None:
+    if family == "llama" and len(model.model.layers) and model.model.layers[0].self_attn.o_proj.bias is not None:
         raise ModelError("attention_bias=True on the output projection is not supported")
     heads = cfg["num_attention_heads"]
     return DecoderSpec(family, cfg["num_hidden_layers"], heads, cfg.get("num_key_value_heads") or heads,

@@ -197,7 +197,8 @@ def _chip_sample(config: dict, seed: int, cfg, batch: int, kw: dict, prompt_len:
     """(decode cycles, prefill cycles) of the decoder of ``config`` on one chip of preset
     ``cfg``, its embedding gathered on chip or (``embeds`` False, as the whole model's
     too large a table) sent by the host: a job a worker runs."""
-    s = compile_llm(load_decoder(config, seed), preset=cfg, batch=batch, prompt_len=prompt_len, embed_on_chip=embeds,
+    s = compile_llm(load_decoder(config, seed, least_layers=0), preset=cfg, batch=batch, prompt_len=prompt_len,
+                    embed_on_chip=embeds,
                     **kw)
     return s.decode.cycles, s.prefill_step(prompt_len).cycles
 

@@ -60,13 +60,13 @@ def quiet_transformers():
         hf_logging.set_verbosity(level)
 
 
-def load_decoder(model_or_config, seed: int = 0):
+def load_decoder(model_or_config, seed: int = 0, least_layers: int = 1):
     """A ``transformers`` causal LM in eval mode: the model itself, or one built with
     random fp32 weights (seeded; nothing is downloaded) from a config object, a dict, or
     the path of a ``config.json``. A config is checked before the model is built
     (:func:`~lpx_tvm.frontends.decoder_config.check_decoder_config`): a field the steps
     do not honour, or a model whose weights would not fit the host's memory, is refused
-    by name."""
+    by name. ``least_layers``: 0 for the planner's sample without layers."""
     from ..frontends import decoder_config
 
     torch = require_torch()
@@ -85,7 +85,7 @@ def load_decoder(model_or_config, seed: int = 0):
         raise ModelError(f"compile_llm expects a transformers model, a config or a config.json path, got "
                          f"{type(model_or_config).__name__}")
     try:
-        checked = decoder_config.check_decoder_config(cfg)
+        checked = decoder_config.check_decoder_config(cfg, least_layers=least_layers)
         if torch.get_default_device().type != "meta":  # a model of shapes only allocates nothing
             decoder_config.check_host_memory(checked)
     except ModelError as e:

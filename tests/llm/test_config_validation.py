@@ -191,5 +191,11 @@ def test_with_layers_keeps_per_layer_lists_in_step():
         assert transformers.AutoConfig.for_model(**derived).layer_types == types
     gpt2 = with_layers(GPT2, 3)
     assert gpt2["n_layer"] == 3 and "num_hidden_layers" not in gpt2
-    with pytest.raises(ModelError, match="0 layers"):
-        with_layers(LLAMA, 0)
+    # None: the planner's sample of the embedding, last norm and head alone, which the
+    # checks let through only when asked (a user's decoder has a layer at least).
+    assert with_layers(LLAMA, 0)["num_hidden_layers"] == 0
+    check_decoder_config(with_layers(LLAMA, 0), least_layers=0)
+    with pytest.raises(ModelError, match="num_hidden_layers 0"):
+        check_decoder_config(with_layers(LLAMA, 0))
+    with pytest.raises(ModelError, match="-1 layers"):
+        with_layers(LLAMA, -1)

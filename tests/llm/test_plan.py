@@ -180,3 +180,19 @@ def test_plan_cli(tmp_path, capsys):
     (m,) = json.loads(report.read_text())["mappings"]
     s = lpx_tvm.compile_llm(dict(CONFIG, num_hidden_layers=2), preset="tsp", precision="fp32", max_context=16)
     assert (m["decode_cycles_per_token"], m["ttft_cycles"]) == (s.decode.cycles, s.prefill_step(4).cycles)
+
+
+def test_a_share_too_large_for_two_layers_is_sampled_at_none_and_one():
+    """Where two layers of a chip's share do not fit (an eighth of a Llama-2-70B layer on a
+    TSP), the planner samples the share with no layer (embedding, last norm, head) and with
+    one: the sample without layers compiles (a user's config still needs a layer), and
+    the layer's increment is what one layer adds."""
+    from lpx_tvm.frontends.decoder_config import with_layers
+    from lpx_tvm.llm.capacity import CHIP_SAMPLED_LARGE, _chip_sample
+
+    assert CHIP_SAMPLED_LARGE == (0, 1)
+    cfg, kw = load_config("tsp"), dict(precision="fp16", max_context=32)
+    none, one = (_chip_sample(with_layers(CONFIG, n), 0, cfg, 1, kw, 8, True) for n in CHIP_SAMPLED_LARGE)
+    assert 0 < none[0] < one[0] and 0 < none[1] < one[1]
+    with pytest.raises(lpx_tvm.LPXError, match="num_hidden_layers 0"):
+        lpx_tvm.compile_llm(with_layers(CONFIG, 0), preset="tsp")
