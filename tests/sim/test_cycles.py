@@ -365,8 +365,8 @@ def test_builder_add_one_schedule():
     assert r.counters.by_tag["add_one"].busy_cycles == 3 * 64
 
 
-def test_builder_two_groups_share_a_slice_port():
-    """Two copies out of the same slice: the second read waits for the port (64 cycles)."""
+def _two_copies_of_one_slice():
+    """(builder, program): x on slice 0 copied to slices 4 and 5, a group each."""
     b = ProgramBuilder("mini")
     x = b.input("x", (64, 16), "int8", slices=[0])
     y1 = b.output("y1", (64, 16), "int8", slices=[4])
@@ -374,7 +374,12 @@ def test_builder_two_groups_share_a_slice_port():
     for y in (y1, y2):
         g = b.group("copy")
         g.write(g.read(x.tile(0)), y.tile(0))
-    prog = b.build()
+    return b, b.build()
+
+
+def test_builder_two_groups_share_a_slice_port():
+    """Two copies out of the same slice: the second read waits for the port (64 cycles)."""
+    _, prog = _two_copies_of_one_slice()
     reads = sorted(i.cycle for i in prog.instrs if i.op == "mem.read")
     assert reads == [0, 64]
     # second write: slice 5 (pos 8) from pos 2 = 6 hops: 64 + 2 + 6 = 72; last lands 72 + 63 + 2
@@ -392,14 +397,7 @@ def test_dependency_floor_frees_the_ports_but_keeps_the_chain():
     copies of the test above both read at 0, and the second lands at 8 + 63 + 2 = 73
     (137 - 64, the port's wait); a chain through SRAM (a copy, then a copy of the copy)
     keeps its order, so its floor is its schedule."""
-    b = ProgramBuilder("mini")
-    x = b.input("x", (64, 16), "int8", slices=[0])
-    y1 = b.output("y1", (64, 16), "int8", slices=[4])
-    y2 = b.output("y2", (64, 16), "int8", slices=[5])
-    for y in (y1, y2):
-        g = b.group("copy")
-        g.write(g.read(x.tile(0)), y.tile(0))
-    prog = b.build()
+    b, prog = _two_copies_of_one_slice()
     assert Simulator("mini").run(prog, timing_only=True).cycles == 137 and b.dependency_cycles == 73
     b = ProgramBuilder("mini")
     x = b.input("x", (64, 16), "int8", slices=[0])
