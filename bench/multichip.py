@@ -194,7 +194,7 @@ def main() -> None:
             feed[c][last.decode[c].ids] = [0]
         for c, s in last.decode.items():
             feed[c].update({n: np.zeros(last.local.cache_shape(name), np.float32)
-                            for n, name in zip(s.caches, last.local.cache_names)})
+                            for n, name in zip(s.caches, last.local.with_caches(len(s.caches)).cache_names)})
         t = time.perf_counter()
         r = last.sim.run(progs, feed)
         functional = time.perf_counter() - t

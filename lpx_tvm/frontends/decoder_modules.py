@@ -192,7 +192,8 @@ class Attention:
     cache: int
 
     def __call__(self, step, x, w, dense, caches, new_caches, mask, places, rope):
-        """``x`` plus the attention, the updated caches appended to ``new_caches``."""
+        """``x`` plus the attention; ``caches`` and ``new_caches`` by name
+        (``DecoderSpec.cache_names``), the updated ones put in ``new_caches``."""
         s, T = step.spec, step.steps
         B, NH, KVH, D = s.batch, s.heads, s.kv_heads, s.head_dim
         rep = NH // KVH
@@ -202,10 +203,10 @@ class Attention:
         k0, v0 = NH * D, (NH + KVH) * D
         heads = [None] * NH
         packs = s.value_packs
-        first = self.cache * (KVH + len(packs))  # this layer's caches: its key caches, then its value caches
+        c = self.cache
 
         def write_values(t):  # the new value rows into each pack's cache
-            return tuple(torch.ops.aten.index_put(caches[first + KVH + i], [places.rows, getattr(step, f"cols_{n * D}")],
+            return tuple(torch.ops.aten.index_put(caches[f"v_cache_{c}_{i}"], [places.rows, getattr(step, f"cols_{n * D}")],
                                                   t[:, v0 + g0 * D:v0 + (g0 + n) * D]) for i, (g0, n) in enumerate(packs))
 
         # Each op in its part of the layer (the program does not change with the names).
@@ -219,7 +220,7 @@ class Attention:
             def write_keys(k, g=g):  # the new keys into the group's key cache, stored K^T
                 # The new keys' columns placed by a product with the one-hot columns
                 # (exact: one term), the old ones kept elsewhere.
-                return caches[first + g] * places.keep + k.T @ places.columns
+                return caches[f"k_cache_{c}_{g}"] * places.keep + k.T @ places.columns
 
             def queries(t, g=g):  # the group's query rows (r, b, t), rotated
                 qs = [t[:, n * D:(n + 1) * D] for n in range(g * rep, (g + 1) * rep)]
@@ -235,7 +236,12 @@ class Attention:
             # C vectors at the 16-bit rate and a transpose of the scores (-33% cycles
             # of a decode step at C = 256).
             qg = at("self_attn.rotary" if rope is not None else "self_attn.scores")(queries, qkv)
-            scores = at("self_attn.scores")(lambda q, k: (q @ k) * step.scale + mask, qg, k_cache)  # [rep*B*T, B*C]
+            def scores_of(q, k):  # [rep*B*T, B*C]: each query head's rows meet the mask's (b, t) rows
+                s = (q @ k) * step.scale
+                return s + mask if mask.shape[0] == s.shape[0] else \
+                    (s.reshape(rep, B * T, -1) + mask).reshape(rep * B * T, -1)
+
+            scores = at("self_attn.scores")(scores_of, qg, k_cache)
             probs.append(at("self_attn.softmax")(torch.softmax, scores, -1))
 
         def values(v, *ps):  # p @ V of a pack's groups at once, cut into their heads
@@ -249,7 +255,8 @@ class Attention:
 
         for (g0, n), v_cache in zip(packs, v_caches):
             heads[g0 * rep:(g0 + n) * rep] = at("self_attn.values")(values, v_cache, *probs[g0:g0 + n])
-        new_caches += k_caches + list(v_caches)
+        new_caches.update({f"k_cache_{c}_{g}": k for g, k in enumerate(k_caches)})
+        new_caches.update({f"v_cache_{c}_{i}": v for i, v in enumerate(v_caches)})
 
         def project(x, *heads):  # the heads side by side [B*T, NH*D], o, the residual
             attn = torch.cat(heads, dim=1) if NH > 1 else heads[0]
@@ -376,8 +383,12 @@ class DecoderStep(torch.nn.Module):
         blocks = torch.full((B, T, B, C), -(2 * C + 2), dtype=i32)
         for k in range(B):
             blocks[k, :, k, :] = base
-        self.register_buffer("mask_base", blocks.reshape(1, B * T, B * C).repeat(rep, 1, 1)
-                             .reshape(rep * B * T, B * C))
+        # One block of rows (b, t), which the scores' rows (r, b, t) meet again for each
+        # query head r of a group. Stored rep times over (rep x 128 x 4,096 int32 for a
+        # 4k prompt) it crowded out of the SRAM the whole slices a 4k value cache needs
+        # (Llama-3-70B's eighth on LP30); a decode step pays about 1% for the repeat.
+        blocks = blocks.reshape(B * T, B * C)
+        self.register_buffer("mask_base", blocks)
         # The new keys' columns of a key cache (stored K^T): row (b, t) is column
         # b*C + position + t, where position + column_base is 0 ...
         cols = torch.arange(B * C, dtype=i32)
@@ -413,7 +424,7 @@ class DecoderStep(torch.nn.Module):
             mask = model("mask")(lambda p: torch.clamp((p + self.mask_base).to(x.dtype), -1.0, 0.0) * MASK_SCALE,
                                  position)
             places = model("positions")(self._cache_places, position, x.dtype)
-        new_caches = []
+        caches, new_caches = dict(zip(s.cache_names, caches)), {}
         for i, (names, block) in enumerate(zip(self.layer_buffers, self.blocks)):
             w = {key: getattr(self, n) if isinstance(n, str) else n for key, n in names.items()}
 
@@ -430,7 +441,7 @@ class DecoderStep(torch.nn.Module):
             if block.mlp is not None:
                 x = block.mlp(self, x, w, dense)
         if not self.last:  # the hidden rows, every token's, to the next stage
-            return (x, *new_caches)
+            return (x, *(new_caches[n] for n in s.cache_names))
         def last_norm(x):  # [B, H]: the last token's rows, normalized
             if T > 1:
                 x = x.reshape(B, T, s.hidden)[:, T - 1:T].reshape(B, s.hidden)
@@ -450,7 +461,7 @@ class DecoderStep(torch.nn.Module):
         at = self.scope()
         logits = at("lm_head")(head, model("norm")(last_norm, x))
         next_ids = at("argmax")(lambda t: t.argmax(-1, keepdim=True).to(torch.int32), logits)
-        return (next_ids, logits, *new_caches)
+        return (next_ids, logits, *(new_caches[n] for n in s.cache_names))
 
     def _cache_places(self, position, dtype) -> "CachePlaces":
         """Where the step's new tokens go in the caches (arithmetic on the position)."""

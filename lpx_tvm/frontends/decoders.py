@@ -3,8 +3,8 @@
 A static-shape machine cannot run ``transformers``' generation loop, so the model's
 config and weights are rebuilt as plain torch modules of one signature::
 
-    step(input_ids int32 [B*T], position int32 [1], k_cache_0_0, k_cache_0_1, ..., v_cache_0_0, ...)
-        -> (next_ids int32 [B, 1], logits [B, V], k_cache_0_0', ...)
+    step(input_ids int32 [B*T], position int32 [1], v_cache_0_0, ..., k_cache_0_0, k_cache_0_1, ...)
+        -> (next_ids int32 [B, 1], logits [B, V], v_cache_0_0', ..., k_cache_0_0', ...)
 
 ``T`` is the prompt length for the prefill step (at position 0) and 1 for the decode
 step. Each (layer, kv head) has a key and a value cache of its own, ``[B*C, D]`` with
@@ -80,11 +80,16 @@ class DecoderSpec:
 
     @property
     def cache_names(self) -> list:
-        """The caches in step-argument order: for each layer, each kv head's key cache, then
-        each pack's value cache."""
-        return [name for i in range(self.layers) for name in
-                [f"k_cache_{i}_{g}" for g in range(self.kv_heads)] +
-                [f"v_cache_{i}_{k}" for k in range(len(self.value_packs))]]
+        """The caches in step-argument order: every layer's value caches (a pack's each),
+        then every layer's key caches (a kv head's each). The compiler places a step's
+        inputs in this order: the value caches, a lane tile of ``B*C`` rows in one slice
+        each, before the key caches' small tiles spread over the slices they would need."""
+        return [f"v_cache_{i}_{k}" for i in range(self.layers) for k in range(len(self.value_packs))] + \
+            [f"k_cache_{i}_{g}" for i in range(self.layers) for g in range(self.kv_heads)]
+
+    def with_caches(self, count: int) -> "DecoderSpec":
+        """This spec for a step of ``count`` caches (a pipeline stage's attending layers)."""
+        return replace(self, layers=count // (self.kv_heads + len(self.value_packs)))
 
     @property
     def cache_values(self) -> int:

@@ -34,7 +34,7 @@ def test_stages_compose_to_the_whole_step(kind, split):
     ids = torch.as_tensor(np.random.default_rng(0).integers(0, 320, 5), dtype=torch.int32)
     _, position, *caches = decoders.example_inputs(spec, 5)
     want = decoders.decoder_step(model, spec, 5)(ids, position, *caches)
-    x, got_caches = ids, []
+    x, got_caches, layers_before = ids, {}, 0
     stages = SPLIT if split else decoders.stages_of(spec.layers, 2)
     if split:
         assert [decoders.stage_spec(spec, st).layers for st in stages] == [1, 1, 0]
@@ -46,9 +46,16 @@ def test_stages_compose_to_the_whole_step(kind, split):
         if stage.last:
             logits, *rest = rest
             torch.testing.assert_close(logits, want[1], rtol=0, atol=0)
-        got_caches += rest
+        # The stage's caches by the whole step's names: its attending layers come after
+        # the earlier stages'.
+        mine_spec = decoders.stage_spec(spec, stage)
+        for name, cache in zip(mine_spec.cache_names, rest, strict=True):
+            kind_, layer, head = name.rsplit("_", 2)
+            got_caches[f"{kind_}_{int(layer) + layers_before}_{head}"] = cache
+        layers_before += mine_spec.layers
     assert torch.equal(x, want[0])
-    assert all(torch.equal(a, b) for a, b in zip(got_caches, want[2:], strict=True))
+    assert sorted(got_caches) == sorted(spec.cache_names)
+    assert all(torch.equal(got_caches[n], b) for n, b in zip(spec.cache_names, want[2:], strict=True))
 
 
 def test_stages_of_split_layers_evenly():
