@@ -32,7 +32,6 @@ import argparse
 import json
 import time
 
-import numpy as np
 
 import lpx_tvm
 from lpx_tvm.llm.capacity import plan
@@ -193,8 +192,7 @@ def main() -> None:
         for c in last.groups[0]:
             feed[c][last.decode[c].ids] = [0]
         for c, s in last.decode.items():
-            feed[c].update({n: np.zeros(last.local.cache_shape(name), np.float32)
-                            for n, name in zip(s.caches, last.local.with_caches(len(s.caches)).cache_names)})
+            feed[c].update(last.local.with_caches(len(s.caches)).zero_caches(s.caches))
         t = time.perf_counter()
         r = last.sim.run(progs, feed)
         functional = time.perf_counter() - t

@@ -238,8 +238,7 @@ class Attention:
             qg = at("self_attn.rotary" if rope is not None else "self_attn.scores")(queries, qkv)
             def scores_of(q, k):  # [rep*B*T, B*C]: each query head's rows meet the mask's (b, t) rows
                 s = (q @ k) * step.scale
-                return s + mask if mask.shape[0] == s.shape[0] else \
-                    (s.reshape(rep, B * T, -1) + mask).reshape(rep * B * T, -1)
+                return s + mask if rep == 1 else (s.reshape(rep, B * T, -1) + mask).reshape(rep * B * T, -1)
 
             scores = at("self_attn.scores")(scores_of, qg, k_cache)
             probs.append(at("self_attn.softmax")(torch.softmax, scores, -1))

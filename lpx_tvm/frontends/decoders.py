@@ -87,6 +87,11 @@ class DecoderSpec:
         return [f"v_cache_{i}_{k}" for i in range(self.layers) for k in range(len(self.value_packs))] + \
             [f"k_cache_{i}_{g}" for i in range(self.layers) for g in range(self.kv_heads)]
 
+    def zero_caches(self, inputs) -> dict:
+        """Empty caches for a program's cache inputs ``inputs`` (in ``cache_names`` order):
+        a new request's prefill starts from them."""
+        return {n: np.zeros(self.cache_shape(name), np.float32) for n, name in zip(inputs, self.cache_names)}
+
     def with_caches(self, count: int) -> "DecoderSpec":
         """This spec for a step of ``count`` caches (a pipeline stage's attending layers)."""
         return replace(self, layers=count // (self.kv_heads + len(self.value_packs)))

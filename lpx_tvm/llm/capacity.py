@@ -198,8 +198,7 @@ def _chip_sample(config: dict, seed: int, cfg, batch: int, kw: dict, prompt_len:
     ``cfg``, its embedding gathered on chip or (``embeds`` False, as the whole model's
     too large a table) sent by the host: a job a worker runs."""
     s = compile_llm(load_decoder(config, seed, least_layers=0), preset=cfg, batch=batch, prompt_len=prompt_len,
-                    embed_on_chip=embeds,
-                    **kw)
+                    embed_on_chip=embeds, **kw)
     return s.decode.cycles, s.prefill_step(prompt_len).cycles
 
 
@@ -339,8 +338,8 @@ class _Runs:
         config = self._config(2) if t == 1 else shard_config(self._config(2), t)
         with torch.device("meta"):
             two = load_decoder(config, self.seed)
-        spec, cfg, precision = decoders.spec_of(two, self.kw["max_context"], batch,
-                                                                         self.system.config.lanes), self.system.config, self.kw["precision"]
+        cfg, precision = self.system.config, self.kw["precision"]
+        spec = decoders.spec_of(two, self.kw["max_context"], batch, cfg.lanes)
         problem = fit_problem(spec, cfg, precision, matrix_parameters(two),
                               host_table_values(two, spec, cfg, precision, self.embeds))
         self._chip_layers[t, batch] = CHIP_SAMPLED_LARGE if problem else CHIP_SAMPLED

@@ -406,8 +406,7 @@ class LLMSession:
         feed = {step.ids: tokens, step.position: np.array([position], np.int32)}
         keep = step.caches
         if fresh:  # a new request: its prefill starts from empty caches
-            feed.update({n: np.zeros(self.spec.cache_shape(name), np.float32)
-                           for n, name in zip(step.caches, self.spec.cache_names)})
+            feed.update(self.spec.zero_caches(step.caches))
             keep = ()
         wanted = [step.next_ids] + ([step.logits] if logits else [])
         return self.chip.run(step.program, feed, keep=keep, outputs=wanted)

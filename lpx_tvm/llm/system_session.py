@@ -167,9 +167,8 @@ class SystemLLMSession:
             if c in self.groups[0]:  # the later stages receive their rows from the stage before
                 feed[c][step.ids] = tokens
             if fresh:  # a new request: its prefill starts from empty caches
-                stage = self.local.with_caches(len(step.caches))  # its attending layers' caches
-                feed[c].update({n: np.zeros(stage.cache_shape(name), np.float32)
-                                for n, name in zip(step.caches, stage.cache_names)})
+                # the stage's attending layers' caches
+                feed[c].update(self.local.with_caches(len(step.caches)).zero_caches(step.caches))
             else:
                 keep[c] = step.caches
         r = self.sim.run(self.programs(steps), feed, keep=keep)
