@@ -147,7 +147,9 @@ class SramPlan:
     def __init__(self, config: LPXConfig, image: ProgramImage):
         self.config = config
         self.image = image
-        self.allocator = SramAllocator(config.mem_slices, config.lines_per_slice)
+        vxm = config.position("VXM")
+        self.allocator = SramAllocator(config.mem_slices, config.lines_per_slice,
+                                       [abs(config.position("MEM", s) - vxm) for s in range(config.mem_slices)])
         self._constants = set()
         self._const_cache = {}  # (shape, dtype, row_align, bytes) -> SramTensor
         self._pinned = {}  # input name -> the layout another program of the session gave it
