@@ -14,7 +14,7 @@ Within each of those tiers, a small value (``NEAR_LINES``) goes to the slice nea
 VXM: a decode step is a chain of small values that each cross from their slice to the VXM
 and back, so a value ~35 hops away costs ~70 cycles of stream travel per op where a near
 one costs a few (on tsp a 107M Llama's int8 step took 42,009 cycles with the lowest slice
-index winning ties, 28,185 nearest first). Lines never used are not recent: counting them
+index winning ties, 28,697 nearest first). Lines never used are not recent: counting them
 so ordered cache writes behind unrelated reads.
 """
 

@@ -552,7 +552,10 @@ def _program(kind, place: ChipPlace, rows: int, dt: DType):
         v = g.read(_region(x, r - first, n))
         for d in place.peers:
             g.send(place.port(d), v)
-        g.write(v, _region(y, r, n))
+        # Copied in a pass of its own: a value flows one way from its slice, and the links
+        # attach at the VXM, which may lie on the other side of it from y's slice.
+        g = b.group(f"{kind}.copy")
+        g.write(g.read(_region(x, r - first, n)), _region(y, r, n))
     for d in place.peers:
         for r, n in pieces(d):
             place.expect(b, d)
