@@ -225,7 +225,9 @@ class Attention:
             def queries(t, g=g):  # the group's query rows (r, b, t), rotated
                 qs = [t[:, n * D:(n + 1) * D] for n in range(g * rep, (g + 1) * rep)]
                 qg = torch.cat(qs, dim=0) if rep > 1 else qs[0]  # [rep*B*T, D]
-                return qg if rope is None else rotary(qg, rope[0], rope[1])
+                # Scaled by 1/sqrt(D) here, beside the keys' longer chain through the cache,
+                # rather than as a pass over the scores after them.
+                return (qg if rope is None else rotary(qg, rope[0], rope[1])) * step.scale
 
             k = at("self_attn.rotary" if rope is not None else "self_attn.kv_cache")(keys, qkv)
             k_cache = at("self_attn.kv_cache")(write_keys, k)
@@ -237,7 +239,7 @@ class Attention:
             # of a decode step at C = 256).
             qg = at("self_attn.rotary" if rope is not None else "self_attn.scores")(queries, qkv)
             def scores_of(q, k):  # [rep*B*T, B*C]: each query head's rows meet the mask's (b, t) rows
-                s = (q @ k) * step.scale
+                s = q @ k  # q carries the scale
                 return s + mask if rep == 1 else (s.reshape(rep, B * T, -1) + mask).reshape(rep * B * T, -1)
 
             scores = at("self_attn.scores")(scores_of, qg, k_cache)

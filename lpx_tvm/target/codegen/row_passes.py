@@ -65,11 +65,12 @@ TREE_COMBINES = ("vxm.max", "vxm.min")
 
 
 def reduce_tiles(ctx: LoweringContext, tag: str, x: Stored, acc: Stored, r0: int, r1: int, reduce: str,
-                 combine: str, each=None, scale=None):
+                 combine: str, each=None, scale=None, last=None):
     """Reduce rows r0 .. r1 of ``x`` across all its lanes into ``acc`` (fp32, one tile;
     the reduction fills each vector), one group per lane tile: the tile in fp32,
     transformed by ``each(group, tile, value)`` when given, reduced over its valid
-    lanes, combined with the tiles before it, and multiplied by ``scale`` at the last."""
+    lanes, combined with the tiles before it, and multiplied by ``scale`` at the last,
+    or transformed there by ``last(group, value)`` (in the same pass: no group of its own)."""
     lanes, f32, ntiles = ctx.cfg.lanes, ctx.acc, x.tensor.ntiles
     dst = one(acc.tensor.segments(0, r0, r1))
     cols = x.tensor.layout.cols
@@ -93,6 +94,8 @@ def reduce_tiles(ctx: LoweringContext, tag: str, x: Stored, acc: Stored, r0: int
             v = g.vxm(combine, v, g.read(dst))
         if scale is not None and k == len(runs) - 1:
             v = g.vxm("vxm.mul", v, imm=scale)
+        if last is not None and k == len(runs) - 1:
+            v = last(g, v)
         g.write(v, dst)
 
 

@@ -33,7 +33,7 @@ def lower_norm(ctx: LoweringContext, op: RegionOp, is_output: bool):
                              dtype=f32))
     var = ctx.temp(new_value(ctx, f"{op.out}.var", (rows, lanes), avoid=[x, cen] + ([mean] if mean else []),
                              dtype=f32))
-    # gamma and beta, each read beside the centered values (none when 1 and 0)
+    # gamma and beta, read beside the centered values and the scale (none when 1 and 0)
     affine = []
     params = [(op.main.args[1], True, 1.0, "vxm.mul")] if rms else \
         [(op.main.args[1], a.get("scale", True), 1.0, "vxm.mul"),
@@ -42,7 +42,8 @@ def lower_norm(ctx: LoweringContext, op: RegionOp, is_output: bool):
         v = np.broadcast_to(np.asarray(arg.const, np.float32).reshape(-1), (cols,)) if use else None
         if v is not None and np.any(v != neutral):
             t = ctx.temp(ctx.builder.constant(f"{op.out}.{'gamma' if neutral else 'beta'}", v.reshape(1, cols),
-                                              f32, avoid=slices_of([cen])))
+                                              f32, avoid=slices_of([cen, var]) +
+                                              [sl for _, u in affine for sl, _ in u.layout.tiles]))
             affine.append((vop, t))
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[cen, var])
     tag = op.out
@@ -60,20 +61,17 @@ def lower_norm(ctx: LoweringContext, op: RegionOp, is_output: bool):
                 d = g.vxm("vxm.sub", v, g.read(seg(mean, 0, r0, r1)))
             g.write(d, seg(cen, j, r0, r1))
             return g.vxm("vxm.mul", d, d)
-        reduce_tiles(ctx, f"{tag}.var", x, var, r0, r1, "vxm.reduce_sum", "vxm.add", each=squares, scale=1.0 / cols)
-        g = ctx.builder.group(f"{tag}.var")
-        v = g.vxm("vxm.add", g.read(seg(var, 0, r0, r1)), imm=eps)
-        g.write(g.vxm("vxm.rsqrt", v), seg(var, 0, r0, r1))
+        # 1 / sqrt(var + eps) in the pass that sums the squares (no pass of its own).
+        reduce_tiles(ctx, f"{tag}.var", x, var, r0, r1, "vxm.reduce_sum", "vxm.add", each=squares, scale=1.0 / cols,
+                     last=lambda g, v: g.vxm("vxm.rsqrt", g.vxm("vxm.add", v, imm=eps)))
         for j in range(x.tensor.ntiles):
-            # One read beside the centered values per group: each pass writes them back.
-            steps = [("vxm.mul", seg(var, 0, r0, r1))] + [(vop, t.tile(j).repeat(n)) for vop, t in affine]
-            for k, (vop, other) in enumerate(steps):
-                g = ctx.builder.group(f"{tag}.affine")
-                v = g.vxm(vop, g.read(seg(cen, j, r0, r1)), g.read(other))
-                if k == len(steps) - 1:
-                    finish(g, v, seg(y, j, r0, r1))
-                else:
-                    g.write(v, seg(cen, j, r0, r1))
+            # One pass a tile: the centered values, the scale and gamma (and beta) each
+            # read through its own slice's port.
+            g = ctx.builder.group(f"{tag}.affine")
+            v = g.vxm("vxm.mul", g.read(seg(cen, j, r0, r1)), g.read(seg(var, 0, r0, r1)))
+            for vop, t in affine:
+                v = g.vxm(vop, v, g.read(t.tile(j).repeat(n)))
+            finish(g, v, seg(y, j, r0, r1))
     ctx.values[op.out] = y
 
 

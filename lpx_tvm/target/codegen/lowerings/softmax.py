@@ -15,8 +15,9 @@ from ..values import new_value
 @register_lowering("nn.softmax")
 def lower_softmax(ctx: LoweringContext, op: RegionOp, is_output: bool):
     """Per run of rows, the row maximum over every lane tile (``reduce_max`` fills its
-    vector with it), then exp(x - max) kept in fp32 with its running row sum, then the
-    scaling by the sum's reciprocal."""
+    vector with it), then exp(x - max) kept in fp32 with its running row sum, whose
+    reciprocal the same pass writes, then the scaling by it: three passes over the rows,
+    each a step of a decode step's chain."""
     x = ctx.value(op.main.args[0])
     assert not x.nhwc, "the softmax pattern refuses 4-D values (their last axis spans vectors)"
     lay = x.tensor.layout
@@ -35,9 +36,8 @@ def lower_softmax(ctx: LoweringContext, op: RegionOp, is_output: bool):
             e = g.vxm("vxm.exp", g.vxm("vxm.sub", v, g.read(seg(mx, 0, r0, r1))))
             g.write(e, seg(ex, j, r0, r1))
             return e
-        reduce_tiles(ctx, f"{tag}.exp", x, sm, r0, r1, "vxm.reduce_sum", "vxm.add", each=exp)
-        g = ctx.builder.group(f"{tag}.sum")
-        g.write(g.vxm("vxm.recip", g.read(seg(sm, 0, r0, r1))), seg(sm, 0, r0, r1))
+        reduce_tiles(ctx, f"{tag}.exp", x, sm, r0, r1, "vxm.reduce_sum", "vxm.add", each=exp,
+                     last=lambda g, v: g.vxm("vxm.recip", v))
         for j in range(x.tensor.ntiles):
             g = ctx.builder.group(f"{tag}.scale")
             v = g.vxm("vxm.mul", g.read(seg(ex, j, r0, r1)), g.read(seg(sm, 0, r0, r1)))

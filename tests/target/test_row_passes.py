@@ -1,0 +1,65 @@
+"""Softmax and the norms in as few passes over their rows as the VXM allows: each pass is a
+read, a trip to the VXM and a write, a step of a decode step's chain of dependent ops.
+Counted by hand from the lowerings, and checked against torch."""
+
+import collections
+
+import numpy as np
+import pytest
+import torch
+
+import lpx_tvm
+
+ROWS, COLS = 2, 700  # three lane tiles on tsp (320, 320 and 60 lanes)
+
+
+class RowOp(torch.nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+
+    def forward(self, x):
+        return self.op(x * 1.5)
+
+
+def _writes_by_pass(compiled) -> collections.Counter:
+    """How many SRAM writes each pass kind (the last part of its group's tag) issues."""
+    (region,) = compiled.executable.regions.values()
+    return collections.Counter(i.tag.rsplit(".", 1)[-1] for i in region.program.instrs if i.op == "mem.write")
+
+
+def _compiled(op):
+    torch.manual_seed(0)
+    model, x = RowOp(op).eval(), torch.randn(ROWS, COLS) * 3
+    compiled = lpx_tvm.from_torch(model, (x,), preset="tsp", precision="fp32")
+    got = compiled.run([x.numpy()])["output_0"]
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-4, atol=1e-5)
+    return _writes_by_pass(compiled)
+
+
+def test_softmax_writes_its_reciprocal_in_the_sum_pass():
+    writes = _compiled(torch.nn.Softmax(dim=-1))
+    # max: one pass over the three tiles (one write); exp: a group a tile, each writing its
+    # exp(x - max) and the running sum (6), the last the sum's reciprocal; scale: 3.
+    assert writes["max"] == 1 and writes["exp"] == 6 and writes["scale"] == 3
+    assert "sum" not in writes
+
+
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+def test_a_norm_scales_each_tile_in_one_pass(norm):
+    gamma = torch.rand(COLS) + 0.5
+    if norm == "rms":
+        op = torch.nn.RMSNorm(COLS, eps=1e-6)
+        with torch.no_grad():
+            op.weight.copy_(gamma)
+    else:
+        op = torch.nn.LayerNorm(COLS)
+        with torch.no_grad():
+            op.weight.copy_(gamma)
+            op.bias.copy_(torch.rand(COLS) - 0.5)
+    writes = _compiled(op)
+    # var: a group a tile, each writing its centered values and the running sum of squares
+    # (6), the last 1 / sqrt(var + eps); affine: one pass a tile, x * that * gamma (+ beta).
+    assert writes["var"] == 6 and writes["affine"] == 3
+    assert ("mean" in writes) == (norm == "layer")
