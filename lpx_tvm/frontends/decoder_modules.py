@@ -44,11 +44,16 @@ def layer_norm(x, w, b, eps):
     return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps)
 
 
-def rotary(x, cos, sin_signed):
+def rotary(x, cos, sin_signed, lanes=None):
     """RoPE of rows ``x`` ([rows, head_dim]): ``x * cos + rotate_half(x) * sin``, the
-    halves swapped and the sine's first half negated (the tables' rows, x's)."""
-    half = x.shape[1] // 2
-    return x * cos + torch.cat([x[:, half:], x[:, :half]], dim=1) * sin_signed
+    halves swapped and the sine's first half negated (the tables' rows, x's). With
+    ``lanes`` (a slice of the last axis), of ``x[:, lanes]``, its halves swapped straight
+    from ``x``: one lane permute beside the slice, not after it."""
+    if lanes is None:
+        lanes = slice(0, x.shape[1])
+    a, b = lanes.start, lanes.stop
+    half = (b - a) // 2
+    return x[:, a:b] * cos + torch.cat([x[:, a + half:b], x[:, a:a + half]], dim=1) * sin_signed
 
 
 def swiglu(dense, h_in):
@@ -214,8 +219,8 @@ class Attention:
         k_caches, probs = [], []
         for g in range(KVH):
             def keys(t, g=g):  # the group's key rows, rotated
-                k = t[:, k0 + g * D:k0 + (g + 1) * D]
-                return k if rope is None else rotary(k, rope[2], rope[3])
+                lanes = slice(k0 + g * D, k0 + (g + 1) * D)
+                return t[:, lanes] if rope is None else rotary(t, rope[2], rope[3], lanes)
 
             def write_keys(k, g=g):  # the new keys into the group's key cache, stored K^T
                 # The new keys' columns placed by a product with the one-hot columns
