@@ -43,7 +43,8 @@ class SramAllocator:
 
     def __init__(self, slices: int, lines: int, hops=None):
         self.lines = lines
-        self.hops = list(hops) if hops is not None else [0] * slices  # each slice's distance to the VXM
+        # Each slice's distance to the VXM, in buckets of HOP_BUCKET hops (0: nearest).
+        self.near = [h // HOP_BUCKET for h in hops] if hops is not None else [0] * slices
         # Sorted (start, length, freed) per slice; ``freed``: when the hole's lines were last
         # freed (a count of frees; 0: never used).
         self._free = [[(0, lines, 0)] for _ in range(slices)]
@@ -76,6 +77,7 @@ class SramAllocator:
         the lowest hole of the slice nearest the VXM where it raises the working-space mark
         least — keeping the tops of slices free for constants — then the least-used slice."""
         candidates = [slice] if slice is not None else [s for s in range(len(self._free)) if s not in avoid]
+        small = lines <= NEAR_LINES
         best, best_key = None, None
         for s in candidates:
             for a, length, freed in self._free[s]:
@@ -89,8 +91,7 @@ class SramAllocator:
                 mark = max(self.high[s], a + lines)
                 raises = mark > max(self.high[s], self.floor[s] // 2)
                 recent = freed > 0 and freed > self._frees - self.RECENT
-                near = self.hops[s] // HOP_BUCKET if lines <= NEAR_LINES else 0
-                key = (2 if raises else int(recent), near, mark, freed, self.used[s], s, a)
+                key = (2 if raises else int(recent), self.near[s] if small else 0, mark, freed, self.used[s], s, a)
                 if best_key is None or key < best_key:
                     best, best_key = (s, a), key
         if best is None:

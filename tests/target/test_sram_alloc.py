@@ -25,7 +25,7 @@ def test_slices_within_a_bucket_count_as_equally_near():
     # hops 1 and 2 share bucket 0: the lower mark wins, then the lower slice
     alloc = SramAllocator(3, 100, hops=[7, 2, 1])
     assert alloc.alloc(1) == (1, 0)
-    assert alloc.alloc(1) == (2, 0)  # slice 1's mark is 1 now, slice 2's would be 1 too: used 0 < 1
+    assert alloc.alloc(1) == (2, 0)  # slice 1's mark would rise to 2, slice 2's only to 1
 
 
 def test_never_used_lines_are_not_recently_freed():
