@@ -125,8 +125,10 @@ def _swap_first(ctx: LoweringContext, x: Stored, y: Stored, tag: str):
 
 @register_lowering("concat")
 def lower_concat(ctx: LoweringContext, op: RegionOp, is_output: bool):
-    """Concatenate along channels: move each input's lanes into place with one SXM
-    permute (the other lanes become zero) and add the disjoint pieces of each output tile."""
+    """Concatenate along channels: move each input's lanes into place with an SXM permute
+    (the other lanes become zero) and add the disjoint pieces of each output tile. Two
+    pieces of a tile on different slices go in one group, one through each SXM: a tile
+    of h pieces is a chain of about h / 2 groups, not h."""
     axis = op.main.attrs.get("axis", 1)
     axis = axis[0] if isinstance(axis, list) else axis
     parts = [ctx.value(v) for v in op.main.args]
@@ -139,27 +141,37 @@ def lower_concat(ctx: LoweringContext, op: RegionOp, is_output: bool):
     beside = [_moved_into(ctx, [LaneMove(0, 0, 0, 0, sum(widths[:i]), w)], stored_shape(op.shape))
               for i, w in enumerate(widths)]
     y = new_value(ctx, op.out, op.shape, is_output, avoid=parts, beside=beside)
-    rows = y.tensor.layout.rows
-    written = set()
+    pieces = {}  # output tile -> [(input, its tile, first lane there, first lane in the output tile, lanes)]
     offset = 0
-    for x in parts:
-        cx = x.shape[1] if rank == 4 else x.shape[-1]
+    for x, cx in zip(parts, widths):
         for ch0 in range(0, cx, lanes):
             done, width_in = 0, min(lanes, cx - ch0)
             while done < width_in:
                 tile, b = divmod(offset + ch0 + done, lanes)
                 length = min(width_in - done, lanes - b)
-                for r0, r1 in runs(rows, lambda r: (chunk_of(x.tensor, r), chunk_of(y.tensor, r))):
-                    g = ctx.builder.group(f"{op.out}.concat")
-                    v = g.read(one(x.tensor.segments(ch0 // lanes, r0, r1)))
-                    v = g.sxm("sxm.permute", v, map=lane_map(ctx, done, b, length))
-                    out = one(y.tensor.segments(tile, r0, r1))
-                    if tile in written:
-                        v = g.vxm("vxm.add", v, g.read(out))
-                    g.write(v, out)
-                written.add(tile)
+                pieces.setdefault(tile, []).append((x, ch0 // lanes, done, b, length))
                 done += length
         offset += cx
+    for tile, ps in pieces.items():
+        key = lambda r, ps=ps: tuple(chunk_of(x.tensor, r) for x, *_ in ps) + (chunk_of(y.tensor, r),)  # noqa: E731
+        for r0, r1 in runs(y.tensor.layout.rows, key):
+            out = one(y.tensor.segments(tile, r0, r1))
+            segs = [one(x.tensor.segments(t, r0, r1)) for x, t, *_ in ps]
+            i = 0
+            while i < len(ps):
+                # A pair when the two inputs (and the tile so far, read back) sit on three slices.
+                pair = i + 1 < len(ps) and len({segs[i].slice, segs[i + 1].slice} | ({out.slice} if i else set())) \
+                    == 2 + bool(i)
+                g = ctx.builder.group(f"{op.out}.concat")
+                v = None
+                for k, (_, _, src, dst, length) in enumerate(ps[i:i + 1 + pair]):
+                    w = g.sxm("sxm.permute", g.read(segs[i + k]), map=lane_map(ctx, src, dst, length),
+                              unit=k if pair else None)
+                    v = w if v is None else g.vxm("vxm.add", v, w)
+                if i:
+                    v = g.vxm("vxm.add", v, g.read(out))
+                g.write(v, out)
+                i += 1 + pair
     ctx.values[op.out] = y
 
 
