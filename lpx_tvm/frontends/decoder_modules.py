@@ -186,6 +186,7 @@ class CachePlaces(NamedTuple):
     rows: object
     columns: object
     keep: object
+    new_columns: object = None
 
 
 @dataclass(frozen=True)
@@ -216,39 +217,56 @@ class Attention:
 
         # Each op in its part of the layer (the program does not change with the names).
         v_caches = at("self_attn.kv_cache")(write_values, qkv)
-        k_caches, probs = [], []
-        for g in range(KVH):
-            def keys(t, g=g):  # the group's key rows, rotated
-                lanes = slice(k0 + g * D, k0 + (g + 1) * D)
-                return t[:, lanes] if rope is None else rotary(t, rope[2], rope[3], lanes)
+        def keys(t, g):  # group g's key rows, rotated
+            lanes = slice(k0 + g * D, k0 + (g + 1) * D)
+            return t[:, lanes] if rope is None else rotary(t, rope[2], rope[3], lanes)
 
-            def write_keys(k, g=g):  # the new keys into the group's key cache, stored K^T
-                # The new keys' columns placed by a product with the one-hot columns
-                # (exact: one term), the old ones kept elsewhere.
-                return caches[f"k_cache_{c}_{g}"] * places.keep + k.T @ places.columns
+        def write_keys(k, g):  # the new keys into group g's key cache, stored K^T
+            # The new keys' columns placed by a product with the one-hot columns
+            # (exact: one term), the old ones kept elsewhere.
+            return caches[f"k_cache_{c}_{g}"] * places.keep + k.T @ places.columns
 
-            def queries(t, g=g):  # the group's query rows (r, b, t), rotated
-                qs = [t[:, n * D:(n + 1) * D] for n in range(g * rep, (g + 1) * rep)]
-                qg = torch.cat(qs, dim=0) if rep > 1 else qs[0]  # [rep*B*T, D]
-                # Scaled by 1/sqrt(D) here, beside the keys' longer chain through the cache,
-                # rather than as a pass over the scores after them.
-                return (qg if rope is None else rotary(qg, rope[0], rope[1])) * step.scale
+        def queries(t, g):  # group g's query rows (r, b, t), rotated
+            # Each head rotated straight from the q/k/v rows, as a key is, then the heads
+            # stacked; scaled by 1/sqrt(D) here rather than as a pass over the scores
+            # after them (with RoPE, by the queries' tables, scaled beside the chain).
+            heads = range(g * rep, (g + 1) * rep)
+            qs = [t[:, n * D:(n + 1) * D] * step.scale if rope is None else
+                  rotary(t, rope[0], rope[1], slice(n * D, (n + 1) * D)) for n in heads]
+            return torch.cat(qs, dim=0) if rep > 1 else qs[0]  # [rep*B*T, D]
 
-            k = at("self_attn.rotary" if rope is not None else "self_attn.kv_cache")(keys, qkv)
-            k_cache = at("self_attn.kv_cache")(write_keys, k)
-            k_caches.append(k_cache)
-            # The group's query heads share one pass over its keys: rows (r, b, t). The
-            # key cache, stored as K^T, is installed as it lies and the few query rows
-            # stream through; streaming the C key rows past installed queries cost
-            # C vectors at the 16-bit rate and a transpose of the scores (-33% cycles
-            # of a decode step at C = 256).
-            qg = at("self_attn.rotary" if rope is not None else "self_attn.scores")(queries, qkv)
-            def scores_of(q, k):  # [rep*B*T, B*C]: each query head's rows meet the mask's (b, t) rows
-                s = q @ k  # q carries the scale
-                return s + mask if rep == 1 else (s.reshape(rep, B * T, -1) + mask).reshape(rep * B * T, -1)
+        def masked(s):  # [rep*B*T, B*C]: each query head's rows meet the mask's (b, t) rows
+            return s + mask if rep == 1 else (s.reshape(rep, B * T, -1) + mask).reshape(rep * B * T, -1)
 
-            scores = at("self_attn.scores")(scores_of, qg, k_cache)
-            probs.append(at("self_attn.softmax")(torch.softmax, scores, -1))
+        def scores_of(q, k):
+            return masked(q @ k)  # q carries the scale
+
+        def decode_scores(q, old, k):  # as scores_of(q, the cache with the new keys)
+            # The old cache's new columns are zero (a request's caches start empty and a
+            # step writes only its own columns), so q @ old is 0 there; (q * k) @
+            # new_columns puts each query row's product with its own key in every new
+            # column (the mask hides the other rows'), beside q @ old, not after it.
+            qk = q * k if rep == 1 else (q.reshape(rep, B, D) * k).reshape(rep * B, D)
+            return q @ old + masked(qk @ places.new_columns)
+
+        # Every group's keys and queries first, then the scores: a program's order is its
+        # schedule's, so a group's rows are not held up behind the scores before them.
+        # The group's query heads share one pass over its keys: rows (r, b, t). The key
+        # cache, stored as K^T, is installed as it lies and the few query rows stream
+        # through; streaming the C key rows past installed queries cost C vectors at the
+        # 16-bit rate and a transpose of the scores (-33% cycles of a decode step at C = 256).
+        ks = [at("self_attn.rotary" if rope is not None else "self_attn.kv_cache")(keys, qkv, g) for g in range(KVH)]
+        qgs = [at("self_attn.rotary" if rope is not None else "self_attn.scores")(queries, qkv, g) for g in range(KVH)]
+        if T == 1:
+            # A decode step meets each cache as it was, the new keys' products added: the
+            # keys' way into the caches (a transpose, a blend) is off the chain.
+            scores = [at("self_attn.scores")(decode_scores, q, caches[f"k_cache_{c}_{g}"], k)
+                      for g, (q, k) in enumerate(zip(qgs, ks))]
+            k_caches = [at("self_attn.kv_cache")(write_keys, k, g) for g, k in enumerate(ks)]
+        else:
+            k_caches = [at("self_attn.kv_cache")(write_keys, k, g) for g, k in enumerate(ks)]
+            scores = [at("self_attn.scores")(scores_of, q, kc) for q, kc in zip(qgs, k_caches)]
+        probs = [at("self_attn.softmax")(torch.softmax, sc, -1) for sc in scores]
 
         def values(v, *ps):  # p @ V of a pack's groups at once, cut into their heads
             # The groups' rows stacked, so the pack's value rows are installed once; group
@@ -369,12 +387,10 @@ class DecoderStep(torch.nn.Module):
     def _register_positions(self, spec, steps: int, dtype):
         """The index and mask tables of the step's rows."""
         i32 = torch.int32
-        B, T, C, KVH = spec.batch, steps, spec.max_context, spec.kv_heads
-        rep = spec.heads // KVH
+        B, T, C = spec.batch, steps, spec.max_context
         b, t = torch.arange(B, dtype=i32), torch.arange(T, dtype=i32)
         # Row (b, t) of a step's tokens -> its position, less the step's first position.
         self.register_buffer("token_offsets", t.repeat(B))  # [B*T]
-        self.register_buffer("query_token_offsets", t.repeat(rep * B))  # [rep*B*T]: a group's query rows
         # ... -> its cache row at position 0 (a layer's kv-head cache holds (b, position) rows).
         self.register_buffer("row_offsets", (b[:, None] * C + t[None, :]).reshape(-1, 1))  # [B*T, 1]
         for _, n in spec.value_packs:  # a value cache's columns (index_put takes an index per axis)
@@ -417,11 +433,10 @@ class DecoderStep(torch.nn.Module):
         if not self.family.rope:
             if self.first:
                 x = model("embed_tokens")(lambda x, p: x + self.positions.index_select(0, p), x, pos_rows)
-        elif attends:  # the query rows' [rep*B*T, D] and the key rows' [B*T, D]
-            def tables(pos_rows):
-                pos_q = position + self.query_token_offsets
-                return (self.cos.index_select(0, pos_q), self.sin_signed.index_select(0, pos_q),
-                        self.cos.index_select(0, pos_rows), self.sin_signed.index_select(0, pos_rows))
+        elif attends:  # the tables' rows for the (b, t) rows, the queries' scaled
+            def tables(pos_rows):  # the queries' scaled by 1/sqrt(D) (Attention.queries)
+                cos, sin = self.cos.index_select(0, pos_rows), self.sin_signed.index_select(0, pos_rows)
+                return cos * self.scale, sin * self.scale, cos, sin
             rope = model("rotary_emb")(tables, pos_rows)
         mask = places = None
         if attends:
@@ -475,7 +490,8 @@ class DecoderStep(torch.nn.Module):
             return (position + base).to(dtype)
         one_hot = torch.clamp(1.0 - torch.abs(near(self.column_base)), 0.0, 1.0)
         written = torch.clamp(near(self.column_after_first), 0.0, 1.0) - torch.clamp(near(self.column_from_last), 0.0, 1.0)
-        return CachePlaces(position.reshape(1, 1) + self.row_offsets, one_hot, 1.0 - written)
+        fresh = torch.cat([written] * self.spec.head_dim, 0) if self.steps == 1 else None
+        return CachePlaces(position.reshape(1, 1) + self.row_offsets, one_hot, 1.0 - written, fresh)
 
     def scope(self, prefix: str = ""):
         """``at(part)``: the :class:`Scope` at ``prefix.part`` (made in ``__init__``)."""
