@@ -4,6 +4,7 @@ TensorIR schedule, and the install / multiply / drain groups they become."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import itertools
 
@@ -120,9 +121,14 @@ def matmul(ctx: LoweringContext, op: RegionOp, x: Stored, rows: int, k: int, nn:
     """(rows, k) activations times a (k, nn) matrix — the op's weights, or ``W`` — through
     DenseWorkload tiles; with ``batches``, batch i multiplies rows i * rows .. of ``x``
     by rows i * k .. of ``W``. ``tiling``: a convolution's packed im2col, tiled by the
-    convolution's schedule (its MACs are counted there)."""
+    convolution's schedule (its MACs are counted there). A product by a runtime ``W``
+    starts on the plane after the last op's, as other ops take planes on: products
+    with nothing between them (a decode step's scores, one a kv head) then install and
+    multiply side by side instead of waiting on one plane's weight buffers."""
     lanes = ctx.cfg.lanes
     t, steps = dense_steps(ctx, op, rows, k, nn, batches, tiling)
+    if W is not None and tiling is None:
+        t = dataclasses.replace(t, first_plane=ctx.planes.next)
 
     def window(step):
         i, step = step
