@@ -40,3 +40,26 @@ def test_two_pieces_a_group(pieces, groups):
     # an odd last piece through the SXM nearest its slice.
     assert len(writes) == groups
     assert sum(permutes.values()) == pieces and permutes[0] >= pieces // 2 and permutes[1] >= pieces // 2
+
+
+class Heads(torch.nn.Module):
+    """Lane slices of two values concatenated (a decode step's heads cut from p @ V)."""
+
+    def forward(self, x):
+        a, b = x * 1.5, x - 2.0
+        return torch.cat([a[:, 0:64], b[:, 64:128], a[:, 192:256], b[:, 256:320], a[:, 300:340]], dim=1)
+
+
+def test_slices_placed_straight_from_their_sources():
+    torch.manual_seed(1)
+    model, x = Heads().eval(), torch.randn(ROWS, 400)
+    compiled = lpx_tvm.from_torch(model, (x,), preset="tsp", precision="fp32")
+    got = compiled.run([x.numpy()])["output_0"]
+    with torch.no_grad():
+        np.testing.assert_array_equal(got, model(x).numpy())
+    (region,) = compiled.executable.regions.values()
+    permutes = [i for i in region.program.instrs if i.op == "sxm.permute"]
+    # No slice of its own: one permute a piece, and the last slice's 40 lanes span two of
+    # its source's tiles (300..320 and 320..340): six pieces, all in the output's first
+    # 296 lanes (one tile).
+    assert all(i.tag.endswith(".concat") for i in permutes) and len(permutes) == 6

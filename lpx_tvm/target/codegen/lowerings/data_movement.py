@@ -33,6 +33,10 @@ from ..rules import (
 from ..storage import Stored, chunk_of, one, row_align, runs, stored_shape
 from ..values import copy_value, new_value, whole_groups
 
+# Concats of up to this many lane slices become one composite (``lpx.concat_slices_<n>``:
+# a decode step's heads, a chip's query heads; 64 in Llama-2-70B on one chip).
+MOST_SLICES = 64
+
 
 def permute_steps(axes) -> list:
     """The shortest chain of swaps ("last": the last two axes, "first": the first two of
@@ -125,33 +129,53 @@ def _swap_first(ctx: LoweringContext, x: Stored, y: Stored, tag: str):
 
 @register_lowering("concat")
 def lower_concat(ctx: LoweringContext, op: RegionOp, is_output: bool):
-    """Concatenate along channels: move each input's lanes into place with an SXM permute
-    (the other lanes become zero) and add the disjoint pieces of each output tile. Two
-    pieces of a tile on different slices go in one group, one through each SXM: a tile
-    of h pieces is a chain of about h / 2 groups, not h."""
+    """Concatenate along channels: each input's lanes moved into place
+    (:func:`_place_lanes`)."""
     axis = op.main.attrs.get("axis", 1)
     axis = axis[0] if isinstance(axis, list) else axis
     parts = [ctx.value(v) for v in op.main.args]
-    rank = len(op.shape)
-    problem = concat_axis_problem(axis, rank)
+    problem = concat_axis_problem(axis, len(op.shape))
     if problem:
         raise UnsupportedOnLPX(problem)
+    widths = [x.shape[1] if len(op.shape) == 4 else x.shape[-1] for x in parts]
+    _place_lanes(ctx, op, is_output, [(x, 0, w) for x, w in zip(parts, widths)])
+
+
+@register_lowering(*(f"lpx.concat_slices_{n}" for n in range(2, MOST_SLICES + 1)))
+def lower_concat_slices(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """A concat along the last axis of lane slices (of one value or several: a decode
+    step's heads cut from ``p @ V``): each slice's lanes moved straight from its source
+    into place, one SXM permute instead of the slice's and then the concat's."""
+    steps = [op.main] + op.epilogue[:-1]
+    pieces = []
+    for step in steps:
+        x = ctx.value(step.args[0])
+        begin, end = _slice_bounds(step, x.shape[-1])
+        pieces.append((x, begin, end - begin))
+    _place_lanes(ctx, op, is_output, pieces)
+
+
+def _place_lanes(ctx: LoweringContext, op: RegionOp, is_output: bool, sources):
+    """The result's lanes, in order, from ``sources`` [(value, first lane, lanes)] (rows
+    for rows): each piece moved into place with an SXM permute (the other lanes zero), the
+    pieces of an output tile added. Two pieces on different slices share a group, one
+    through each SXM, so a tile of h pieces is a chain of about h / 2 read-add-write
+    groups, not h."""
     lanes = ctx.cfg.lanes
-    widths = [x.shape[1] if rank == 4 else x.shape[-1] for x in parts]
-    beside = [_moved_into(ctx, [LaneMove(0, 0, 0, 0, sum(widths[:i]), w)], stored_shape(op.shape))
-              for i, w in enumerate(widths)]
-    y = new_value(ctx, op.out, op.shape, is_output, avoid=parts, beside=beside)
+    offsets = np.cumsum([0] + [w for _, _, w in sources])
+    beside = [_moved_into(ctx, [LaneMove(0, 0, 0, 0, int(o), w)], stored_shape(op.shape))
+              for o, (_, _, w) in zip(offsets, sources)]
+    inputs = list({id(x): x for x, _, _ in sources}.values())
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=inputs, beside=beside)
     pieces = {}  # output tile -> [(input, its tile, first lane there, first lane in the output tile, lanes)]
-    offset = 0
-    for x, cx in zip(parts, widths):
-        for ch0 in range(0, cx, lanes):
-            done, width_in = 0, min(lanes, cx - ch0)
-            while done < width_in:
-                tile, b = divmod(offset + ch0 + done, lanes)
-                length = min(width_in - done, lanes - b)
-                pieces.setdefault(tile, []).append((x, ch0 // lanes, done, b, length))
-                done += length
-        offset += cx
+    for (x, first, width), offset in zip(sources, offsets):
+        done = 0
+        while done < width:
+            xt, xb = divmod(first + done, lanes)
+            tile, b = divmod(int(offset) + done, lanes)
+            length = min(width - done, lanes - xb, lanes - b)
+            pieces.setdefault(tile, []).append((x, xt, xb, b, length))
+            done += length
     for tile, ps in pieces.items():
         key = lambda r, ps=ps: tuple(chunk_of(x.tensor, r) for x, *_ in ps) + (chunk_of(y.tensor, r),)  # noqa: E731
         for r0, r1 in runs(y.tensor.layout.rows, key):
@@ -275,6 +299,20 @@ def lower_concat_rows(ctx: LoweringContext, op: RegionOp, is_output: bool):
         _copy_rows(ctx, f"{op.out}.concat_rows", x, y,
                    [(o * size * inner, (o * op.shape[axis] + offset) * inner, size * inner) for o in range(outer)])
         offset += size
+    ctx.values[op.out] = y
+
+
+@register_lowering("lpx.broadcast_rows", banding="whole")
+def lower_broadcast_rows(ctx: LoweringContext, op: RegionOp, is_output: bool):
+    """One row repeated along the leading axes (``broadcast_to`` of a ``[1, N]`` value to
+    ``[M, N]``): per column tile and run of rows, the row read again each cycle and
+    written as the run."""
+    x = ctx.value(op.main.args[0])
+    y = new_value(ctx, op.out, op.shape, is_output, avoid=[x])
+    for j in range(y.tensor.ntiles):
+        for r0, r1 in runs(y.tensor.layout.rows, lambda r: chunk_of(y.tensor, r)):
+            g = ctx.builder.group(f"{op.out}.broadcast_rows")
+            g.write(g.read(x.tensor.tile(j).repeat(r1 - r0)), one(y.tensor.segments(j, r0, r1)))
     ctx.values[op.out] = y
 
 
@@ -433,6 +471,44 @@ def _permute_lanes_pattern():
     return root, {"input": data, "first": first, "second": second, "root": root}
 
 
+def _concat_slices_pattern(n: int):
+    """``concat((strided_slice(x_1), ..., strided_slice(x_n)), axis=-1)``."""
+    sources = [wildcard() for _ in range(n)]
+    slices = [is_op("relax.strided_slice")(x, varg_default_wildcard=True) for x in sources]
+    root = is_op("relax.concat")(is_tuple(slices))
+    return root, {**{f"input{i}": x for i, x in enumerate(sources)}, **{f"slice{i}": s for i, s in enumerate(slices)},
+                  "root": root}
+
+
+def _concat_slices_check(a, settings):
+    concat = a["root"]
+    rank = len(expr_shape(concat))
+    if rank == 4 or concat.attrs.axis is None or int(concat.attrs.axis) % rank != rank - 1:
+        return concat, "not a concat along the last axis of values of rank <= 3"
+    n = sum(1 for k in a if k.startswith("slice"))
+    if n == 2 and a["input0"].same_as(a["input1"]):
+        return concat, "two slices of one value (lpx.permute_lanes)"
+    for i in range(n):
+        piece = {"root": a[f"slice{i}"], "input": a[f"input{i}"]}
+        found = tensors_problem(a[f"slice{i}"], [a[f"input{i}"]], settings) or _slice_check(piece, settings)
+        if found:
+            return found
+        if len(expr_shape(a[f"input{i}"])) != rank or expr_shape(a[f"input{i}"])[:-1] != expr_shape(concat)[:-1]:
+            return concat, "slices of values of other rows than the concat's"
+    return None
+
+
+def _broadcast_rows_check(a, settings):
+    op, data = a["root"], a["input"]
+    src, dst = expr_shape(data), expr_shape(op)
+    if is_const(data):
+        return op, "broadcast_to of a constant (folded at compile time)"
+    if len(dst) > 3 or len(src) > len(dst) or not src or src[-1] != dst[-1] or math.prod(src[:-1]) != 1:
+        return op, (f"broadcast_to {src} -> {dst}: LPX repeats one row (a [1, N] value) along the leading "
+                    "axes of a value of rank <= 3; other broadcasts move data between lanes")
+    return None
+
+
 def _permute_lanes_check(a, settings):
     concat = a["root"]
     rank = len(expr_shape(concat))
@@ -473,4 +549,8 @@ register_pattern(
               checks=(lambda a, s: _slice_check(a, s, rows=True),), priority=95, zero_d=True),
     OpPattern("permute_lanes", _permute_lanes_pattern, checks=(_permute_lanes_check,), priority=96,
               zero_d=True),
+    OpPattern("broadcast_rows", lambda: unary_pattern("relax.broadcast_to"), checks=(_broadcast_rows_check,),
+              priority=98, zero_d=True),
+    *(OpPattern(f"concat_slices_{n}", lambda n=n: _concat_slices_pattern(n), tensors=("root",),
+                checks=(_concat_slices_check,), priority=97, zero_d=True) for n in range(MOST_SLICES, 1, -1)),
 )
