@@ -181,7 +181,8 @@ def add_scopes(root: torch.nn.Module, paths) -> None:
 class CachePlaces(NamedTuple):
     """Where a step's ``B*T`` new tokens go in the caches: ``rows`` [B*T, 1] int32, their
     value cache rows (b*C + position + t); ``columns`` [B*T, B*C], one-hot, their key
-    cache columns; ``keep`` [1, B*C], 0 at the columns written, 1 elsewhere."""
+    cache columns; ``keep`` [1, B*C], 0 at the columns written, 1 elsewhere; with one new
+    token a row (a decode step) ``new_columns`` [D, B*C], 1 - keep in every row."""
 
     rows: object
     columns: object
@@ -490,7 +491,8 @@ class DecoderStep(torch.nn.Module):
             return (position + base).to(dtype)
         one_hot = torch.clamp(1.0 - torch.abs(near(self.column_base)), 0.0, 1.0)
         written = torch.clamp(near(self.column_after_first), 0.0, 1.0) - torch.clamp(near(self.column_from_last), 0.0, 1.0)
-        fresh = torch.cat([written] * self.spec.head_dim, 0) if self.steps == 1 else None
+        # A decode step's new key columns, one row per head dimension (decode_scores' product).
+        fresh = written.expand(self.spec.head_dim, -1) if self.steps == 1 else None
         return CachePlaces(position.reshape(1, 1) + self.row_offsets, one_hot, 1.0 - written, fresh)
 
     def scope(self, prefix: str = ""):
