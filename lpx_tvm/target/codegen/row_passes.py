@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import SramFull
 from .lowering_context import LoweringContext
-from .storage import Stored, chunk_of, one, runs, slices_of
+from .storage import Stored, chunk_of, one, runs
 
 
 def finish(g, y, out_region):
@@ -80,12 +79,21 @@ def reduce_tiles(ctx: LoweringContext, tag: str, x: Stored, acc: Stored, r0: int
     own). More than ``CHAINS`` runs go round robin to ``CHAINS`` chains, each summing
     into an accumulator of its own (on slices apart from ``x``'s), and a last group
     combines them into ``acc``."""
+    from .values import new_value  # (values uses this module's rowwise)
+
     lanes, f32, ntiles = ctx.cfg.lanes, ctx.acc, x.tensor.ntiles
     dst = one(acc.tensor.segments(0, r0, r1))
     cols = x.tensor.layout.cols
     runs = _tile_runs(x, r0, r1, dst.slice, ntiles, TREE_TILES if combine in TREE_COMBINES and each is None else 1)
-    targets = _chain_sums(ctx, tag, x, acc, r1 - r0) if len(runs) > CHAINS else [dst]
-    chains = len(targets)
+    chains = CHAINS if len(runs) > CHAINS else 1
+    if chains == 1:
+        targets = [dst]
+    else:
+        held = []
+        for c in range(chains):
+            held.append(ctx.temp(new_value(ctx, f"{tag}.chain{c}", (r1 - r0, lanes), avoid=[x, acc] + held,
+                                           dtype=f32)))
+        targets = [one(t.tensor.segments(0, 0, r1 - r0)) for t in held]
     for k, run in enumerate(runs):
         target, final = targets[k % chains], chains == 1 and k == len(runs) - 1
         g = ctx.builder.group(tag)
@@ -111,19 +119,6 @@ def reduce_tiles(ctx: LoweringContext, tag: str, x: Stored, acc: Stored, r0: int
         while len(vs) > 1:
             vs = [g.vxm(combine, a, b) for a, b in zip(vs[::2], vs[1::2])] + vs[len(vs) // 2 * 2:]
         g.write(_finished(g, vs[0], scale, last), dst)
-
-
-def _chain_sums(ctx: LoweringContext, tag: str, x: Stored, acc: Stored, rows: int) -> list:
-    """``CHAINS`` fp32 accumulators of ``rows`` rows, each on a slice of its own apart from
-    ``x``'s and ``acc``'s, or just ``acc``'s rows when the SRAM has no room for them."""
-    held = []
-    try:
-        for c in range(CHAINS):
-            held.append(ctx.temp(ctx.builder.tensor(f"{tag}.chain{c}", (rows, ctx.cfg.lanes), ctx.acc,
-                                                    avoid=slices_of([x, acc]) + [t.layout.tiles[0][0] for t in held])))
-    except SramFull:
-        return [one(acc.tensor.segments(0, 0, rows))]
-    return [t.tile(0) for t in held]
 
 
 def _finished(g, v, scale, last):
