@@ -58,44 +58,24 @@ def fill_vector(ctx: LoweringContext, value: float, dtype=None):
 
 # A max or min does not depend on its order: whole lane tiles are combined lane by lane
 # first, up to TREE_TILES to a group as a tree, and reduced across lanes once per group.
-# A sum, and a reduction that transforms each tile (the transform may read other tensors
-# through the same ports), takes one tile a group.
+# A sum keeps its order (its rounding is the reference's), and so does a reduction that
+# transforms each tile (the transform may read other tensors through the same ports).
 TREE_TILES = 4
 TREE_COMBINES = ("vxm.max", "vxm.min")
-# A reduction of more groups than this runs as this many chains side by side, each into
-# an accumulator of its own, combined by one last group: a group of a chain waits for the
-# one before it (it reads the sum so far), so a norm over a hidden size of 8,192 (26 lane
-# tiles) was a chain of 26 dependent groups, and is now one of 7 and the combine.
-CHAINS = 4
 
 
 def reduce_tiles(ctx: LoweringContext, tag: str, x: Stored, acc: Stored, r0: int, r1: int, reduce: str,
                  combine: str, each=None, scale=None, last=None):
     """Reduce rows r0 .. r1 of ``x`` across all its lanes into ``acc`` (fp32, one tile;
-    the reduction fills each vector), one group per run of lane tiles: the tiles in fp32,
-    transformed by ``each(group, tile, value)`` when given, reduced over their valid
-    lanes, combined with the runs before them, and multiplied by ``scale`` at the last,
-    or transformed there by ``last(group, value)`` (in the same pass: no group of its
-    own). More than ``CHAINS`` runs go round robin to ``CHAINS`` chains, each summing
-    into an accumulator of its own (on slices apart from ``x``'s), and a last group
-    combines them into ``acc``."""
-    from .values import new_value  # (values uses this module's rowwise)
-
+    the reduction fills each vector), one group per lane tile: the tile in fp32,
+    transformed by ``each(group, tile, value)`` when given, reduced over its valid
+    lanes, combined with the tiles before it, and multiplied by ``scale`` at the last,
+    or transformed there by ``last(group, value)`` (in the same pass: no group of its own)."""
     lanes, f32, ntiles = ctx.cfg.lanes, ctx.acc, x.tensor.ntiles
     dst = one(acc.tensor.segments(0, r0, r1))
     cols = x.tensor.layout.cols
     runs = _tile_runs(x, r0, r1, dst.slice, ntiles, TREE_TILES if combine in TREE_COMBINES and each is None else 1)
-    chains = CHAINS if len(runs) > CHAINS else 1
-    if chains == 1:
-        targets = [dst]
-    else:
-        held = []
-        for c in range(chains):
-            held.append(ctx.temp(new_value(ctx, f"{tag}.chain{c}", (r1 - r0, lanes), avoid=[x, acc] + held,
-                                           dtype=f32)))
-        targets = [one(t.tensor.segments(0, 0, r1 - r0)) for t in held]
     for k, run in enumerate(runs):
-        target, final = targets[k % chains], chains == 1 and k == len(runs) - 1
         g = ctx.builder.group(tag)
         tiles = []
         for j in run:
@@ -110,22 +90,13 @@ def reduce_tiles(ctx: LoweringContext, tag: str, x: Stored, acc: Stored, r0: int
         v = parts[0]
         for p in parts[1:]:
             v = g.vxm(combine, v, p)
-        if k >= chains:
-            v = g.vxm(combine, v, g.read(target))
-        g.write(_finished(g, v, scale, last) if final else v, target)
-    if chains > 1:
-        g = ctx.builder.group(tag)
-        vs = [g.read(t) for t in targets]
-        while len(vs) > 1:
-            vs = [g.vxm(combine, a, b) for a, b in zip(vs[::2], vs[1::2])] + vs[len(vs) // 2 * 2:]
-        g.write(_finished(g, vs[0], scale, last), dst)
-
-
-def _finished(g, v, scale, last):
-    """A reduction's value times ``scale``, or transformed by ``last``."""
-    if scale is not None:
-        v = g.vxm("vxm.mul", v, imm=scale)
-    return last(g, v) if last is not None else v
+        if k:
+            v = g.vxm(combine, v, g.read(dst))
+        if scale is not None and k == len(runs) - 1:
+            v = g.vxm("vxm.mul", v, imm=scale)
+        if last is not None and k == len(runs) - 1:
+            v = last(g, v)
+        g.write(v, dst)
 
 
 def _tile_runs(x: Stored, r0: int, r1: int, dst_slice: int, ntiles: int, most: int) -> list:
