@@ -63,25 +63,3 @@ def test_a_norm_scales_each_tile_in_one_pass(norm):
     # (6), the last 1 / sqrt(var + eps); affine: one pass a tile, x * that * gamma (+ beta).
     assert writes["var"] == 6 and writes["affine"] == 3
     assert ("mean" in writes) == (norm == "layer")
-
-
-class ArgMax(torch.nn.Module):
-    def forward(self, x):
-        return (x * 1.5).argmax(-1, keepdim=True).to(torch.int32)
-
-
-def test_argmax_finds_the_first_maximum_in_chains():
-    """An argmax over 3,000 values (10 lane tiles): its first-index pass runs as 4 chains
-    of groups side by side and a combine (a chain of 3 and the combine, not 10); ties go
-    to the first index, as numpy's."""
-    rng = np.random.default_rng(0)
-    x = rng.integers(-50, 50, size=(2, 3000)).astype(np.float32)  # many ties
-    x[0, [17, 1700, 2999]] = 99.0  # the first of three maxima, in tiles 0, 5 and 9
-    x[1, [2500, 2999]] = 99.0
-    compiled = lpx_tvm.from_torch(ArgMax().eval(), (torch.from_numpy(x),), preset="tsp", precision="fp32")
-    got = compiled.run([x])["output_0"].reshape(-1)
-    np.testing.assert_array_equal(got, [17, 2500])
-    (region,) = compiled.executable.regions.values()
-    first = [i for i in region.program.instrs if i.tag.endswith(".first")]
-    # A group a tile writes its chain's result so far (10), the combine the result (1).
-    assert sum(i.op == "mem.write" for i in first) == 11

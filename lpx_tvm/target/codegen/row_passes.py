@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import SramFull
 from .lowering_context import LoweringContext
-from .storage import Stored, chunk_of, one, runs, slices_of
+from .storage import Stored, chunk_of, one, runs
 
 
 def finish(g, y, out_region):
@@ -59,42 +58,24 @@ def fill_vector(ctx: LoweringContext, value: float, dtype=None):
 
 # A max or min does not depend on its order: whole lane tiles are combined lane by lane
 # first, up to TREE_TILES to a group as a tree, and reduced across lanes once per group.
-# A sum, and a reduction that transforms each tile (the transform may read other tensors
-# through the same ports), takes one tile a group.
+# A sum keeps its order (its rounding is the reference's), and so does a reduction that
+# transforms each tile (the transform may read other tensors through the same ports).
 TREE_TILES = 4
 TREE_COMBINES = ("vxm.max", "vxm.min")
-# A reduction asked to (``chains=True``: the argmax over a vocabulary, the step's last
-# op, with nothing to overlap it) and of more groups than this runs as this many chains
-# side by side, each into an accumulator of its own, combined by one last group: a group
-# of a chain waits for the one before it (it reads the result so far), so an argmax over
-# 4,096 values (13 lane tiles) was a chain of 13 dependent groups, and is one of 4 and the
-# combine. Only for a few rows: a group of many rows streams for as many cycles, which the
-# chain's latency adds little to. (Norms and softmax inside a step do not: on the rack
-# stages, bound by ports and streams, the extra groups cost more than they saved.)
-CHAINS = 4
-CHAIN_ROWS = 16
 
 
 def reduce_tiles(ctx: LoweringContext, tag: str, x: Stored, acc: Stored, r0: int, r1: int, reduce: str,
-                 combine: str, each=None, scale=None, last=None, chains=False, beside=()):
+                 combine: str, each=None, scale=None, last=None):
     """Reduce rows r0 .. r1 of ``x`` across all its lanes into ``acc`` (fp32, one tile;
-    the reduction fills each vector), one group per run of lane tiles: the tiles in fp32,
-    transformed by ``each(group, tile, value)`` when given, reduced over their valid
-    lanes, combined with the runs before them, and multiplied by ``scale`` at the last,
-    or transformed there by ``last(group, value)`` (in the same pass: no group of its
-    own). With ``chains``, more than ``CHAINS`` runs of at most ``CHAIN_ROWS`` rows go
-    round robin to ``CHAINS`` chains, each into an accumulator of its own, and a last
-    group combines them into ``acc``; the accumulators keep clear of the slices of ``x``,
-    ``acc`` and ``beside`` (what ``each`` reads or writes), whose ports a group also uses."""
+    the reduction fills each vector), one group per lane tile: the tile in fp32,
+    transformed by ``each(group, tile, value)`` when given, reduced over its valid
+    lanes, combined with the tiles before it, and multiplied by ``scale`` at the last,
+    or transformed there by ``last(group, value)`` (in the same pass: no group of its own)."""
     lanes, f32, ntiles = ctx.cfg.lanes, ctx.acc, x.tensor.ntiles
     dst = one(acc.tensor.segments(0, r0, r1))
     cols = x.tensor.layout.cols
     runs = _tile_runs(x, r0, r1, dst.slice, ntiles, TREE_TILES if combine in TREE_COMBINES and each is None else 1)
-    chained = chains and len(runs) > CHAINS and r1 - r0 <= CHAIN_ROWS
-    targets = (chained and _chain_sums(ctx, tag, slices_of([x, acc]) + list(beside), r1 - r0)) or [dst]
-    chains = len(targets)
     for k, run in enumerate(runs):
-        target, final = targets[k % chains], chains == 1 and k == len(runs) - 1
         g = ctx.builder.group(tag)
         tiles = []
         for j in run:
@@ -109,37 +90,13 @@ def reduce_tiles(ctx: LoweringContext, tag: str, x: Stored, acc: Stored, r0: int
         v = parts[0]
         for p in parts[1:]:
             v = g.vxm(combine, v, p)
-        if k >= chains:
-            v = g.vxm(combine, v, g.read(target))
-        g.write(_finished(g, v, scale, last) if final else v, target)
-    if chains > 1:
-        g = ctx.builder.group(tag)
-        vs = [g.read(t) for t in targets]
-        while len(vs) > 1:
-            vs = [g.vxm(combine, a, b) for a, b in zip(vs[::2], vs[1::2])] + vs[len(vs) // 2 * 2:]
-        g.write(_finished(g, vs[0], scale, last), dst)
-
-
-def _chain_sums(ctx: LoweringContext, tag: str, clear: list, rows: int) -> "list | None":
-    """``CHAINS`` fp32 accumulators of ``rows`` rows, each on a slice of its own clear of
-    the slices ``clear``, or None when the SRAM has no room for them in one piece each."""
-    held = []
-    try:
-        for c in range(CHAINS):
-            held.append(ctx.temp(ctx.builder.tensor(f"{tag}.chain{c}", (rows, ctx.cfg.lanes), ctx.acc, spread=1,
-                                                    avoid=clear + [t.layout.tiles[0][0] for t in held])))
-    except SramFull:
-        held = None
-    if held is None or any(t.layout.nchunks != 1 for t in held):  # no room, or only in pieces
-        return None
-    return [t.tile(0) for t in held]
-
-
-def _finished(g, v, scale, last):
-    """A reduction's value times ``scale``, or transformed by ``last``."""
-    if scale is not None:
-        v = g.vxm("vxm.mul", v, imm=scale)
-    return last(g, v) if last is not None else v
+        if k:
+            v = g.vxm(combine, v, g.read(dst))
+        if scale is not None and k == len(runs) - 1:
+            v = g.vxm("vxm.mul", v, imm=scale)
+        if last is not None and k == len(runs) - 1:
+            v = last(g, v)
+        g.write(v, dst)
 
 
 def _tile_runs(x: Stored, r0: int, r1: int, dst_slice: int, ntiles: int, most: int) -> list:

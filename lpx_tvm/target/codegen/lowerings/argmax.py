@@ -15,7 +15,7 @@ from ..row_passes import reduce_tiles
 from ..registry import OpPattern, register_lowering, register_pattern
 from ..pattern_checks import last_axis_rows_problem, type_problem
 from ..relax_exprs import expr_shape
-from ..storage import chunk_of, one, runs, slices_of
+from ..storage import chunk_of, one, runs
 from ..values import new_value
 
 
@@ -54,7 +54,7 @@ def lower_argmax(ctx: LoweringContext, op: RegionOp, is_output: bool):
     iota = iota_vector(ctx, cols)
     tensors = [x.tensor, mx.tensor, neg.tensor, y.tensor]
     for r0, r1 in runs(rows, lambda r: tuple(chunk_of(t, r) for t in tensors)):
-        reduce_tiles(ctx, f"{op.out}.max", x, mx, r0, r1, "vxm.reduce_max", "vxm.max", chains=True)
+        reduce_tiles(ctx, f"{op.out}.max", x, mx, r0, r1, "vxm.reduce_max", "vxm.max")
         m = one(mx.tensor.segments(0, r0, r1))
 
         def first(g, j, v):  # -(j + not_max * 2^24)
@@ -63,8 +63,7 @@ def lower_argmax(ctx: LoweringContext, op: RegionOp, is_output: bool):
             not_max = g.vxm("vxm.min", gap, imm=1.0)
             index = g.vxm("vxm.add", g.vxm("vxm.mul", not_max, imm=_NOT_MAX), g.read(iota.tile(j).repeat(r1 - r0)))
             return g.vxm("vxm.mul", index, imm=-1.0)
-        reduce_tiles(ctx, f"{op.out}.first", x, neg, r0, r1, "vxm.reduce_max", "vxm.max", each=first, chains=True,
-                     beside=slices_of([mx]) + [sl for sl, _ in iota.layout.tiles])
+        reduce_tiles(ctx, f"{op.out}.first", x, neg, r0, r1, "vxm.reduce_max", "vxm.max", each=first)
         g = ctx.builder.group(f"{op.out}.index")
         v = g.vxm("vxm.mul", g.read(one(neg.tensor.segments(0, r0, r1))), imm=-1.0)
         g.write(g.vxm("vxm.cvt", v, to=DType.INT32), one(y.tensor.segments(0, r0, r1)))
