@@ -31,16 +31,18 @@ def scheduled_steps(work, tiling) -> tuple:
     return tuple(tile_steps(schedule(work, tiling).mod["main"]))
 
 
-def layer_tiling(ctx: LoweringContext, op: RegionOp, work, batches: int = 1, record: bool = True):
+def layer_tiling(ctx: LoweringContext, op: RegionOp, work, batches: int = 1, record: bool = True,
+                 first_plane: int = 0):
     """The tiling of one MXM layer: its tuned one if the policy has it, else the default
-    (``record``: the layer is a tuning task of this compile)."""
+    starting on ``first_plane`` (``record``: the layer is a tuning task of this compile)."""
     # The task is the whole composite (an int8 op's MXM view lacks the epilogue its
     # lowering reads); off-chip bands are not tuning tasks.
     fetch = 0
     if isinstance(ctx.weights.get(op.out), StreamedWeights):
         fetch = dma_cycles(ctx.cfg, ctx.cfg.mxm_rows, ctx.mxm_dtype(op))  # every block loads its tiles
     return ctx.policy.tiling((work, op.composite, batches), ctx.layer_ops.get(op.out, op),
-                             lambda: default_tiling(ctx.cfg, work, fetch), record=record and not ctx.offchip)
+                             lambda: dataclasses.replace(default_tiling(ctx.cfg, work, fetch), first_plane=first_plane),
+                             record=record and not ctx.offchip)
 
 
 def tuned_pack(ctx: LoweringContext, op: RegionOp, work: Conv2dWorkload) -> str:
@@ -92,12 +94,12 @@ def conv_tiles(ctx: LoweringContext, work, t, xp: Stored, per: int = 1, image=No
 
 
 def dense_steps(ctx: LoweringContext, op: RegionOp, rows: int, k: int, nn: int, batches: int = 1, tiling=None,
-                record: bool = True) -> tuple:
+                record: bool = True, first_plane: int = 0) -> tuple:
     """(tiling, steps) of a (rows, k) x (k, nn) product through DenseWorkload tiles; a
-    step is (batch, tile step)."""
+    step is (batch, tile step). ``first_plane``: the default tiling's (a tuned one keeps its own)."""
     lanes = ctx.cfg.lanes
     work = DenseWorkload(rows, round_up(k, lanes), round_up(nn, lanes), TVM_DTYPE[ctx.mxm_dtype(op)])
-    t = tiling or layer_tiling(ctx, op, work, batches, record=record)
+    t = tiling or layer_tiling(ctx, op, work, batches, record=record, first_plane=first_plane)
     steps_of_batch = scheduled_steps(work, DenseTiling(m=t.m, k=lanes, n=lanes, order=t.order))
     return t, [(i, s) for i in range(batches) for s in steps_of_batch]
 
@@ -121,14 +123,13 @@ def matmul(ctx: LoweringContext, op: RegionOp, x: Stored, rows: int, k: int, nn:
     """(rows, k) activations times a (k, nn) matrix — the op's weights, or ``W`` — through
     DenseWorkload tiles; with ``batches``, batch i multiplies rows i * rows .. of ``x``
     by rows i * k .. of ``W``. ``tiling``: a convolution's packed im2col, tiled by the
-    convolution's schedule (its MACs are counted there). A product by a runtime ``W``
-    starts on the plane after the last op's, as other ops take planes on: products
+    convolution's schedule (its MACs are counted there). Untuned, a product by a runtime
+    ``W`` starts on the plane after the last op's, as other ops take planes on: products
     with nothing between them (a decode step's scores, one a kv head) then install and
     multiply side by side instead of waiting on one plane's weight buffers."""
     lanes = ctx.cfg.lanes
-    t, steps = dense_steps(ctx, op, rows, k, nn, batches, tiling)
-    if W is not None and tiling is None:
-        t = dataclasses.replace(t, first_plane=ctx.planes.next)
+    t, steps = dense_steps(ctx, op, rows, k, nn, batches, tiling,
+                           first_plane=ctx.planes.next if W is not None else 0)
 
     def window(step):
         i, step = step

@@ -480,21 +480,29 @@ def _concat_slices_pattern(n: int):
                   "root": root}
 
 
-def _concat_slices_check(a, settings):
-    concat = a["root"]
+def _lane_concat_problem(concat, slices, settings):
+    """Why ``concat`` of the lane slices ``slices`` [(strided_slice, its input)] is not
+    one lane permute a piece, or None (``lpx.permute_lanes``, ``lpx.concat_slices_<n>``)."""
     rank = len(expr_shape(concat))
     if rank == 4 or concat.attrs.axis is None or int(concat.attrs.axis) % rank != rank - 1:
-        return concat, "not a concat along the last axis of values of rank <= 3"
+        return concat, "not a concat along the last axis of a value of rank <= 3"
+    for s, x in slices:
+        found = tensors_problem(s, [x], settings) or _slice_check({"root": s, "input": x}, settings)
+        if found:
+            return found
+    return None
+
+
+def _concat_slices_check(a, settings):
+    concat = a["root"]
     n = sum(1 for k in a if k.startswith("slice"))
     if n == 2 and a["input0"].same_as(a["input1"]):
         return concat, "two slices of one value (lpx.permute_lanes)"
-    for i in range(n):
-        piece = {"root": a[f"slice{i}"], "input": a[f"input{i}"]}
-        found = tensors_problem(a[f"slice{i}"], [a[f"input{i}"]], settings) or _slice_check(piece, settings)
-        if found:
-            return found
-        if len(expr_shape(a[f"input{i}"])) != rank or expr_shape(a[f"input{i}"])[:-1] != expr_shape(concat)[:-1]:
-            return concat, "slices of values of other rows than the concat's"
+    found = _lane_concat_problem(concat, [(a[f"slice{i}"], a[f"input{i}"]) for i in range(n)], settings)
+    if found:
+        return found
+    if any(expr_shape(a[f"input{i}"])[:-1] != expr_shape(concat)[:-1] for i in range(n)):
+        return concat, "slices of values of other rows than the concat's"
     return None
 
 
@@ -510,16 +518,7 @@ def _broadcast_rows_check(a, settings):
 
 
 def _permute_lanes_check(a, settings):
-    concat = a["root"]
-    rank = len(expr_shape(concat))
-    if rank == 4 or concat.attrs.axis is None or int(concat.attrs.axis) % rank != rank - 1:
-        return concat, "not a concat along the last axis of a value of rank <= 3"
-    for key in ("first", "second"):
-        piece = {"root": a[key], "input": a["input"]}
-        found = tensors_problem(a[key], [a["input"]], settings) or _slice_check(piece, settings)
-        if found:
-            return found
-    return None
+    return _lane_concat_problem(a["root"], [(a[key], a["input"]) for key in ("first", "second")], settings)
 
 
 # Keys: ``lpx.reshape`` ``input``, ``shape``, ``root``; ``lpx.concat[_rows]`` ``input`` (the
