@@ -31,7 +31,7 @@ from ..sim import Simulator
 from ..target.builder import SharedSram, chunk_lines
 from ..target.codegen.interface import ProgramInterface
 from .sizing import (EIGHT_BIT, FLOAT_OF, cache_bytes_as_stored, float_bytes, matrix_value_bytes, rope_table_values,
-                     weight_bytes)
+                     value_cache_chunks, weight_bytes)
 from .step_program import (WEIGHT_BUDGET, DoesNotFit, StepProgram, embed_choice, embeds_on_chip, generation_arguments,
                            shared_with, step_program, token_ids)
 
@@ -269,15 +269,20 @@ def _mapping_arguments(system, chips, tensor_parallel, pipeline_stages, split_la
 
 
 def check_cache_rows(cfg: LPXConfig, precision: str, batch: int, max_context: int) -> None:
-    """A DoesNotFit error when a KV cache's rows (batch x context of them, each kept in one
-    slice by the step's layout) overflow a slice: found from the sizes, before any
-    compile."""
-    rows = batch * max_context
-    fit = cfg.lines_per_slice // float_bytes(precision)
-    if rows > fit:
-        raise DoesNotFit(f"batch {batch} x context {max_context} = {rows:,} KV cache rows, but a cache's rows are "
-                         f"kept in one slice, which holds {fit:,} rows of {FLOAT_OF.get(precision, precision)} on "
-                         f"{cfg.name}: use a smaller batch or context (batch x context <= {fit:,})")
+    """A DoesNotFit error when a value cache's rows (batch x context of them) overflow the
+    slices they are spread over: as many as a plane has install lanes, in chunks of a
+    lane's share of a weight tile, each with a spare row either side (docs/llm.md);
+    found from the sizes, before any compile."""
+    rows, w = batch * max_context, float_bytes(precision)
+    lanes = max(1, cfg.mxm_install_streams // w)
+    per = -(-min(cfg.lanes, rows) // lanes)  # rows a chunk
+    chunks = -(-rows // per)
+    lines = -(-chunks // lanes) * (per + 2) * w  # on the fullest slice
+    if lines > cfg.lines_per_slice:
+        fit = cfg.lines_per_slice // ((per + 2) * w) * lanes * per
+        raise DoesNotFit(f"batch {batch} x context {max_context} = {rows:,} KV cache rows, but a value cache's "
+                         f"rows are spread over {lanes} slices, which hold about {fit:,} rows of "
+                         f"{FLOAT_OF.get(precision, precision)} on {cfg.name}: use a smaller batch or context")
 
 
 def matrix_parameters(model) -> int:

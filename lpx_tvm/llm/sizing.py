@@ -76,8 +76,25 @@ def half_layer_stored(model, spec: decoders.DecoderSpec, size: int, lanes: int) 
     return tuple(out)
 
 
+def value_cache_chunks(cfg: LPXConfig, rows: int, itemsize: int) -> tuple:
+    """(slices, rows a chunk, chunks) of a value cache of ``rows`` rows as a step stores it
+    (docs/llm.md): spread over as many slices as a plane has install lanes, in chunks of a
+    lane's share of a weight tile, each chunk with a spare row either side."""
+    slices = max(1, cfg.mxm_install_streams // itemsize)
+    per = -(-min(cfg.lanes, rows) // slices)
+    return slices, per, -(-rows // per)
+
+
 def cache_bytes_as_stored(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> int:
     """Bytes of SRAM the caches take as stored, whole vectors of lanes, one line per byte
-    of a value: a value cache's rows of ``head_dim`` values each take a vector, a key
-    cache's ``head_dim`` rows of positions (stored transposed) their lane tiles."""
-    return sum(stored_bytes(*spec.cache_shape(n), float_bytes(precision), cfg.lanes) for n in spec.cache_names)
+    of a value: a value cache's rows of ``head_dim`` values each take a vector (with its
+    chunks' spare rows), a key cache's ``head_dim`` rows of positions (stored transposed)
+    their lane tiles."""
+    w = float_bytes(precision)
+    total = 0
+    for n in spec.cache_names:
+        rows, cols = spec.cache_shape(n)
+        if n.startswith("v_"):
+            rows += 2 * value_cache_chunks(cfg, rows, w)[2]
+        total += stored_bytes(rows, cols, w, cfg.lanes)
+    return total

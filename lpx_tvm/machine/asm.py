@@ -195,6 +195,8 @@ def format_program(prog: Program) -> str:
         out.append(f".binding {b.role} {json.dumps(b.name)} dtype={lay.dtype.short} "
                    f"shape={_json(list(lay.shape))} row_stride={lay.row_stride} "
                    f"tiles={_json([list(t) for t in lay.tiles])}"
+                   + (f" chunk_rows={lay.chunk_rows}" if lay.chunk_rows else "")
+                   + (f" margin={lay.margin}" if lay.margin else "")
                    + ("" if b.offchip is None else f" offchip={b.offchip}"))
     for i, table in enumerate(prog.tables):
         out.append(f".table {_json(table_to_json(table, i))}")
@@ -293,11 +295,14 @@ def _directive(r: _Reader, word: str, rest: str, lineno: int) -> None:
             raise EncodingError(".binding: the name must be a quoted string")
         tokens = rest.split()
         offchip = [t for t in tokens if t.startswith("offchip=")]
-        kv = _keyvals([t for t in tokens if t not in offchip], ("dtype", "shape", "row_stride", "tiles"), ".binding")
+        optional = {t.partition("=")[0]: t.partition("=")[2] for t in tokens
+                    if t.startswith(("chunk_rows=", "margin="))}
+        kv = _keyvals([t for t in tokens if t not in offchip and t.partition("=")[0] not in optional],
+                      ("dtype", "shape", "row_stride", "tiles"), ".binding")
         try:
             layout = TensorLayout.from_json({"dtype": kv["dtype"], "shape": json.loads(kv["shape"]),
                                              "tiles": json.loads(kv["tiles"]),
-                                             "row_stride": kv["row_stride"]})
+                                             "row_stride": kv["row_stride"], **optional})
             off = _parse_int(offchip[-1].partition("=")[2], ".binding offchip") if offchip else None
             r.bindings.append(Binding(name, role, layout, off))
         except (ValueError, TypeError, ProgramError) as e:

@@ -26,6 +26,10 @@ class TensorLayout:
     holds every row) so a tensor larger than one slice spreads over several. Chunk
     ``q`` of tile ``j`` is ``tiles[j * nchunks + q] = (slice, addr)``; its row ``r`` sits
     at line ``addr + r * row_stride``. Lanes past the last column are unspecified.
+
+    ``margin`` rows of spare lines sit before and after each chunk (at ``addr - k *
+    row_stride`` and past its last row), held with it: the target a chunk's scatter gives
+    the rows another chunk holds (a value cache spread over slices, docs/llm.md).
     """
 
     shape: tuple
@@ -33,6 +37,7 @@ class TensorLayout:
     tiles: tuple  # ((slice, addr), ...): one per column tile and row chunk, tile-major
     row_stride: int  # lines between consecutive vectors of a chunk
     chunk_rows: int = 0
+    margin: int = 0
 
     @property
     def rows(self) -> int:
@@ -60,12 +65,15 @@ class TensorLayout:
              "tiles": [list(t) for t in self.tiles], "row_stride": self.row_stride}
         if self.chunk_rows:
             d["chunk_rows"] = self.chunk_rows
+        if self.margin:
+            d["margin"] = self.margin
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> "TensorLayout":
         return cls(tuple(int(x) for x in d["shape"]), DType.parse(d["dtype"]),
-                   tuple((int(s), int(a)) for s, a in d["tiles"]), int(d["row_stride"]), int(d.get("chunk_rows", 0)))
+                   tuple((int(s), int(a)) for s, a in d["tiles"]), int(d["row_stride"]), int(d.get("chunk_rows", 0)),
+                   int(d.get("margin", 0)))
 
 
 @dataclass(frozen=True)

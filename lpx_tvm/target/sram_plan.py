@@ -119,11 +119,21 @@ class SramTensor:
 
 
 def chunk_lines(layout: TensorLayout):
-    """(slice, first line, lines) of each chunk of each column tile of ``layout``."""
+    """(slice, first line, lines) of each chunk of each column tile of ``layout``, its
+    margins included."""
+    m = layout.margin * layout.row_stride
     for j in range(len(layout.tiles) // layout.nchunks):
         for q in range(layout.nchunks):
             (sl, addr), _, n = layout.chunk(j, q)
-            yield sl, addr, n * layout.row_stride
+            yield sl, addr - m, n * layout.row_stride + 2 * m
+
+
+def chunk_span(layout: TensorLayout, j: int, q: int) -> "SramSpan":
+    """Chunk ``q`` of column tile ``j`` with its margins, one row a vector: row ``r`` of
+    the chunk is vector ``layout.margin + r``."""
+    (sl, addr), _, n = layout.chunk(j, q)
+    m = layout.margin
+    return SramSpan(sl, addr - m * layout.row_stride, n + 2 * m, layout.row_stride, layout.dtype)
 
 
 @dataclass(frozen=True, eq=False)
@@ -233,7 +243,7 @@ class SramPlan:
 
     def tensor(self, name: str, shape, dtype, *, role: "str | None" = None, data=None, slices=None,
                avoid=(), tile_avoid=None, row_align: int = 1, spread: int = 1, install_align: int = 0,
-               install_pools=None) -> SramTensor:
+               install_pools=None, margin: int = 0) -> SramTensor:
         """Allocate a tensor in SRAM, one column tile of ``lanes`` columns per allocation.
 
         ``avoid``: slices to keep clear of, e.g. those of a tensor this one is read beside
@@ -247,7 +257,8 @@ class SramPlan:
         cut into one chunk per install lane, the chunks of a tile on different slices, so
         that all lanes read at once (a slice reads one line per cycle). ``install_pools(j,
         q)`` may name the slices chunk ``q`` of column tile ``j`` is best kept in (those of
-        the plane and lane that install it), or None; a full pool falls back to any slice."""
+        the plane and lane that install it), or None; a full pool falls back to any slice.
+        ``margin``: rows of spare lines held before and after each chunk (TensorLayout)."""
         dt = DType.parse(dtype)
         shape = tuple(int(s) for s in shape)
         key = None
@@ -278,7 +289,8 @@ class SramPlan:
                 raise SramFull(f"tensor {name}: a row group of {row_align} vectors does not fit one slice")
             try:
                 tiles = self._alloc_chunks(rows, ntiles, w, chunk_rows, slices, avoid, constant=data is not None,
-                                           tile_avoid=tile_avoid, distinct=distinct, pools=install_pools)
+                                           tile_avoid=tile_avoid, distinct=distinct, pools=install_pools,
+                                           margin=margin)
                 break
             except SchedulingError as e:
                 # No hole holds a whole chunk: try chunks half as long (whole row groups).
@@ -286,7 +298,7 @@ class SramPlan:
                 if smaller == 0 or smaller == (chunk_rows or rows):
                     raise type(e)(f"tensor {name} {shape} {dt.short}: {e}") from None
                 chunk_rows = smaller
-        layout = TensorLayout(shape, dt, tuple(tiles), w, chunk_rows)
+        layout = TensorLayout(shape, dt, tuple(tiles), w, chunk_rows, margin)
         if data is not None:
             self._constants.add(name)
             arr = coerce(name, data, layout)
@@ -301,7 +313,7 @@ class SramPlan:
         return out
 
     def _alloc_chunks(self, rows, ntiles, w, chunk_rows, slices, avoid, constant=False, tile_avoid=None,
-                      distinct=1, pools=None) -> list:
+                      distinct=1, pools=None, margin: int = 0) -> list:
         per = chunk_rows or rows
         nchunks = -(-rows // per)
         tiles = []
@@ -315,19 +327,20 @@ class SramPlan:
                     # Chunks read at once (by the install lanes) keep to different slices.
                     near = tuple(avoid) + tuple(sl for sl, _, _ in tiles[len(tiles) - min(q, distinct - 1):]) \
                         if distinct > 1 and q else tuple(avoid)
+                    lines = (n + 2 * margin) * w
                     if constant and want is None:
                         pool = pools(j, q) if pools is not None else None
-                        placed = self._alloc_among(n * w, near, pool) if pool else None
-                        tiles.append((*(placed or self._alloc_near(self.allocator.alloc_constant, n * w, near, avoid)),
-                                      n * w))
+                        placed = self._alloc_among(lines, near, pool) if pool else None
+                        tiles.append((*(placed or self._alloc_near(self.allocator.alloc_constant, lines, near, avoid)),
+                                      lines))
                     else:
-                        tiles.append((*self._alloc_near(lambda k, a: self.alloc_lines(k, want, a), n * w, near,
-                                                        avoid), n * w))
+                        tiles.append((*self._alloc_near(lambda k, a: self.alloc_lines(k, want, a), lines, near,
+                                                        avoid), lines))
         except SchedulingError:
             for sl, addr, lines in tiles:
                 self.allocator.free(sl, addr, lines)
             raise
-        return [(sl, addr) for sl, addr, _ in tiles]
+        return [(sl, addr + margin * w) for sl, addr, _ in tiles]
 
     def _alloc_among(self, lines, avoid, pool) -> "tuple | None":
         """Constant lines on a slice of ``pool`` (not of ``avoid``), or None when it is full."""

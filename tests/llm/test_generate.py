@@ -107,10 +107,11 @@ def test_report_against_floors():
     kv = 2 * spec.layers * spec.kv_heads * 64 * 40 * 2  # (k, v) x layers x kv heads x positions x dim x fp16
     assert rep["sram"]["kv_cache_values_bytes"] == kv
     # As stored, two byte-planes for fp16: a layer's value cache holds its 3 kv heads' rows
-    # of 40 values side by side in a vector of 320 lanes (64 rows); a key cache, transposed,
-    # is 40 rows of one lane tile (64 columns).
+    # of 40 values side by side in a vector of 320 lanes (64 rows, in 8 chunks of 8, one an
+    # fp16 install lane, each with a spare row either side: 80 rows); a key cache,
+    # transposed, is 40 rows of one lane tile (64 columns).
     assert [n for _, n in spec.value_packs] == [3]
-    assert rep["sram"]["kv_cache_bytes"] == spec.layers * (64 + spec.kv_heads * 40) * 2 * 320
+    assert rep["sram"]["kv_cache_bytes"] == spec.layers * (8 * (8 + 2) + spec.kv_heads * 40) * 2 * 320
     assert rep["floors"]["kv_over_sram_read"] == pytest.approx(kv / (88 * 320))
     assert rep["decode_cycles_per_token"] >= rep["decode_floor_cycles"]
     assert rep["tokens_per_s_per_chip"] == pytest.approx(rep["tokens_per_s_per_user"] * spec.batch)
@@ -218,9 +219,11 @@ def test_cli_profile_of_a_decode_step(tmp_path, capsys):
 
 def test_a_batch_whose_caches_do_not_fit_beside_the_weights_is_refused():
     """80 layers, each a value cache of 2 x 2,000 rows (its 3 kv heads side by side: 4,000
-    x 320 lanes x 2 bytes) and 3 key caches of 40 rows of 13 lane tiles (40 x 13 x 320 x
-    2): 271.5 MiB as stored, over tsp's 220 MiB."""
-    with pytest.raises(DoesNotFit, match=r"271\.5 MiB of KV cache as stored for 2 x 2000 positions"):
+    x 320 lanes x 2 bytes, in 100 chunks of 40 rows with a spare row either side: 4,200
+    rows) and 3 key caches of 40 rows of 13 lane tiles (40 x 13 x 320 x 2): 281.2 MiB as
+    stored, over tsp's 220 MiB."""
+    assert 80 * (4200 * 320 * 2 + 3 * 40 * 13 * 320 * 2) / 2**20 == pytest.approx(281.25)
+    with pytest.raises(DoesNotFit, match=r"281\.2 MiB of KV cache as stored for 2 x 2000 positions"):
         lpx_tvm.compile_llm(transformers.LlamaConfig(**{**LLAMA, "max_position_embeddings": 2048,
                                                         "num_hidden_layers": 80}), preset="tsp",
                             precision="fp16", max_context=2000, batch=2)

@@ -53,6 +53,8 @@ layouts = st.builds(
     dtype=st.sampled_from([d for d in DType if d is not DType.NONE]),
     tiles=st.lists(st.tuples(st.integers(0, 87), st.integers(0, 2**20)), max_size=4).map(tuple),
     row_stride=st.integers(0, 64),
+    chunk_rows=st.integers(0, 300),
+    margin=st.integers(0, 3),
 )
 bindings = st.builds(Binding, st.text(max_size=10), st.sampled_from(["input", "output"]), layouts)
 tables = st.lists(st.integers(-(2**31), 2**31 - 1), max_size=20).map(lambda v: np.array(v, dtype=np.int32))

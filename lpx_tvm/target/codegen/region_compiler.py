@@ -25,6 +25,7 @@ from dataclasses import replace
 from ...errors import SchedulingError, SramFull
 from ...machine.config import LPXConfig
 from ...machine.isa import DType
+from ...machine.timing import install_lanes
 from ...precision import Precision
 from ...runtime.compiled_region import CompiledRegion
 from ..system_programs import emit_receive, emit_send
@@ -147,6 +148,7 @@ def _bind_inputs(ctx: LoweringContext, region: Region) -> dict:
         ctx.input_transforms.update(inputs)
         ctx.im2col_values.update(values)
     received = {}  # input name -> tensor its rows arrive in, from the chip before (a pipeline stage's)
+    scattered = _scattered_inputs(region)
     for p in region.params:
         if ctx.offchip:
             if p.dtype == "int32":  # indices: the band lowerings have no gather or scatter
@@ -169,10 +171,28 @@ def _bind_inputs(ctx: LoweringContext, region: Region) -> dict:
                 raise SchedulingError(f"input {p.name!r} is {shape} {dtype} here but {pinned.shape} "
                                       f"{pinned.dtype.short} in the program it shares SRAM with")
             ctx.values[p.name] = Stored(b.input_at(p.name, pinned), p.shape)
+        elif p.name in scattered:
+            # A value cache: its rows spread in chunks over as many slices as a plane has
+            # install lanes, which then read a tile's rows at once (p @ V at the install
+            # rate, not one slice's port), each chunk with a spare row either side for the
+            # scatters of rows it does not hold. The least-used slices: the others keep
+            # room for what must sit whole in one slice (a gather's table).
+            lanes = install_lanes(ctx.cfg, DType.parse(dtype))
+            used = b.slice_lines_used
+            slices = sorted(sorted(range(ctx.cfg.mem_slices), key=lambda sl: (used[sl], sl))[:lanes])
+            ctx.values[p.name] = Stored(b.input(p.name, shape, dtype, install_align=ctx.cfg.lanes, margin=1,
+                                                slices=slices), p.shape)
         else:
             ctx.values[p.name] = Stored(b.input(p.name, shape, dtype, row_align=1 if tr else row_align(p.shape)),
                                         p.shape)
     return received
+
+
+def _scattered_inputs(region: Region) -> set:
+    """The region's inputs that an ``index_put`` writes rows of (a decoder's value caches)."""
+    params = {p.name for p in region.params}
+    return {op.main.args[0].name for op in region.ops
+            if op.main.op == "index_put" and op.main.args[0].name in params}
 
 
 def _plan_liveness(ctx: LoweringContext, region: Region) -> None:

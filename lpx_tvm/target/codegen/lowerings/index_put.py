@@ -18,6 +18,7 @@ from ..registry import OpPattern, register_lowering, register_pattern
 from ..pattern_checks import tensors_problem
 from ..relax_exprs import expr_shape, is_const, static_shape
 from ..storage import Stored, one, slices_of
+from ...sram_plan import chunk_span
 from ..values import copy_value, whole_groups
 
 
@@ -41,8 +42,10 @@ def lower_index_put(ctx: LoweringContext, op: RegionOp, is_output: bool):
         idx = ctx.value(rows).tensor
     if idx.layout.dtype != DType.INT32 or idx.layout.cols != 1:
         raise UnsupportedOnLPX(f"index_put by row indices of shape {rows.shape} (LPX scatters by int32 (N, 1))")
-    if x.tensor.layout.nchunks != 1:
-        raise UnsupportedOnLPX(f"index_put into a value of {r} rows: a column tile spans several slices")
+    lay = x.tensor.layout
+    if lay.nchunks != 1 and not lay.margin:
+        raise UnsupportedOnLPX(f"index_put into a value of {r} rows: a column tile spans several slices "
+                               "without the spare rows a scatter per chunk needs (a step's value cache has them)")
     if v.tensor.layout.dtype != x.tensor.layout.dtype:
         raise UnsupportedOnLPX(f"index_put of {v.tensor.layout.dtype.short} rows into a "
                                f"{x.tensor.layout.dtype.short} value")
@@ -56,13 +59,28 @@ def lower_index_put(ctx: LoweringContext, op: RegionOp, is_output: bool):
     for b0 in range(0, n, lanes):
         b1 = min(n, b0 + lanes)
         for j in range(y.tensor.ntiles):
-            g = ctx.builder.group(f"{op.out}.scatter")
-            index = g.read(one(idx.segments(0, b0, b1)))
-            rows_in = g.read(one(v.tensor.segments(j, b0, b1)))
-            g.scatter(rows_in, index, y.tensor.tile(j))
+            for q in range(lay.nchunks):
+                g = ctx.builder.group(f"{op.out}.scatter")
+                index = g.read(one(idx.segments(0, b0, b1)))
+                if lay.nchunks > 1:
+                    index = chunk_index(g, index, lay, q)
+                rows_in = g.read(one(v.tensor.segments(j, b0, b1)))
+                g.scatter(rows_in, index, chunk_span(y.tensor.layout, j, q))
     ctx.values[op.out] = Stored(y.tensor, tuple(op.shape))
     if in_place:
         ctx.updated_in_place.add(op.out)
+
+
+def chunk_index(g, index, layout, q: int):
+    """Row indices into chunk ``q`` of ``layout`` (a value spread over slices, one scatter
+    a chunk): a row the chunk holds goes to its line, any other to a spare row of the
+    chunk's margins (below the chunk for a row before it, past it for one after), which
+    no read of the value's rows sees. Three int32 VXM passes in the scatter's group."""
+    _, r0, count = layout.chunk(0, q)
+    m = layout.margin
+    local = g.vxm("vxm.add", index, imm=m - r0)  # vector m + r - r0 of the chunk with its margins
+    local = g.vxm("vxm.max", local, imm=m - 1)
+    return g.vxm("vxm.min", local, imm=m + count)
 
 
 def _written_in_place(ctx: LoweringContext, op: RegionOp, data, x: Stored, is_output: bool) -> tuple:
@@ -173,10 +191,12 @@ def _index_put_check(a, settings):
         return op, "index_put of part of a row: LPX scatters whole rows (columns arange(D))"
     if tuple(expr_shape(values)) != (n, d):
         return op, f"index_put of values of shape {expr_shape(values)} into rows of {shape} by {n} indices"
-    lines = settings.config.lines_per_slice
-    if shape[0] * settings.activation_bytes > lines:  # a stored row takes one line per byte
-        return op, (f"index_put into a value of {shape[0]} rows: a column tile of it must fit one slice "
-                    f"({lines} lines)")
+    cfg, w = settings.config, settings.activation_bytes
+    slices = max(1, cfg.mxm_install_streams // w)  # a step's value cache is spread over these
+    per = -(-min(cfg.lanes, shape[0]) // slices)
+    if -(-shape[0] // (per * slices)) * (per + 2) * w > cfg.lines_per_slice:  # a stored row: a line a byte
+        return op, (f"index_put into a value of {shape[0]} rows: a column tile of it, spread over {slices} "
+                    f"slices, must fit them ({cfg.lines_per_slice} lines each)")
     return None
 
 

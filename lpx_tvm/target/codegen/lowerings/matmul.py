@@ -43,8 +43,10 @@ def lower_matmul(ctx: LoweringContext, op: RegionOp, is_output: bool):
         "the dense patterns take 2-D, or 3-D batches of equal size, by a runtime B"
     batches = x.shape[0] if len(x.shape) == 3 else 1
     k, nn = w.shape[-2:]
-    matmul(ctx, op, x, x.shape[-2], k, nn, is_output, W=whole_groups(ctx, w, k, f"{op.out}.rhs").tensor,
-           batches=batches)
+    # Batches are read a block of K rows at a time; one batch is read chunk by chunk as it
+    # lies (a value cache spread over slices for its installs).
+    W = whole_groups(ctx, w, k, f"{op.out}.rhs") if batches > 1 else w
+    matmul(ctx, op, x, x.shape[-2], k, nn, is_output, W=W.tensor, batches=batches)
 
 
 # ---- patterns ---------------------------------------------------------------------------
