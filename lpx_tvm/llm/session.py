@@ -274,9 +274,7 @@ def check_cache_rows(cfg: LPXConfig, precision: str, batch: int, max_context: in
     lane's share of a weight tile, each with a spare row either side (docs/llm.md);
     found from the sizes, before any compile."""
     rows, w = batch * max_context, float_bytes(precision)
-    lanes = max(1, cfg.mxm_install_streams // w)
-    per = -(-min(cfg.lanes, rows) // lanes)  # rows a chunk
-    chunks = -(-rows // per)
+    lanes, per, chunks = value_cache_chunks(cfg, rows, w)
     lines = -(-chunks // lanes) * (per + 2) * w  # on the fullest slice
     if lines > cfg.lines_per_slice:
         fit = cfg.lines_per_slice // ((per + 2) * w) * lanes * per
