@@ -362,9 +362,16 @@ class DecoderStep(torch.nn.Module):
             # head, is x's halves swapped (lanes moved on the SXM) times a sine whose
             # first half is negated: one row of each table per position, gathered for
             # the step's query rows (r, b, t) and key rows (b, t).
+            # Both in one table, side by side, when a vector holds both rows (head_dim
+            # <= lanes / 2): one gather, and a table of 4k rows stored once, not twice (a
+            # row of 128 values takes a whole vector; 2.6 MiB a table at 4k in fp16).
             half = spec.head_dim // 2
-            self.register_buffer("cos", weights["cos"])
-            self.register_buffer("sin_signed", torch.cat([-weights["sin"][:, :half], weights["sin"][:, half:]], 1))
+            sin_signed = torch.cat([-weights["sin"][:, :half], weights["sin"][:, half:]], 1)
+            if spec.rope_tables_shared:
+                self.register_buffer("cos_sin", torch.cat([weights["cos"], sin_signed], 1))
+            else:
+                self.register_buffer("cos", weights["cos"])
+                self.register_buffer("sin_signed", sin_signed)
         for key in ("embed", "lm_head", "norm_w", "norm_b", "positions"):
             if key == "embed" and not embed_in_step or not first and key in ("embed", "positions") or \
                     not last and key in ("lm_head", "norm_w", "norm_b"):
@@ -436,7 +443,11 @@ class DecoderStep(torch.nn.Module):
                 x = model("embed_tokens")(lambda x, p: x + self.positions.index_select(0, p), x, pos_rows)
         elif attends:  # the tables' rows for the (b, t) rows, the queries' scaled
             def tables(pos_rows):  # the queries' scaled by 1/sqrt(D) (Attention.queries)
-                cos, sin = self.cos.index_select(0, pos_rows), self.sin_signed.index_select(0, pos_rows)
+                if hasattr(self, "cos_sin"):
+                    both, D = self.cos_sin.index_select(0, pos_rows), s.head_dim
+                    cos, sin = both[:, :D], both[:, D:]
+                else:
+                    cos, sin = self.cos.index_select(0, pos_rows), self.sin_signed.index_select(0, pos_rows)
                 return cos * self.scale, sin * self.scale, cos, sin
             rope = model("rotary_emb")(tables, pos_rows)
         mask = places = None

@@ -63,6 +63,15 @@ class DecoderSpec:
         return self.batch * self.max_context
 
     @property
+    def rope_tables_shared(self) -> bool:
+        """Whether RoPE's cosine and signed sine tables are one, side by side in a row: when
+        a vector holds both and the context is long (2k positions or more: 2.6 MiB a
+        table at 4k in fp16, saved), the rows stored once; a shorter context keeps the two
+        apart, which spares a step the lane slices that cut them apart (2% of the profile
+        model's step at 256)."""
+        return 2 * self.head_dim <= self.lanes and self.max_context >= 2048
+
+    @property
     def value_packs(self) -> list:
         """(first kv head, kv heads) of each value cache of a layer: as many heads as fit a
         vector of ``lanes`` side by side in a row (docs/llm.md), at least one."""

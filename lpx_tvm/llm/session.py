@@ -27,6 +27,7 @@ from ..machine.config import LPXConfig, load_config
 from ..relax_passes.errors import ModelError
 from ..relax_passes.tvm_output import quiet_tvm
 from ..runtime.floors import floors_of
+from ..machine.layout import stored_bytes
 from ..sim import Simulator
 from ..target.builder import SharedSram, chunk_lines
 from ..target.codegen.interface import ProgramInterface
@@ -270,17 +271,23 @@ def _mapping_arguments(system, chips, tensor_parallel, pipeline_stages, split_la
 
 def check_cache_rows(cfg: LPXConfig, precision: str, batch: int, max_context: int) -> None:
     """A DoesNotFit error when a value cache's rows (batch x context of them) overflow the
-    slices they are spread over: as many as a plane has install lanes, in chunks of a
-    lane's share of a weight tile, each with a spare row either side (docs/llm.md);
-    found from the sizes, before any compile."""
+    slices they are spread over: as many as a plane has install lanes (or a multiple, up
+    to every slice), in chunks of a lane's share of a weight tile, each with a spare row
+    either side (docs/llm.md); found from the sizes, before any compile."""
     rows, w = batch * max_context, float_bytes(precision)
-    lanes, per, chunks = value_cache_chunks(cfg, rows, w)
-    lines = -(-chunks // lanes) * (per + 2) * w  # on the fullest slice
+    slices, per, chunks = value_cache_chunks(cfg, rows, w)
+    lines = -(-chunks // slices) * (per + 2) * w  # on the fullest slice
     if lines > cfg.lines_per_slice:
-        fit = cfg.lines_per_slice // ((per + 2) * w) * lanes * per
+        fit = cfg.lines_per_slice // ((per + 2) * w) * slices * per
         raise DoesNotFit(f"batch {batch} x context {max_context} = {rows:,} KV cache rows, but a value cache's "
-                         f"rows are spread over {lanes} slices, which hold about {fit:,} rows of "
+                         f"rows are spread over {slices} slices, which hold about {fit:,} rows of "
                          f"{FLOAT_OF.get(precision, precision)} on {cfg.name}: use a smaller batch or context")
+    # A decode step's mask: a row of every batch's positions for each sequence (int32).
+    mask = stored_bytes(batch, rows, 4, cfg.lanes)
+    if mask > cfg.sram_bytes:
+        raise DoesNotFit(f"batch {batch} x context {max_context}: a decode step's mask of {batch:,} x {rows:,} "
+                         f"positions takes {mask / 2**20:,.0f} MiB, more than the {cfg.sram_bytes / 2**20:,.0f} MiB "
+                         f"of SRAM of {cfg.name}: use a smaller batch or context")
 
 
 def matrix_parameters(model) -> int:

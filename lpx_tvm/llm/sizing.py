@@ -11,6 +11,7 @@ from ..frontends import decoders
 from ..machine.config import LPXConfig
 from ..machine.layout import stored_bytes
 from ..precision import Precision
+from ..target.sram_plan import spread_chunks
 
 # The 8-bit paths: W8A8 dense layers in int8, or in fp8 e4m3 on a machine whose MXM
 # multiplies fp8.
@@ -45,11 +46,14 @@ def matrix_values(rows: int, cols: int, lanes: int) -> int:
 def rope_table_values(spec: decoders.DecoderSpec, lanes: "int | None" = None) -> int:
     """Values of the tables the steps add to the model's weights: RoPE's cosine and
     (signed) sine, a row of ``head_dim`` per position; none for GPT-2. With ``lanes``, as
-    stored."""
+    stored: both in one table when a vector holds both rows (``DecoderSpec.rope_tables_shared``)."""
     if spec.family == "gpt2":
         return 0
-    return 2 * (spec.max_context * spec.head_dim if lanes is None else
-                matrix_values(spec.max_context, spec.head_dim, lanes))
+    if lanes is None:
+        return 2 * spec.max_context * spec.head_dim
+    if spec.rope_tables_shared:
+        return matrix_values(spec.max_context, 2 * spec.head_dim, lanes)
+    return 2 * matrix_values(spec.max_context, spec.head_dim, lanes)
 
 
 def half_layer_stored(model, spec: decoders.DecoderSpec, size: int, lanes: int) -> tuple:
@@ -78,11 +82,8 @@ def half_layer_stored(model, spec: decoders.DecoderSpec, size: int, lanes: int) 
 
 def value_cache_chunks(cfg: LPXConfig, rows: int, itemsize: int) -> tuple:
     """(slices, rows a chunk, chunks) of a value cache of ``rows`` rows as a step stores it
-    (docs/llm.md): spread over as many slices as a plane has install lanes, in chunks of a
-    lane's share of a weight tile, each chunk with a spare row either side."""
-    slices = max(1, cfg.mxm_install_streams // itemsize)
-    per = -(-min(cfg.lanes, rows) // slices)
-    return slices, per, -(-rows // per)
+    (:func:`lpx_tvm.target.sram_plan.spread_chunks`, docs/llm.md)."""
+    return spread_chunks(cfg, rows, itemsize)
 
 
 def cache_bytes_as_stored(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> int:

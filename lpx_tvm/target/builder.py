@@ -31,7 +31,7 @@ from ..machine.isa import DType, Instr, Unit
 from ..machine.program import Program, TensorLayout
 from ..machine.timing import install_lanes, unit_count, unit_position
 from .group_schedule import Arrival, Barrier, GroupSchedule
-from .placer import UNIT_OF_PREFIX
+from .placer import UNIT_OF_PREFIX, Placer
 from .program_image import OffchipTensor, ProgramImage
 from .sram_plan import SharedSram, SramPlan, SramSpan, SramTensor, chunk_lines
 
@@ -358,6 +358,25 @@ class ProgramBuilder:
 
     def group(self, tag: str = "") -> Group:
         g = Group(self, tag)
+        self.schedule.add(g)
+        return g
+
+    def trial_group(self, tag: str = "") -> Group:
+        """A group outside the program, to be tried (:meth:`fits_alone`), then kept
+        (:meth:`keep`) or dropped."""
+        return Group(self, tag)
+
+    def fits_alone(self, g: Group) -> bool:
+        """Whether group ``g`` can be placed at all: its own instructions find ports and
+        stream registers on an idle machine (a group too wide for the streams never can)."""
+        try:
+            Placer(self.config).place(g)
+        except SchedulingError:
+            return False
+        return True
+
+    def keep(self, g: Group) -> Group:
+        """Add a trial group to the program, in program order from here."""
         self.schedule.add(g)
         return g
 

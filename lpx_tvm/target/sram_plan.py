@@ -118,6 +118,22 @@ class SramTensor:
         return out
 
 
+def spread_chunks(config: LPXConfig, rows: int, itemsize: int) -> tuple:
+    """(slices, rows a chunk, chunks) of a value of ``rows`` rows laid out for installs and
+    spread (a step's value cache, docs/llm.md): a weight tile's rows cut into one chunk per
+    install lane, the chunks dealt over as many slices as a plane has install lanes, or a
+    multiple of that when they would overflow them (a batch's long cache), each chunk with
+    a spare row either side."""
+    lanes = max(1, config.mxm_install_streams // itemsize)
+    per = -(-min(config.lanes, rows) // lanes)
+    chunks = -(-rows // per)
+    slices = lanes
+    while slices + lanes <= config.mem_slices and \
+            -(-chunks // slices) * (per + 2) * itemsize > config.lines_per_slice:
+        slices += lanes
+    return slices, per, chunks
+
+
 def chunk_lines(layout: TensorLayout):
     """(slice, first line, lines) of each chunk of each column tile of ``layout``, its
     margins included."""

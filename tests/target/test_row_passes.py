@@ -40,9 +40,11 @@ def _compiled(op):
 
 def test_softmax_writes_its_reciprocal_in_the_sum_pass():
     writes = _compiled(torch.nn.Softmax(dim=-1))
-    # max: one pass over the three tiles (one write); exp: a group a tile, each writing its
-    # exp(x - max) and the running sum (6), the last the sum's reciprocal; scale: 3.
-    assert writes["max"] == 1 and writes["exp"] == 6 and writes["scale"] == 3
+    # max: one pass over the three tiles (one write); exp: a group for the two whole tiles
+    # (the max read once for both, the tiles summed lane by lane, one reduction) and one
+    # for the partial tile, each writing its exp(x - max) tiles and the running sum
+    # (3 + 2), the last the sum's reciprocal; scale: 3.
+    assert writes["max"] == 1 and writes["exp"] == 5 and writes["scale"] == 3
     assert "sum" not in writes
 
 
@@ -59,7 +61,24 @@ def test_a_norm_scales_each_tile_in_one_pass(norm):
             op.weight.copy_(gamma)
             op.bias.copy_(torch.rand(COLS) - 0.5)
     writes = _compiled(op)
-    # var: a group a tile, each writing its centered values and the running sum of squares
-    # (6), the last 1 / sqrt(var + eps); affine: one pass a tile, x * that * gamma (+ beta).
-    assert writes["var"] == 6 and writes["affine"] == 3
+    # var: a group for the two whole tiles and one for the partial tile, each writing its
+    # centered values and the running sum of squares (3 + 2), the last 1 / sqrt(var +
+    # eps); affine: one pass a tile, x * that * gamma (+ beta).
+    assert writes["var"] == 5 and writes["affine"] == 3
     assert ("mean" in writes) == (norm == "layer")
+
+
+def test_a_long_softmax_sums_its_tiles_two_to_a_pass():
+    """A 4k decode step's scores row (13 lane tiles): the running sum goes through SRAM
+    once per run of two whole tiles, not once per tile, and the result still matches
+    torch's."""
+    torch.manual_seed(1)
+    model, x = RowOp(torch.nn.Softmax(dim=-1)).eval(), torch.randn(3, 4000) * 3
+    compiled = lpx_tvm.from_torch(model, (x,), preset="tsp", precision="fp32")
+    got = compiled.run([x.numpy()])["output_0"]
+    with torch.no_grad():
+        np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-4, atol=1e-6)
+    writes = _writes_by_pass(compiled)
+    # 13 exp tiles written; the 12 whole tiles in six runs of two (on distinct slices
+    # here) and the partial tile alone: 7 running sums, where a group a tile wrote 13.
+    assert writes["exp"] == 13 + 7

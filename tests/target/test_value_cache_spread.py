@@ -74,3 +74,26 @@ def test_a_row_index_outside_every_chunk_but_one_goes_to_spare_rows_only():
         cache[r] = v[0]
         np.testing.assert_array_equal(got["output_1"], cache)
         np.testing.assert_allclose(got["output_0"], cache.sum(0, keepdims=True), rtol=1e-5, atol=1e-4)
+
+
+def test_a_cache_too_long_for_the_install_lanes_slices_spreads_over_more():
+    """On ``mini`` (16 lanes, 8 slices of 4,096 lines, 2 install lanes for fp16): 4,000
+    rows in chunks of 8 with their spare rows take 20 lines a chunk, 500 chunks: 10,000
+    lines over 2 slices would overflow them, so the chunks go over 4 (2,500 lines each)."""
+    rng = np.random.default_rng(2)
+    n, d = 4000, 16
+    cache = rng.standard_normal((n, d)).astype(np.float16).astype(np.float32)
+    rows = np.array([[7], [8], [3999]], np.int32)
+    v = rng.standard_normal((len(rows), d)).astype(np.float16).astype(np.float32)
+    p = (rng.standard_normal((1, n)) / 64).astype(np.float16).astype(np.float32)
+    args = tuple(torch.from_numpy(a) for a in (cache, rows, v, p))
+    compiled = lpx_tvm.from_torch(CacheStep(d).eval(), args, preset="mini", precision="fp16")
+    got = compiled.run([cache, rows, v, p])
+    want = cache.copy()
+    want[rows[:, 0]] = v
+    np.testing.assert_array_equal(got["output_1"], want)
+    np.testing.assert_allclose(got["output_0"], p @ want, rtol=2e-2, atol=2e-2)
+    (region,) = compiled.executable.regions.values()
+    (binding,) = [b for b in region.program.bindings if b.role == "input" and b.layout.shape == (n, d)]
+    assert (binding.layout.chunk_rows, binding.layout.nchunks) == (8, 500)
+    assert len({sl for sl, _ in binding.layout.tiles}) == 4

@@ -20,14 +20,15 @@ Each op is lowered by the function :mod:`.registry` holds for it (the modules of
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ...errors import SchedulingError, SramFull
 from ...machine.config import LPXConfig
 from ...machine.isa import DType
-from ...machine.timing import install_lanes
 from ...precision import Precision
 from ...runtime.compiled_region import CompiledRegion
+from ..sram_plan import spread_chunks
 from ..system_programs import emit_receive, emit_send
 from .interface import ALONE, InputKind, OutputKind, ProgramInterface
 from .lowering_context import LoweringContext, check_precision
@@ -173,13 +174,14 @@ def _bind_inputs(ctx: LoweringContext, region: Region) -> dict:
             ctx.values[p.name] = Stored(b.input_at(p.name, pinned), p.shape)
         elif p.name in scattered:
             # A value cache: its rows spread in chunks over as many slices as a plane has
-            # install lanes, which then read a tile's rows at once (p @ V at the install
-            # rate, not one slice's port), each chunk with a spare row either side for the
-            # scatters of rows it does not hold. The least-used slices: the others keep
-            # room for what must sit whole in one slice (a gather's table).
-            lanes = install_lanes(ctx.cfg, DType.parse(dtype))
+            # install lanes (or a multiple), which then read a tile's rows at once (p @ V
+            # at the install rate, not one slice's port), each chunk with a spare row
+            # either side for the scatters of rows it does not hold. The least-used
+            # slices: the others keep room for what must sit whole in one slice (a
+            # gather's table).
+            count = spread_chunks(ctx.cfg, math.prod(shape[:-1]), DType.parse(dtype).itemsize)[0]
             used = b.slice_lines_used
-            slices = sorted(sorted(range(ctx.cfg.mem_slices), key=lambda sl: (used[sl], sl))[:lanes])
+            slices = sorted(sorted(range(ctx.cfg.mem_slices), key=lambda sl: (used[sl], sl))[:count])
             ctx.values[p.name] = Stored(b.input(p.name, shape, dtype, install_align=ctx.cfg.lanes, margin=1,
                                                 slices=slices), p.shape)
         else:

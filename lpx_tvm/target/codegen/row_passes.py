@@ -56,59 +56,121 @@ def fill_vector(ctx: LoweringContext, value: float, dtype=None):
     return ctx.fills[key]
 
 
-# A max or min does not depend on its order: whole lane tiles are combined lane by lane
-# first, up to TREE_TILES to a group as a tree, and reduced across lanes once per group.
-# A sum keeps its order (its rounding is the reference's), and so does a reduction that
-# transforms each tile (the transform may read other tensors through the same ports).
+# Whole lane tiles are combined lane by lane first, up to TREE_TILES to a group as a tree
+# (SUM_TILES for a sum), and reduced across lanes once per group: one trip through SRAM
+# for the running result per group instead of per tile (a 4k softmax's 13 tiles, a 70B
+# norm's 26). Sums two to a group: four took a 70B TP8 layer at 4k from 10,837 cycles to
+# 10,828 and two to 10,234, and a Llama-2-70B rack plan lost 4.5% at four (its stages'
+# groups contend for ports and streams), none at two. A max or min
+# does not depend on that order; a sum's rounding does, within fp32 (reference checks
+# hold it to tolerances). A tile transformed on the way (``each``) may read a row every
+# tile of its group reads too (a max, a mean): read once in the group, so the group's
+# tiles are a power of two, each at the same depth of the tree, and the last, partial
+# tile has a group of its own.
 TREE_TILES = 4
-TREE_COMBINES = ("vxm.max", "vxm.min")
+SUM_TILES = 2
+TREE_COMBINES = ("vxm.max", "vxm.min", "vxm.add")
 
 
 def reduce_tiles(ctx: LoweringContext, tag: str, x: Stored, acc: Stored, r0: int, r1: int, reduce: str,
-                 combine: str, each=None, scale=None, last=None):
+                 combine: str, each=None, scale=None, last=None, written=None):
     """Reduce rows r0 .. r1 of ``x`` across all its lanes into ``acc`` (fp32, one tile;
-    the reduction fills each vector), one group per lane tile: the tile in fp32,
-    transformed by ``each(group, tile, value)`` when given, reduced over its valid
-    lanes, combined with the tiles before it, and multiplied by ``scale`` at the last,
-    or transformed there by ``last(group, value)`` (in the same pass: no group of its own)."""
-    lanes, f32, ntiles = ctx.cfg.lanes, ctx.acc, x.tensor.ntiles
+    the reduction fills each vector), a group per run of lane tiles (TREE_TILES, SUM_TILES): the
+    tiles in fp32, each transformed by ``each(group, tile, value, read)`` when given
+    (``read(region)`` reads a row the group's tiles share once), combined lane by lane,
+    reduced over the valid lanes, combined with the runs before, and multiplied by
+    ``scale`` at the last, or transformed there by ``last(group, value)`` (in the same
+    pass: no group of its own). ``written``: a value ``each`` writes tile ``j`` of (a
+    run's tiles then write different slices too)."""
+    lanes, ntiles = ctx.cfg.lanes, x.tensor.ntiles
     dst = one(acc.tensor.segments(0, r0, r1))
     cols = x.tensor.layout.cols
-    runs = _tile_runs(x, r0, r1, dst.slice, ntiles, TREE_TILES if combine in TREE_COMBINES and each is None else 1)
-    for k, run in enumerate(runs):
-        g = ctx.builder.group(tag)
-        tiles = []
-        for j in run:
-            v = g.read(one(x.tensor.segments(j, r0, r1)))
-            v = v if v.dtype == f32 else g.vxm("vxm.cvt", v, to=f32)
-            tiles.append((j, each(g, j, v) if each is not None else v))
-        whole = [v for j, v in tiles if cols - j * lanes >= lanes]
-        while len(whole) > 1:  # whole tiles lane by lane, pairwise
-            whole = [g.vxm(combine, a, b) for a, b in zip(whole[::2], whole[1::2])] + whole[len(whole) // 2 * 2:]
-        parts = [g.vxm(reduce, v, width=lanes) for v in whole]
-        parts += [g.vxm(reduce, v, width=cols - j * lanes) for j, v in tiles if cols - j * lanes < lanes]
-        v = parts[0]
-        for p in parts[1:]:
-            v = g.vxm(combine, v, p)
-        if k:
-            v = g.vxm(combine, v, g.read(dst))
-        if scale is not None and k == len(runs) - 1:
-            v = g.vxm("vxm.mul", v, imm=scale)
-        if last is not None and k == len(runs) - 1:
-            v = last(g, v)
-        g.write(v, dst)
+    most = 1 if combine not in TREE_COMBINES or each is not None and combine == "vxm.max" else \
+        SUM_TILES if combine == "vxm.add" else TREE_TILES
+    runs = _tile_runs(x, r0, r1, dst.slice, ntiles, most, written)
+    if each is not None:
+        runs = [part for run in runs for part in _even_runs(run, cols // lanes)]
+    # A run whose group needs more stream registers than the machine has (wide rows, fp32
+    # values each way) is halved until its group fits.
+    kept = 0
+    for i, run in enumerate(runs):
+        pending = [run]
+        while pending:
+            part = pending.pop(0)
+            final = i == len(runs) - 1 and not pending  # the scale or the transform, in the same pass
+            g = _reduce_group(ctx, tag, x, dst, r0, r1, part, reduce, combine, each, kept > 0,
+                              scale if final else None, last if final else None)
+            if len(part) == 1 or ctx.builder.fits_alone(g):
+                ctx.builder.keep(g)
+                kept += 1
+            else:
+                half = len(part) // 2
+                pending[:0] = [part[:half], part[half:]]
 
 
-def _tile_runs(x: Stored, r0: int, r1: int, dst_slice: int, ntiles: int, most: int) -> list:
-    """The lane tiles of rows r0 .. r1 cut into runs of at most ``most`` consecutive tiles
-    on different slices (a group reads each through its own slice's port), the runs after
-    the first also apart from the accumulator's slice (they read it)."""
-    runs, used = [], set()
+def _reduce_group(ctx, tag, x, dst, r0, r1, run, reduce, combine, each, after, scale=None, last=None):
+    """The group reducing lane tiles ``run`` of rows r0 .. r1 of ``x`` into ``dst``,
+    combined with ``dst``'s runs before (``after``); not yet in the program."""
+    lanes, f32 = ctx.cfg.lanes, ctx.acc
+    cols = x.tensor.layout.cols
+    g = ctx.builder.trial_group(tag)
+    shared = {}
+
+    def read(region):  # a row the run's tiles share, read once
+        if region not in shared:
+            shared[region] = g.read(region)
+        return shared[region]
+
+    tiles = []
+    for j in run:
+        v = g.read(one(x.tensor.segments(j, r0, r1)))
+        v = v if v.dtype == f32 else g.vxm("vxm.cvt", v, to=f32)
+        tiles.append((j, each(g, j, v, read) if each is not None else v))
+    whole = [v for j, v in tiles if cols - j * lanes >= lanes]
+    while len(whole) > 1:  # whole tiles lane by lane, pairwise
+        whole = [g.vxm(combine, a, b) for a, b in zip(whole[::2], whole[1::2])] + whole[len(whole) // 2 * 2:]
+    parts = [g.vxm(reduce, v, width=lanes) for v in whole]
+    parts += [g.vxm(reduce, v, width=cols - j * lanes) for j, v in tiles if cols - j * lanes < lanes]
+    v = parts[0]
+    for p in parts[1:]:
+        v = g.vxm(combine, v, p)
+    if after:
+        v = g.vxm(combine, v, g.read(dst))
+    if scale is not None:
+        v = g.vxm("vxm.mul", v, imm=scale)
+    if last is not None:
+        v = last(g, v)
+    g.write(v, dst)
+    return g
+
+
+def _tile_runs(x: Stored, r0: int, r1: int, dst_slice: int, ntiles: int, most: int, written=None) -> list:
+    """The lane tiles of rows r0 .. r1 dealt into runs of at most ``most`` tiles on
+    different slices (a group reads each through its own slice's port, and writes tile
+    ``j`` of ``written`` through another's), each tile to the first run it fits, the runs
+    after the first also apart from the accumulator's slice (they read it)."""
+    runs = []  # [(tiles, slices used)]
     for j in range(ntiles):
-        sl = one(x.tensor.segments(j, r0, r1)).slice
-        if not runs or len(runs[-1]) >= most or sl in used:
-            runs.append([])
-            used = {dst_slice} if len(runs) > 1 else set()  # (the accumulator lies apart from x)
-        runs[-1].append(j)
-        used.add(sl)
-    return runs
+        sls = {one(x.tensor.segments(j, r0, r1)).slice}
+        if written is not None:
+            sls.add(one(written.tensor.segments(j, r0, r1)).slice)
+        for tiles, used in runs:
+            if len(tiles) < most and not sls & used:
+                tiles.append(j)
+                used |= sls
+                break
+        else:
+            runs.append(([j], sls | ({dst_slice} if runs else set())))  # (the accumulator lies apart from x)
+    return [tiles for tiles, _ in runs]
+
+
+def _even_runs(run: list, whole: int) -> list:
+    """``run`` cut into runs of a power of two whole tiles, the partial tile (index
+    ``whole`` and on) alone: every tile of a run then meets a row it shares with the
+    others at one depth of the tree, one read of it serving all."""
+    out, full = [], [j for j in run if j < whole]
+    while full:
+        n = 1 << (len(full).bit_length() - 1)
+        out.append(full[:n])
+        full = full[n:]
+    return out + [[j] for j in run if j >= whole]

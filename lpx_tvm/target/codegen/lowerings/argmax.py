@@ -57,8 +57,8 @@ def lower_argmax(ctx: LoweringContext, op: RegionOp, is_output: bool):
         reduce_tiles(ctx, f"{op.out}.max", x, mx, r0, r1, "vxm.reduce_max", "vxm.max")
         m = one(mx.tensor.segments(0, r0, r1))
 
-        def first(g, j, v):  # -(j + not_max * 2^24)
-            gap = g.vxm("vxm.sub", g.read(m), v)
+        def first(g, j, v, read):  # -(j + not_max * 2^24)
+            gap = g.vxm("vxm.sub", read(m), v)
             gap = g.vxm("vxm.mul", g.vxm("vxm.mul", gap, imm=_HUGE), imm=_HUGE)
             not_max = g.vxm("vxm.min", gap, imm=1.0)
             index = g.vxm("vxm.add", g.vxm("vxm.mul", not_max, imm=_NOT_MAX), g.read(iota.tile(j).repeat(r1 - r0)))

@@ -18,7 +18,7 @@ from ..registry import OpPattern, register_lowering, register_pattern
 from ..pattern_checks import tensors_problem
 from ..relax_exprs import expr_shape, is_const, static_shape
 from ..storage import Stored, one, slices_of
-from ...sram_plan import chunk_span
+from ...sram_plan import chunk_span, spread_chunks
 from ..values import copy_value, whole_groups
 
 
@@ -192,9 +192,8 @@ def _index_put_check(a, settings):
     if tuple(expr_shape(values)) != (n, d):
         return op, f"index_put of values of shape {expr_shape(values)} into rows of {shape} by {n} indices"
     cfg, w = settings.config, settings.activation_bytes
-    slices = max(1, cfg.mxm_install_streams // w)  # a step's value cache is spread over these
-    per = -(-min(cfg.lanes, shape[0]) // slices)
-    if -(-shape[0] // (per * slices)) * (per + 2) * w > cfg.lines_per_slice:  # a stored row: a line a byte
+    slices, per, chunks = spread_chunks(cfg, shape[0], w)  # as a step's value cache is spread
+    if -(-chunks // slices) * (per + 2) * w > cfg.lines_per_slice:  # a stored row: a line a byte
         return op, (f"index_put into a value of {shape[0]} rows: a column tile of it, spread over {slices} "
                     f"slices, must fit them ({cfg.lines_per_slice} lines each)")
     return None

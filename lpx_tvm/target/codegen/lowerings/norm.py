@@ -54,16 +54,16 @@ def lower_norm(ctx: LoweringContext, op: RegionOp, is_output: bool):
         if not rms:
             reduce_tiles(ctx, f"{tag}.mean", x, mean, r0, r1, "vxm.reduce_sum", "vxm.add", scale=1.0 / cols)
 
-        def squares(g, j, v):  # x - mean (x for RMSNorm), kept; its square, summed
+        def squares(g, j, v, read):  # x - mean (x for RMSNorm), kept; its square, summed
             if rms:  # through the VXM (x * 1, exact) when read as is: it flows one way from there
                 d = v if v.node.op.startswith("vxm.") else g.vxm("vxm.mul", v, imm=1.0)
             else:
-                d = g.vxm("vxm.sub", v, g.read(seg(mean, 0, r0, r1)))
+                d = g.vxm("vxm.sub", v, read(seg(mean, 0, r0, r1)))
             g.write(d, seg(cen, j, r0, r1))
             return g.vxm("vxm.mul", d, d)
         # 1 / sqrt(var + eps) in the pass that sums the squares (no pass of its own).
         reduce_tiles(ctx, f"{tag}.var", x, var, r0, r1, "vxm.reduce_sum", "vxm.add", each=squares, scale=1.0 / cols,
-                     last=lambda g, v: g.vxm("vxm.rsqrt", g.vxm("vxm.add", v, imm=eps)))
+                     last=lambda g, v: g.vxm("vxm.rsqrt", g.vxm("vxm.add", v, imm=eps)), written=cen)
         for j in range(x.tensor.ntiles):
             # One pass a tile: the centered values, the scale and gamma (and beta) each
             # read through its own slice's port.

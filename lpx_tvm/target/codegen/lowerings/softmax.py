@@ -32,12 +32,12 @@ def lower_softmax(ctx: LoweringContext, op: RegionOp, is_output: bool):
     for r0, r1 in runs(rows, lambda r: tuple(chunk_of(t, r) for t in tensors)):
         reduce_tiles(ctx, f"{tag}.max", x, mx, r0, r1, "vxm.reduce_max", "vxm.max")
 
-        def exp(g, j, v):  # exp(x - max), kept for the scaling
-            e = g.vxm("vxm.exp", g.vxm("vxm.sub", v, g.read(seg(mx, 0, r0, r1))))
+        def exp(g, j, v, read):  # exp(x - max), kept for the scaling
+            e = g.vxm("vxm.exp", g.vxm("vxm.sub", v, read(seg(mx, 0, r0, r1))))
             g.write(e, seg(ex, j, r0, r1))
             return e
         reduce_tiles(ctx, f"{tag}.exp", x, sm, r0, r1, "vxm.reduce_sum", "vxm.add", each=exp,
-                     last=lambda g, v: g.vxm("vxm.recip", v))
+                     last=lambda g, v: g.vxm("vxm.recip", v), written=ex)
         for j in range(x.tensor.ntiles):
             g = ctx.builder.group(f"{tag}.scale")
             v = g.vxm("vxm.mul", g.read(seg(ex, j, r0, r1)), g.read(seg(sm, 0, r0, r1)))
