@@ -83,6 +83,29 @@ def test_step_logits_equal_forward(rope_scaling):
     assert all(torch.count_nonzero(keys[:, j]) > 0 and torch.count_nonzero(values[j]) > 0 for j in range(7))
 
 
+def test_a_long_context_shares_one_rope_table_and_keeps_the_logits():
+    """At 2k positions or more RoPE's cos and signed sin are one table, side by side in a
+    row (gathered once, cut by lane slices): the steps' logits still equal the model's."""
+    torch.manual_seed(4)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **{**SMALL, "max_position_embeddings": 2048}, num_key_value_heads=2)).eval()
+    with torch.no_grad():  # (as _model: logits that differ clearly between tokens)
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(8.0)
+    torch.manual_seed(5)
+    ids = torch.randint(0, SMALL["vocab_size"], (1, 7))
+    prefill, decode, spec = decoders.decoder_steps(model, max_context=2048, prompt_len=6)
+    assert spec.rope_tables_shared and hasattr(decode, "cos_sin") and not hasattr(decode, "cos")
+    with torch.no_grad():
+        want = model(ids).logits[0]
+        _, _, *caches = decoders.example_inputs(spec, 6)
+        _, logits, *caches = prefill(ids[0, :6].int(), torch.zeros(1, dtype=torch.int32), *caches)
+        np.testing.assert_allclose(logits[0].numpy(), want[5].numpy(), rtol=1e-4, atol=1e-4)
+        _, logits, *caches = decode(ids[0, 6:7].int(), torch.tensor([6], dtype=torch.int32), *caches)
+        np.testing.assert_allclose(logits[0].numpy(), want[6].numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_steps_export():
     model = _model("qwen2", seed=4)
     prefill, decode, spec = decoders.decoder_steps(model, max_context=16, prompt_len=4)
