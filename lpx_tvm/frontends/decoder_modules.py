@@ -443,7 +443,7 @@ class DecoderStep(torch.nn.Module):
                 x = model("embed_tokens")(lambda x, p: x + self.positions.index_select(0, p), x, pos_rows)
         elif attends:  # the tables' rows for the (b, t) rows, the queries' scaled
             def tables(pos_rows):  # the queries' scaled by 1/sqrt(D) (Attention.queries)
-                if hasattr(self, "cos_sin"):
+                if s.rope_tables_shared:
                     both, D = self.cos_sin.index_select(0, pos_rows), s.head_dim
                     cos, sin = both[:, :D], both[:, D:]
                 else:

@@ -24,15 +24,16 @@ from ..errors import LPXError
 from ..frontends import decoders
 from ..frontends.torch import import_torch, require_torch
 from ..machine.config import LPXConfig, load_config
+from ..machine.layout import stored_bytes
 from ..relax_passes.errors import ModelError
 from ..relax_passes.tvm_output import quiet_tvm
 from ..runtime.floors import floors_of
-from ..machine.layout import stored_bytes
 from ..sim import Simulator
 from ..target.builder import SharedSram, chunk_lines
+from ..target.sram_plan import SPREAD_MARGIN, spread_chunks
 from ..target.codegen.interface import ProgramInterface
 from .sizing import (EIGHT_BIT, FLOAT_OF, cache_bytes_as_stored, float_bytes, matrix_value_bytes, rope_table_values,
-                     value_cache_chunks, weight_bytes)
+                     weight_bytes)
 from .step_program import (WEIGHT_BUDGET, DoesNotFit, StepProgram, embed_choice, embeds_on_chip, generation_arguments,
                            shared_with, step_program, token_ids)
 
@@ -275,12 +276,11 @@ def check_cache_rows(cfg: LPXConfig, precision: str, batch: int, max_context: in
     to every slice), in chunks of a lane's share of a weight tile, each with a spare row
     either side (docs/llm.md); found from the sizes, before any compile."""
     rows, w = batch * max_context, float_bytes(precision)
-    slices, per, chunks = value_cache_chunks(cfg, rows, w)
-    lines = -(-chunks // slices) * (per + 2) * w  # on the fullest slice
-    if lines > cfg.lines_per_slice:
-        fit = cfg.lines_per_slice // ((per + 2) * w) * slices * per
+    spread = spread_chunks(cfg, rows, w)
+    if spread.fullest > cfg.lines_per_slice:
+        fit = cfg.lines_per_slice // ((spread.per + 2 * SPREAD_MARGIN) * w) * spread.slices * spread.per
         raise DoesNotFit(f"batch {batch} x context {max_context} = {rows:,} KV cache rows, but a value cache's "
-                         f"rows are spread over {slices} slices, which hold about {fit:,} rows of "
+                         f"rows are spread over {spread.slices} slices, which hold about {fit:,} rows of "
                          f"{FLOAT_OF.get(precision, precision)} on {cfg.name}: use a smaller batch or context")
     # A decode step's mask: a row of every batch's positions for each sequence (int32).
     mask = stored_bytes(batch, rows, 4, cfg.lanes)

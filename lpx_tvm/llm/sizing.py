@@ -80,12 +80,6 @@ def half_layer_stored(model, spec: decoders.DecoderSpec, size: int, lanes: int) 
     return tuple(out)
 
 
-def value_cache_chunks(cfg: LPXConfig, rows: int, itemsize: int) -> tuple:
-    """(slices, rows a chunk, chunks) of a value cache of ``rows`` rows as a step stores it
-    (:func:`lpx_tvm.target.sram_plan.spread_chunks`, docs/llm.md)."""
-    return spread_chunks(cfg, rows, itemsize)
-
-
 def cache_bytes_as_stored(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str) -> int:
     """Bytes of SRAM the caches take as stored, whole vectors of lanes, one line per byte
     of a value: a value cache's rows of ``head_dim`` values each take a vector (with its
@@ -95,7 +89,7 @@ def cache_bytes_as_stored(spec: decoders.DecoderSpec, cfg: LPXConfig, precision:
     total = 0
     for n in spec.cache_names:
         rows, cols = spec.cache_shape(n)
-        if n.startswith("v_"):
-            rows += 2 * value_cache_chunks(cfg, rows, w)[2]
+        if n.startswith("v_"):  # spread over slices (sram_plan.spread_chunks)
+            rows = spread_chunks(cfg, rows, w).rows_held
         total += stored_bytes(rows, cols, w, cfg.lanes)
     return total

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -118,20 +119,41 @@ class SramTensor:
         return out
 
 
-def spread_chunks(config: LPXConfig, rows: int, itemsize: int) -> tuple:
-    """(slices, rows a chunk, chunks) of a value of ``rows`` rows laid out for installs and
-    spread (a step's value cache, docs/llm.md): a weight tile's rows cut into one chunk per
-    install lane, the chunks dealt over as many slices as a plane has install lanes, or a
-    multiple of that when they would overflow them (a batch's long cache), each chunk with
-    a spare row either side."""
+SPREAD_MARGIN = 1  # spare rows either side of a spread value's chunk (TensorLayout.margin)
+
+
+class Spread(NamedTuple):
+    """How a value laid out for installs is spread (:func:`spread_chunks`)."""
+
+    rows: int
+    slices: int
+    per: int  # rows a chunk
+    chunks: int
+    fullest: int  # lines on the fullest slice (at most, every chunk full), spare rows included
+
+    @property
+    def rows_held(self) -> int:
+        """Rows as stored: the value's and its chunks' spare rows."""
+        return self.rows + 2 * SPREAD_MARGIN * self.chunks
+
+
+def spread_chunks(config: LPXConfig, rows: int, itemsize: int) -> Spread:
+    """How a value of ``rows`` rows laid out for installs is spread (a step's value cache,
+    docs/llm.md): a weight tile's rows cut into one chunk per install lane, the chunks
+    dealt over as many slices as a plane has install lanes, or a multiple of that when
+    they would overflow them (a batch's long cache), each chunk with SPREAD_MARGIN spare
+    rows either side."""
     lanes = max(1, config.mxm_install_streams // itemsize)
     per = -(-min(config.lanes, rows) // lanes)
     chunks = -(-rows // per)
+
+    def fullest(slices):
+        return -(-chunks // slices) * (per + 2 * SPREAD_MARGIN) * itemsize
+
     slices = lanes
-    while slices + lanes <= config.mem_slices and \
-            -(-chunks // slices) * (per + 2) * itemsize > config.lines_per_slice:
+    while slices + lanes <= config.mem_slices and fullest(slices) > config.lines_per_slice:
         slices += lanes
-    return slices, per, chunks
+    return Spread(rows, slices, per, chunks, fullest(slices))
 
 
 def chunk_lines(layout: TensorLayout):

@@ -28,7 +28,7 @@ from ...machine.config import LPXConfig
 from ...machine.isa import DType
 from ...precision import Precision
 from ...runtime.compiled_region import CompiledRegion
-from ..sram_plan import spread_chunks
+from ..sram_plan import SPREAD_MARGIN, spread_chunks
 from ..system_programs import emit_receive, emit_send
 from .interface import ALONE, InputKind, OutputKind, ProgramInterface
 from .lowering_context import LoweringContext, check_precision
@@ -179,11 +179,11 @@ def _bind_inputs(ctx: LoweringContext, region: Region) -> dict:
             # either side for the scatters of rows it does not hold. The least-used
             # slices: the others keep room for what must sit whole in one slice (a
             # gather's table).
-            count = spread_chunks(ctx.cfg, math.prod(shape[:-1]), DType.parse(dtype).itemsize)[0]
+            count = spread_chunks(ctx.cfg, math.prod(shape[:-1]), DType.parse(dtype).itemsize).slices
             used = b.slice_lines_used
             slices = sorted(sorted(range(ctx.cfg.mem_slices), key=lambda sl: (used[sl], sl))[:count])
-            ctx.values[p.name] = Stored(b.input(p.name, shape, dtype, install_align=ctx.cfg.lanes, margin=1,
-                                                slices=slices), p.shape)
+            ctx.values[p.name] = Stored(b.input(p.name, shape, dtype, install_align=ctx.cfg.lanes,
+                                                margin=SPREAD_MARGIN, slices=slices), p.shape)
         else:
             ctx.values[p.name] = Stored(b.input(p.name, shape, dtype, row_align=1 if tr else row_align(p.shape)),
                                         p.shape)

@@ -192,9 +192,9 @@ def _index_put_check(a, settings):
     if tuple(expr_shape(values)) != (n, d):
         return op, f"index_put of values of shape {expr_shape(values)} into rows of {shape} by {n} indices"
     cfg, w = settings.config, settings.activation_bytes
-    slices, per, chunks = spread_chunks(cfg, shape[0], w)  # as a step's value cache is spread
-    if -(-chunks // slices) * (per + 2) * w > cfg.lines_per_slice:  # a stored row: a line a byte
-        return op, (f"index_put into a value of {shape[0]} rows: a column tile of it, spread over {slices} "
+    spread = spread_chunks(cfg, shape[0], w)  # as a step's value cache is spread; a stored row: a line a byte
+    if spread.fullest > cfg.lines_per_slice:
+        return op, (f"index_put into a value of {shape[0]} rows: a column tile of it, spread over {spread.slices} "
                     f"slices, must fit them ({cfg.lines_per_slice} lines each)")
     return None
 
