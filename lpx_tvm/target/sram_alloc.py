@@ -59,9 +59,8 @@ class SramAllocator:
         topmost lines are free."""
         pool = range(len(self._free)) if among is None else among
         for s in sorted((s for s in pool if s not in avoid), key=lambda s: (self.used[s], s)):
-            holes = self._free[s]
-            # Never lines that working space has used: the image is in place from cycle 0.
-            if holes and holes[-1][0] + holes[-1][1] == self.floor[s] and self.floor[s] - lines >= self.high[s]:
+            if self._top_room(s, lines):
+                holes = self._free[s]
                 start, length, freed = holes.pop()
                 if length > lines:
                     holes.append((start, length - lines, freed))
@@ -71,6 +70,15 @@ class SramAllocator:
                 return s, self.floor[s]
         raise SramFull(f"SRAM full: no slice has {lines} free lines at its top for constants "
                               f"({sum(self.used)} of {len(self._free) * self.lines} lines in use)")
+
+    def constant_fits(self, lines: int) -> bool:
+        """Whether some slice has ``lines`` free lines at its top for a constant."""
+        return any(self._top_room(s, lines) for s in range(len(self._free)))
+
+    def _top_room(self, s: int, lines: int) -> bool:
+        # Never lines that working space has used: the image is in place from cycle 0.
+        holes = self._free[s]
+        return bool(holes) and holes[-1][0] + holes[-1][1] == self.floor[s] and self.floor[s] - lines >= self.high[s]
 
     def alloc(self, lines: int, slice: "int | None" = None, avoid=()) -> tuple:
         """(slice, addr) of ``lines`` free lines: in ``slice`` if given, else (not in ``avoid``)

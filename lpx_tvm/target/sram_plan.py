@@ -342,6 +342,11 @@ class SramPlan:
             arr = coerce(name, data, layout)
             for sl, lines, raw in tensor_tiles(layout, arr, self.config.lanes):
                 self.image.images.append(SramImage(sl, lines.start, raw.tobytes()))
+            # Spare rows of zeros: a gather that a chunk does not serve reads one (take).
+            m = margin * w  # lines of a chunk's spare rows on either side
+            for sl, addr, lines in chunk_lines(layout) if margin else ():
+                spare = bytes(m * self.config.lanes)
+                self.image.images += [SramImage(sl, addr, spare), SramImage(sl, addr + lines - m, spare)]
         if role is not None:
             self.image.declare(Binding(name, role, layout))
         self.image.symbols[name] = layout.to_json()

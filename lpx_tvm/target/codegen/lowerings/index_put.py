@@ -11,6 +11,7 @@ import numpy as np
 from tvm import relax
 from tvm.relax.dpl import is_op, is_tuple, wildcard
 
+from ....errors import SramFull
 from ....machine.isa import DType
 from ..lowering_context import LoweringContext
 from ..graph import RegionOp, UnsupportedOnLPX
@@ -117,7 +118,14 @@ def lower_cache_columns(ctx: LoweringContext, op: RegionOp, is_output: bool):
     y, in_place = _written_in_place(ctx, op, data, x, is_output)
     # Read side by side in one group: each on slices of its own (a slice has one read port).
     kv = _clear_of(ctx, ctx.value(keep), [y], f"{op.out}.keep")
-    a = _clear_of(ctx, ctx.value(kt), [y, kv], f"{op.out}.kt")
+    try:
+        a = _clear_of(ctx, ctx.value(kt), [y, kv], f"{op.out}.kt")
+    except SramFull:
+        # Several new keys are multiplied in groups of their own, which read no cache: a
+        # copy clear of it only spares their reads (a batch's cache may take every slice).
+        if t == 1:
+            raise
+        a = ctx.value(kt)
     oh = _clear_of(ctx, ctx.value(cols), [y, kv, a], f"{op.out}.columns") if t == 1 else \
         whole_groups(ctx, ctx.value(cols), t, f"{op.out}.columns")
     assert ctx.mxm_dtype(op) == y.tensor.layout.dtype == a.tensor.layout.dtype == oh.tensor.layout.dtype, \

@@ -16,14 +16,21 @@ from ..row_passes import write_rows
 from ..registry import OpPattern, register_lowering, register_pattern
 from ..pattern_checks import type_problem
 from ..relax_exprs import expr_shape, is_const, static_shape
-from ..storage import one
+from ..storage import Stored, one
 from ..values import new_value
+from ...sram_plan import SPREAD_MARGIN, chunk_span
+from .index_put import chunk_index
 
 
 def _place_table(ctx: LoweringContext, op: RegionOp):
     """The table read by gather: each lane tile one run of lines on one slice (a gather
-    addresses one slice), placed while the slices are still empty."""
-    return ctx.builder.constant(f"{op.out}.table", op.main.args[0].const, ctx.dtype, spread=1)
+    addresses one slice) when a slice still has room for it; else cut into chunks on
+    several slices, each between spare rows of zeros (one gather a chunk: see
+    :func:`lower_take`), as when a batch's key caches already take a part of every slice."""
+    table = op.main.args[0].const
+    whole = ctx.builder.sram.allocator.constant_fits(table.shape[0] * DType.parse(ctx.dtype).itemsize)
+    return ctx.builder.constant(f"{op.out}.table", table, ctx.dtype, spread=1,
+                                margin=0 if whole else SPREAD_MARGIN)
 
 
 @register_lowering("take", weights=_place_table)
@@ -40,23 +47,38 @@ def lower_take(ctx: LoweringContext, op: RegionOp, is_output: bool):
     n = math.prod(idx.shape) if idx.shape else 1
     lanes = ctx.cfg.lanes
     t = ctx.weights[op.out]  # placed with the weights (_place_table)
-    if t.layout.nchunks != 1:
-        raise UnsupportedOnLPX(f"take from a table of {table.shape[0]} rows: a column tile spans several slices")
-    y = new_value(ctx, op.out, op.shape, is_output)
+    if t.layout.nchunks != 1 and not t.layout.margin:
+        raise UnsupportedOnLPX(f"take from a table of {table.shape[0]} rows: a column tile spans several slices "
+                               "without the spare rows a gather per chunk needs")
+    # Chunks after the first read the rows so far beside the indices and the table.
+    y = new_value(ctx, op.out, op.shape, is_output,
+                  avoid=[x, Stored(t, tuple(table.shape))] if t.layout.margin else ())
     rows_per_index = x.tensor.layout.cols == 1  # indices stored one per row: already in lane 0
+    layout = t.layout
     for b0 in range(0, n, lanes):
         b1 = min(n, b0 + lanes)
         for j in range(t.ntiles):
-            g = ctx.builder.group(f"{op.out}.gather")
-            if rows_per_index:
-                index = g.read(one(x.tensor.segments(0, b0, b1)))
-            else:
-                # One vector of indices (lanes b0..b1 of the row) -> b1 - b0 vectors, index in lane 0.
-                if x.tensor.layout.rows != 1:
-                    raise UnsupportedOnLPX(f"take by indices of shape {idx.shape}")
-                row = g.read(one(x.tensor.segments(b0 // lanes, 0, 1)))
-                index = g.sxm("sxm.transpose", row, out=b1 - b0)
-            write_rows(ctx, g, g.gather(index, t.tile(j)), y, j, b0, b1)
+            # A table with spare rows (in chunks): one gather a chunk, each index made local
+            # to it, so a row the chunk does not hold reads a spare row of zeros; each
+            # chunk's rows added to the sum so far (a row is its own chunk's row plus
+            # zeros: exact). A sum in one group would need the gathers' rows at one cycle.
+            for q in range(layout.nchunks):
+                g = ctx.builder.group(f"{op.out}.gather")
+                if rows_per_index:
+                    index = g.read(one(x.tensor.segments(0, b0, b1)))
+                else:
+                    # One vector of indices (lanes b0..b1 of the row) -> b1 - b0 vectors, index in lane 0.
+                    if x.tensor.layout.rows != 1:
+                        raise UnsupportedOnLPX(f"take by indices of shape {idx.shape}")
+                    row = g.read(one(x.tensor.segments(b0 // lanes, 0, 1)))
+                    index = g.sxm("sxm.transpose", row, out=b1 - b0)
+                if not layout.margin:
+                    got = g.gather(index, t.tile(j))
+                else:
+                    got = g.gather(chunk_index(g, index, layout, q), chunk_span(layout, j, q))
+                    if q:
+                        got = g.vxm("vxm.add", g.read(one(y.tensor.segments(j, b0, b1))), got)
+                write_rows(ctx, g, got, y, j, b0, b1)
     ctx.values[op.out] = y
 
 
