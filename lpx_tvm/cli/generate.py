@@ -62,7 +62,7 @@ def _generate(args) -> int:
     if context < need:
         raise LPXError(f"--max-context {context}: a prompt of {prompt_len} tokens and {args.new_tokens} new ones "
                        f"need a context of at least {need}")
-    check_cache_rows(cfg, args.precision, args.batch, context)
+    check_cache_rows(cfg, args.precision, context)
     with quiet_transformers():
         model = load_decoder(args.config, args.seed)
     vocab = model.get_input_embeddings().num_embeddings

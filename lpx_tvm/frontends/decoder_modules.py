@@ -179,10 +179,11 @@ def add_scopes(root: torch.nn.Module, paths) -> None:
 # ---- the layers ----------------------------------------------------------------------
 
 class CachePlaces(NamedTuple):
-    """Where a step's ``B*T`` new tokens go in the caches: ``rows`` [B*T, 1] int32, their
-    value cache rows (b*C + position + t); ``columns`` [B*T, B*C], one-hot, their key
-    cache columns; ``keep`` [1, B*C], 0 at the columns written, 1 elsewhere; with one new
-    token a row (a decode step) ``new_columns`` [D, B*C], 1 - keep in every row."""
+    """Where a sequence's ``T`` new tokens go in its caches (every sequence of a batch is
+    at the same position): ``rows`` [T, 1] int32, their value cache rows (position + t);
+    ``columns`` [T, C], one-hot, their key cache columns; ``keep`` [1, C], 0 at the
+    columns written, 1 elsewhere; with one new token (a decode step) ``new_columns``
+    [D, C], 1 - keep in every row."""
 
     rows: object
     columns: object
@@ -200,7 +201,9 @@ class Attention:
 
     def __call__(self, step, x, w, dense, caches, new_caches, mask, places, rope):
         """``x`` plus the attention; ``caches`` and ``new_caches`` by name
-        (``DecoderSpec.cache_names``), the updated ones put in ``new_caches``."""
+        (``DecoderSpec.cache_names``), the updated ones put in ``new_caches``. Each
+        sequence of a batch attends to its own caches (``DecoderSpec.sequences``): its
+        scores are T rows of C positions, not B*T rows of B*C, most of them masked."""
         s, T = step.spec, step.steps
         B, NH, KVH, D = s.batch, s.heads, s.kv_heads, s.head_dim
         rep = NH // KVH
@@ -208,36 +211,39 @@ class Attention:
         h = at("input_layernorm")(step.family.norm, x, w["input_norm"], w.get("input_norm_b"), w["eps"])
         qkv = dense(h, "qkv")  # [B*T, (NH + 2 KVH) * D]: the query heads, the keys, the values
         k0, v0 = NH * D, (NH + KVH) * D
-        heads = [None] * NH
         packs = s.value_packs
         c = self.cache
+        # Each sequence's rows of q, k and v (the rows of one sequence, when it is alone).
+        rows = [qkv] if B == 1 else \
+            [at("self_attn.qkv_proj")(lambda t, b=b: t[b * T:(b + 1) * T], qkv) for b in range(B)]
 
-        def write_values(t):  # the new value rows into each pack's cache
-            return tuple(torch.ops.aten.index_put(caches[f"v_cache_{c}_{i}"], [places.rows, getattr(step, f"cols_{n * D}")],
+        def write_values(t, q):  # the new value rows into each pack's cache
+            return tuple(torch.ops.aten.index_put(caches[f"v_cache_{c}_{i}{q}"],
+                                                  [places.rows, getattr(step, f"cols_{n * D}")],
                                                   t[:, v0 + g0 * D:v0 + (g0 + n) * D]) for i, (g0, n) in enumerate(packs))
 
         # Each op in its part of the layer (the program does not change with the names).
-        v_caches = at("self_attn.kv_cache")(write_values, qkv)
+        v_caches = [at("self_attn.kv_cache")(write_values, t, q) for t, q in zip(rows, s.sequences)]
         def keys(t, g):  # group g's key rows, rotated
             lanes = slice(k0 + g * D, k0 + (g + 1) * D)
             return t[:, lanes] if rope is None else rotary(t, rope[2], rope[3], lanes)
 
-        def write_keys(k, g):  # the new keys into group g's key cache, stored K^T
+        def write_keys(k, g, q):  # the new keys into group g's key cache, stored K^T
             # The new keys' columns placed by a product with the one-hot columns
             # (exact: one term), the old ones kept elsewhere.
-            return caches[f"k_cache_{c}_{g}"] * places.keep + k.T @ places.columns
+            return caches[f"k_cache_{c}_{g}{q}"] * places.keep + k.T @ places.columns
 
-        def queries(t, g):  # group g's query rows (r, b, t), rotated
+        def queries(t, g):  # group g's query rows (r, t), rotated
             # Each head rotated straight from the q/k/v rows, as a key is, then the heads
             # stacked; scaled by 1/sqrt(D) here rather than as a pass over the scores
             # after them (with RoPE, by the queries' tables, scaled beside the chain).
             heads = range(g * rep, (g + 1) * rep)
             qs = [t[:, n * D:(n + 1) * D] * step.scale if rope is None else
                   rotary(t, rope[0], rope[1], slice(n * D, (n + 1) * D)) for n in heads]
-            return torch.cat(qs, dim=0) if rep > 1 else qs[0]  # [rep*B*T, D]
+            return torch.cat(qs, dim=0) if rep > 1 else qs[0]  # [rep*T, D]
 
-        def masked(s):  # [rep*B*T, B*C]: each query head's rows meet the mask's (b, t) rows
-            return s + mask if rep == 1 else (s.reshape(rep, B * T, -1) + mask).reshape(rep * B * T, -1)
+        def masked(s):  # [rep*T, C]: each query head's rows meet the mask's t rows
+            return s + mask if rep == 1 else (s.reshape(rep, T, -1) + mask).reshape(rep * T, -1)
 
         def scores_of(q, k):
             return masked(q @ k)  # q carries the scale
@@ -245,49 +251,57 @@ class Attention:
         def decode_scores(q, old, k):  # as scores_of(q, the cache with the new keys)
             # The old cache's new columns are zero (a request's caches start empty and a
             # step writes only its own columns), so q @ old is 0 there; (q * k) @
-            # new_columns puts each query row's product with its own key in every new
-            # column (the mask hides the other rows'), beside q @ old, not after it.
-            qk = q * k if rep == 1 else (q.reshape(rep, B, D) * k).reshape(rep * B, D)
+            # new_columns puts each query row's product with its key in every new column
+            # (the mask hides the others), beside q @ old, not after it.
+            qk = q * k if rep == 1 else (q.reshape(rep, T, D) * k).reshape(rep * T, D)
             return q @ old + masked(qk @ places.new_columns)
 
         # Every group's keys and queries first, then the scores: a program's order is its
         # schedule's, so a group's rows are not held up behind the scores before them.
-        # The group's query heads share one pass over its keys: rows (r, b, t). The key
+        # The group's query heads share one pass over its keys: rows (r, t). The key
         # cache, stored as K^T, is installed as it lies and the few query rows stream
         # through; streaming the C key rows past installed queries cost C vectors at the
         # 16-bit rate and a transpose of the scores (-33% cycles of a decode step at C = 256).
-        ks = [at("self_attn.rotary" if rope is not None else "self_attn.kv_cache")(keys, qkv, g) for g in range(KVH)]
-        qgs = [at("self_attn.rotary" if rope is not None else "self_attn.scores")(queries, qkv, g) for g in range(KVH)]
+        ks = [[at("self_attn.rotary" if rope is not None else "self_attn.kv_cache")(keys, t, g) for g in range(KVH)]
+              for t in rows]
+        qgs = [[at("self_attn.rotary" if rope is not None else "self_attn.scores")(queries, t, g) for g in range(KVH)]
+               for t in rows]
+        seqs = list(zip(s.sequences, qgs, ks))
         if T == 1:
             # A decode step meets each cache as it was, the new keys' products added: the
             # keys' way into the caches (a transpose, a blend) is off the chain.
-            scores = [at("self_attn.scores")(decode_scores, q, caches[f"k_cache_{c}_{g}"], k)
-                      for g, (q, k) in enumerate(zip(qgs, ks))]
-            k_caches = [at("self_attn.kv_cache")(write_keys, k, g) for g, k in enumerate(ks)]
+            scores = [[at("self_attn.scores")(decode_scores, qg, caches[f"k_cache_{c}_{g}{q}"], k)
+                       for g, (qg, k) in enumerate(zip(qs, kg))] for q, qs, kg in seqs]
+            k_caches = [[at("self_attn.kv_cache")(write_keys, k, g, q) for g, k in enumerate(kg)] for q, _, kg in seqs]
         else:
-            k_caches = [at("self_attn.kv_cache")(write_keys, k, g) for g, k in enumerate(ks)]
-            scores = [at("self_attn.scores")(scores_of, q, kc) for q, kc in zip(qgs, k_caches)]
-        probs = [at("self_attn.softmax")(torch.softmax, sc, -1) for sc in scores]
+            k_caches = [[at("self_attn.kv_cache")(write_keys, k, g, q) for g, k in enumerate(kg)] for q, _, kg in seqs]
+            scores = [[at("self_attn.scores")(scores_of, qg, kc) for qg, kc in zip(qs, kcs)]
+                      for (_, qs, _), kcs in zip(seqs, k_caches)]
+        probs = [[at("self_attn.softmax")(torch.softmax, sc, -1) for sc in scs] for scs in scores]
 
         def values(v, *ps):  # p @ V of a pack's groups at once, cut into their heads
             # The groups' rows stacked, so the pack's value rows are installed once; group
             # i's heads are its rows' lanes i*D.. (the other lanes meet other heads' values).
-            a = (torch.cat(ps, dim=0) if len(ps) > 1 else ps[0]) @ v  # [n*rep*B*T, n*D]
-            rows = B * T
-            return tuple(a[(i * rep + r) * rows:(i * rep + r + 1) * rows, i * D:(i + 1) * D] if len(ps) > 1 else
-                         a[r * rows:(r + 1) * rows] if rep > 1 else a
+            a = (torch.cat(ps, dim=0) if len(ps) > 1 else ps[0]) @ v  # [n*rep*T, n*D]
+            return tuple(a[(i * rep + r) * T:(i * rep + r + 1) * T, i * D:(i + 1) * D] if len(ps) > 1 else
+                         a[r * T:(r + 1) * T] if rep > 1 else a
                          for i in range(len(ps)) for r in range(rep))
 
-        for (g0, n), v_cache in zip(packs, v_caches):
-            heads[g0 * rep:(g0 + n) * rep] = at("self_attn.values")(values, v_cache, *probs[g0:g0 + n])
-        new_caches.update({f"k_cache_{c}_{g}": k for g, k in enumerate(k_caches)})
-        new_caches.update({f"v_cache_{c}_{i}": v for i, v in enumerate(v_caches)})
+        heads = [[None] * NH for _ in rows]  # each sequence's [T, D] of each head
+        for b, (vcs, ps) in enumerate(zip(v_caches, probs)):
+            for (g0, n), v_cache in zip(packs, vcs):
+                heads[b][g0 * rep:(g0 + n) * rep] = at("self_attn.values")(values, v_cache, *ps[g0:g0 + n])
+        for q, kcs, vcs in zip(s.sequences, k_caches, v_caches):
+            new_caches.update({f"k_cache_{c}_{g}{q}": k for g, k in enumerate(kcs)})
+            new_caches.update({f"v_cache_{c}_{i}{q}": v for i, v in enumerate(vcs)})
 
         def project(x, *heads):  # the heads side by side [B*T, NH*D], o, the residual
+            if B > 1:  # each head's rows of every sequence, in (b, t) order
+                heads = [torch.cat(heads[n::NH], dim=0) for n in range(NH)]
             attn = torch.cat(heads, dim=1) if NH > 1 else heads[0]
             return x + step.summed(dense(attn, "o"))
 
-        return at("self_attn.o_proj")(project, x, *heads)
+        return at("self_attn.o_proj")(project, x, *(hd for per in heads for hd in per))
 
 
 @dataclass(frozen=True)
@@ -396,37 +410,33 @@ class DecoderStep(torch.nn.Module):
         """The index and mask tables of the step's rows."""
         i32 = torch.int32
         B, T, C = spec.batch, steps, spec.max_context
-        b, t = torch.arange(B, dtype=i32), torch.arange(T, dtype=i32)
+        t = torch.arange(T, dtype=i32)
         # Row (b, t) of a step's tokens -> its position, less the step's first position.
         self.register_buffer("token_offsets", t.repeat(B))  # [B*T]
-        # ... -> its cache row at position 0 (a layer's kv-head cache holds (b, position) rows).
-        self.register_buffer("row_offsets", (b[:, None] * C + t[None, :]).reshape(-1, 1))  # [B*T, 1]
+        if B > 1:  # ... and row t of each sequence's (the RoPE tables' rows)
+            self.register_buffer("sequence_offsets", t)
+        # Each sequence has caches of its own, all at the same position: row t of one
+        # -> its cache row at position 0.
+        self.register_buffer("row_offsets", t[:, None])  # [T, 1]
         for _, n in spec.value_packs:  # a value cache's columns (index_put takes an index per axis)
             self.register_buffer(f"cols_{n * spec.head_dim}", torch.arange(n * spec.head_dim, dtype=i32)[None, :])
-        # The mask before the position is added: query row (r, b, t) of a group may see
-        # cache row (b', j) iff b' == b and j <= position + t, i.e. position + base >= 0
-        # with base = t - j; another batch's rows get a base no position reaches. Int32,
-        # added to the position before any float: a float16 position is exact only to
-        # 2,048 (position 2,051 would read 2,052 and see one future row).
+        # The mask before the position is added: query row (r, t) of a group may see
+        # cache row j iff j <= position + t, i.e. position + base >= 0 with base = t - j.
+        # Int32, added to the position before any float: a float16 position is exact only
+        # to 2,048 (position 2,051 would read 2,052 and see one future row). One block of
+        # rows t, which the scores' rows (r, t) meet again for each query head r of a
+        # group: stored rep times over (rep x 128 x 4,096 int32 for a 4k prompt) it
+        # crowded out of the SRAM the whole slices a 4k value cache needs (Llama-3-70B's
+        # eighth on LP30); a decode step pays about 1% for the repeat.
         j = torch.arange(C, dtype=i32)
-        base = t[:, None] - j[None, :]  # [T, C]
-        blocks = torch.full((B, T, B, C), -(2 * C + 2), dtype=i32)
-        for k in range(B):
-            blocks[k, :, k, :] = base
-        # One block of rows (b, t), which the scores' rows (r, b, t) meet again for each
-        # query head r of a group. Stored rep times over (rep x 128 x 4,096 int32 for a
-        # 4k prompt) it crowded out of the SRAM the whole slices a 4k value cache needs
-        # (Llama-3-70B's eighth on LP30); a decode step pays about 1% for the repeat.
-        blocks = blocks.reshape(B * T, B * C)
-        self.register_buffer("mask_base", blocks)
-        # The new keys' columns of a key cache (stored K^T): row (b, t) is column
-        # b*C + position + t, where position + column_base is 0 ...
-        cols = torch.arange(B * C, dtype=i32)
-        self.register_buffer("column_base", self.row_offsets - cols[None, :])  # [B*T, B*C]
-        # ... and column (b, j) is written by the step iff position <= j < position + T:
+        self.register_buffer("mask_base", t[:, None] - j[None, :])  # [T, C]
+        # The new keys' columns of a key cache (stored K^T): row t is column position + t,
+        # where position + column_base is 0 ...
+        self.register_buffer("column_base", self.row_offsets - j[None, :])  # [T, C]
+        # ... and column j is written by the step iff position <= j < position + T:
         # clamp(position - j + T, 0, 1) - clamp(position - j, 0, 1) is 1 there, else 0.
-        self.register_buffer("column_from_last", -(cols % C)[None, :])  # [1, B*C]
-        self.register_buffer("column_after_first", T - (cols % C)[None, :])
+        self.register_buffer("column_from_last", -j[None, :])  # [1, C]
+        self.register_buffer("column_after_first", T - j[None, :])
 
     def forward(self, input_ids, position, *caches):
         s, T, B = self.spec, self.steps, self.spec.batch
@@ -449,7 +459,9 @@ class DecoderStep(torch.nn.Module):
                 else:
                     cos, sin = self.cos.index_select(0, pos_rows), self.sin_signed.index_select(0, pos_rows)
                 return cos * self.scale, sin * self.scale, cos, sin
-            rope = model("rotary_emb")(tables, pos_rows)
+            # One sequence's rows: every sequence of a batch is at the same position.
+            rope = model("rotary_emb")(tables, pos_rows if B == 1 else
+                                       model("positions")(torch.add, position, self.sequence_offsets))
         mask = places = None
         if attends:
             # 0 where a query row may see a cache row, -1e4 elsewhere (exp(-1e4) is 0 in

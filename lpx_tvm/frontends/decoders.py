@@ -7,14 +7,14 @@ config and weights are rebuilt as plain torch modules of one signature::
         -> (next_ids int32 [B, 1], logits [B, V], v_cache_0_0', ..., k_cache_0_0', ...)
 
 ``T`` is the prompt length for the prefill step (at position 0) and 1 for the decode
-step. Each (layer, kv head) has a key and a value cache of its own, ``[B*C, D]`` with
-rows ordered (batch, position), so that a step writes only its new rows (``index_put``:
-a ``mem.scatter`` on LPX) and reads each cache where it lies. The ops are written in
-2-D forms the LPX back end lowers (rows of tokens, lanes of features): heads are lane
-slices of the projections, a kv head's query heads are stacked as rows and share one
-pass over its keys, batch rows are kept apart by the mask, indices are int32, the mask
-is arithmetic on the position, RoPE rows are gathered from constant tables, and the
-greedy argmax runs on chip.
+step. Each (layer, kv head, sequence of the batch) has a key and a value cache of its
+own, ``C`` positions (``DecoderSpec.cache_shape``), so that a step writes only its new
+rows (``index_put``: a ``mem.scatter`` on LPX) and reads each cache where it lies. The
+ops are written in 2-D forms the LPX back end lowers (rows of tokens, lanes of
+features): heads are lane slices of the projections, a kv head's query heads are stacked
+as rows and share one pass over its keys, each sequence attends to its own caches,
+indices are int32, the mask is arithmetic on the position, RoPE rows are gathered from
+constant tables, and the greedy argmax runs on chip.
 
 The steps are checked against the model itself: their greedy loop (:func:`generate`)
 must give ``model.generate(do_sample=False)``'s tokens (tests/frontends/test_decoders.py).
@@ -59,8 +59,9 @@ class DecoderSpec:
 
     @property
     def cache_rows(self) -> int:
-        """Rows of one key (or value) cache: (batch, position)."""
-        return self.batch * self.max_context
+        """Rows of one key (or value) cache: a sequence's positions (a batch has a cache
+        per sequence, ``cache_names``)."""
+        return self.max_context
 
     @property
     def rope_tables_shared(self) -> bool:
@@ -85,16 +86,24 @@ class DecoderSpec:
         position) rows of the pack's heads side by side."""
         if name.startswith("k_"):
             return (self.head_dim, self.cache_rows)
-        return (self.cache_rows, self.value_packs[int(name.rsplit("_", 1)[1])][1] * self.head_dim)
+        return (self.cache_rows, self.value_packs[int(name.split("_")[3])][1] * self.head_dim)
+
+    @property
+    def sequences(self) -> list:
+        """The suffix of each sequence's caches in a batch: none for one sequence, ``_s{b}``
+        for sequence ``b`` of several (each its own caches: attention meets only its own
+        sequence's positions, docs/llm.md)."""
+        return [""] if self.batch == 1 else [f"_s{b}" for b in range(self.batch)]
 
     @property
     def cache_names(self) -> list:
-        """The caches in step-argument order: every layer's value caches (a pack's each),
-        then every layer's key caches (a kv head's each). The compiler places a step's
-        inputs in this order: the value caches, a lane tile of ``B*C`` rows in one slice
-        each, before the key caches' small tiles spread over the slices they would need."""
-        return [f"v_cache_{i}_{k}" for i in range(self.layers) for k in range(len(self.value_packs))] + \
-            [f"k_cache_{i}_{g}" for i in range(self.layers) for g in range(self.kv_heads)]
+        """The caches in step-argument order: every layer's value caches (a pack's each,
+        a sequence's each), then every layer's key caches (a kv head's each, a sequence's
+        each). The compiler places a step's inputs in this order: the value caches spread
+        over slices before the key caches' small tiles."""
+        return [f"v_cache_{i}_{k}{q}" for i in range(self.layers) for k in range(len(self.value_packs))
+                for q in self.sequences] + \
+            [f"k_cache_{i}_{g}{q}" for i in range(self.layers) for g in range(self.kv_heads) for q in self.sequences]
 
     def zero_caches(self, inputs) -> dict:
         """Empty caches for a program's cache inputs ``inputs`` (in ``cache_names`` order):
@@ -103,12 +112,12 @@ class DecoderSpec:
 
     def with_caches(self, count: int) -> "DecoderSpec":
         """This spec for a step of ``count`` caches (a pipeline stage's attending layers)."""
-        return replace(self, layers=count // (self.kv_heads + len(self.value_packs)))
+        return replace(self, layers=count // ((self.kv_heads + len(self.value_packs)) * self.batch))
 
     @property
     def cache_values(self) -> int:
         """Values held by all the caches."""
-        return 2 * self.layers * self.kv_heads * self.cache_rows * self.head_dim
+        return 2 * self.layers * self.kv_heads * self.batch * self.cache_rows * self.head_dim
 
 
 

@@ -24,7 +24,6 @@ from ..errors import LPXError
 from ..frontends import decoders
 from ..frontends.torch import import_torch, require_torch
 from ..machine.config import LPXConfig, load_config
-from ..machine.layout import stored_bytes
 from ..relax_passes.errors import ModelError
 from ..relax_passes.tvm_output import quiet_tvm
 from ..runtime.floors import floors_of
@@ -180,7 +179,7 @@ def compile_llm(model_or_config, preset="tsp", precision="fp16", max_context: in
         spec, cfg, precision, matrix_parameters(model), host_table_values(model, spec, cfg, precision, embed_on_chip))
     if problem:  # before calibrating or compiling
         raise DoesNotFit(problem)
-    check_cache_rows(cfg, precision, batch, max_context)
+    check_cache_rows(cfg, precision, max_context)
     quant = None
     if precision in EIGHT_BIT:
         if calibration_ids is None:
@@ -270,24 +269,20 @@ def _mapping_arguments(system, chips, tensor_parallel, pipeline_stages, split_la
     return chips, tensor_parallel, pipeline_stages
 
 
-def check_cache_rows(cfg: LPXConfig, precision: str, batch: int, max_context: int) -> None:
-    """A DoesNotFit error when a value cache's rows (batch x context of them) overflow the
-    slices they are spread over: as many as a plane has install lanes (or a multiple, up
-    to every slice), in chunks of a lane's share of a weight tile, each with a spare row
-    either side (docs/llm.md); found from the sizes, before any compile."""
-    rows, w = batch * max_context, float_bytes(precision)
-    spread = spread_chunks(cfg, rows, w)
+def check_cache_rows(cfg: LPXConfig, precision: str, max_context: int) -> None:
+    """A DoesNotFit error when a value cache's rows (a sequence's positions: each sequence
+    of a batch has caches of its own) overflow the slices they are spread over: as many
+    as a plane has install lanes (or a multiple, up to every slice), in chunks of a lane's
+    share of a weight tile, each with a spare row either side (docs/llm.md); found from
+    the sizes, before any compile. The caches of a whole batch beside the weights are
+    :func:`fit_problem`'s."""
+    w = float_bytes(precision)
+    spread = spread_chunks(cfg, max_context, w)
     if spread.fullest > cfg.lines_per_slice:
         fit = cfg.lines_per_slice // ((spread.per + 2 * SPREAD_MARGIN) * w) * spread.slices * spread.per
-        raise DoesNotFit(f"batch {batch} x context {max_context} = {rows:,} KV cache rows, but a value cache's "
-                         f"rows are spread over {spread.slices} slices, which hold about {fit:,} rows of "
-                         f"{FLOAT_OF.get(precision, precision)} on {cfg.name}: use a smaller batch or context")
-    # A decode step's mask: a row of every batch's positions for each sequence (int32).
-    mask = stored_bytes(batch, rows, 4, cfg.lanes)
-    if mask > cfg.sram_bytes:
-        raise DoesNotFit(f"batch {batch} x context {max_context}: a decode step's mask of {batch:,} x {rows:,} "
-                         f"positions takes {mask / 2**20:,.0f} MiB, more than the {cfg.sram_bytes / 2**20:,.0f} MiB "
-                         f"of SRAM of {cfg.name}: use a smaller batch or context")
+        raise DoesNotFit(f"context {max_context:,}: a value cache's rows are spread over {spread.slices} slices, "
+                         f"which hold about {fit:,} rows of {FLOAT_OF.get(precision, precision)} on {cfg.name}: "
+                         "use a smaller context")
 
 
 def matrix_parameters(model) -> int:
@@ -333,9 +328,10 @@ def fit_problem(spec: decoders.DecoderSpec, cfg: LPXConfig, precision: str, matr
         return None
     chips = math.ceil(need / budget)
     return (f"the model needs {need / 2**20:,.1f} MiB of SRAM ({weights / 2**20:,.1f} MiB of {precision} weights, "
-            f"{kv / 2**20:,.1f} MiB of KV cache as stored for {spec.batch} x {spec.max_context} positions) but one "
-            f"{cfg.name} chip holds {cfg.sram_bytes / 2**20:,.1f} MiB ({budget / 2**20:,.1f} MiB for weights and "
-            f"state); {chips} chips would hold it resident (multi-chip mapping: docs/llm.md)")
+            f"{kv / 2**20:,.1f} MiB of KV cache as stored for batch {spec.batch} x context {spec.max_context}) but "
+            f"one {cfg.name} chip holds {cfg.sram_bytes / 2**20:,.1f} MiB ({budget / 2**20:,.1f} MiB for weights and "
+            f"state); {chips} chips would hold it resident (multi-chip mapping: docs/llm.md), or use a smaller "
+            "batch or context")
 
 
 class LLMSession:

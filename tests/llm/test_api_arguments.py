@@ -45,7 +45,7 @@ COMPILE_CASES = [
     (dict(precision="int8", calibration_ids=[[1, 2], [3]]), "calibration_ids: rows of different lengths"),
     (dict(precision="int8", calibration_ids=[[0.5, 2.0]]), "calibration_ids of dtype float64"),
     (dict(precision="int8", calibration_ids=[list(range(32))]), "calibration_ids: a prompt of 32 tokens"),
-    (dict(batch=4000, max_context=8), "a decode step's mask of 4,000 x 32,000 positions"),
+    (dict(batch=4000, max_context=8), "KV cache as stored for batch 4000 x context 8"),
 ]
 
 

@@ -218,12 +218,12 @@ def test_cli_profile_of_a_decode_step(tmp_path, capsys):
 
 
 def test_a_batch_whose_caches_do_not_fit_beside_the_weights_is_refused():
-    """80 layers, each a value cache of 2 x 2,000 rows (its 3 kv heads side by side: 4,000
-    x 320 lanes x 2 bytes, in 100 chunks of 40 rows with a spare row either side: 4,200
-    rows) and 3 key caches of 40 rows of 13 lane tiles (40 x 13 x 320 x 2): 281.2 MiB as
-    stored, over tsp's 220 MiB."""
-    assert 80 * (4200 * 320 * 2 + 3 * 40 * 13 * 320 * 2) / 2**20 == pytest.approx(281.25)
-    with pytest.raises(DoesNotFit, match=r"281\.2 MiB of KV cache as stored for 2 x 2000 positions"):
+    """80 layers, each with two sequences' caches: a value cache of 2,000 rows a sequence
+    (its 3 kv heads side by side: 2,000 x 320 lanes x 2 bytes, in 50 chunks of 40 rows with
+    a spare row either side: 2,100 rows) and 3 key caches of 40 rows of 7 lane tiles a
+    sequence (40 x 7 x 320 x 2): 287.1 MiB as stored, over tsp's 220 MiB."""
+    assert 80 * 2 * (2100 * 320 * 2 + 3 * 40 * 7 * 320 * 2) / 2**20 == pytest.approx(287.11, abs=0.01)
+    with pytest.raises(DoesNotFit, match=r"287\.1 MiB of KV cache as stored for batch 2 x context 2000"):
         lpx_tvm.compile_llm(transformers.LlamaConfig(**{**LLAMA, "max_position_embeddings": 2048,
                                                         "num_hidden_layers": 80}), preset="tsp",
                             precision="fp16", max_context=2000, batch=2)
