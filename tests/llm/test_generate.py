@@ -44,6 +44,25 @@ def test_fp32_tokens_equal_transformers_generate(kind):
         np.testing.assert_allclose(session.cache(name), caches[name], rtol=1e-5, atol=1e-5)
 
 
+def test_each_sequence_of_a_batch_attends_to_its_own_caches():
+    """Three prompts decoded together give transformers' tokens for each, and the decode
+    step does three sequences' multiplies: its attention grows with the batch, not with
+    its square (scores of B*T rows by B*C positions, most of them masked, did)."""
+    model = _model("llama")
+    ids = np.random.default_rng(2).integers(0, 320, (3, 7))
+    session = lpx_tvm.compile_llm(model, preset="tsp", precision="fp32", max_context=24, batch=3)
+    got = session.generate(ids, 10)
+    want = _hf_greedy(model, ids, 10)
+    assert len({tuple(r) for r in want.tolist()}) == 3  # the sequences differ: a mix-up shows
+    np.testing.assert_array_equal(got, want)
+    spec = session.spec
+    assert [n for n in spec.cache_names if n.startswith("k_cache_0_0")] == ["k_cache_0_0_s0", "k_cache_0_0_s1",
+                                                                          "k_cache_0_0_s2"]
+    assert spec.cache_shape("k_cache_0_0_s2") == (spec.head_dim, 24)
+    one = lpx_tvm.compile_llm(model, preset="tsp", precision="fp32", max_context=24)
+    assert session.decode.region.macs == 3 * one.decode.region.macs
+
+
 def _torch_caches(model, spec, ids, tokens):
     """The caches after prefill of ``ids`` and decode of ``tokens[:, :-1]``, in torch."""
     prefill, decode, _ = decoders.decoder_steps(model, spec.max_context, ids.shape[1], spec.batch)
