@@ -11,7 +11,8 @@ For each machine (``tsp``, then ``lp30``):
 - the decode program's own floors (multiply, install, SRAM, stream, VXM, SXM) and the
   largest of them;
 - a batch sweep (1 to 16) of the decode program: tokens/s per user against tokens/s per
-  chip, as a table and a PNG (``--png``);
+  chip, as a table and a PNG (``--png``), each batch beside its program's multiply and
+  install floors and its largest;
 - ``sim_over_torch``: the simulator's wall time for one decode step against the same
   step in torch on this CPU (median of 5), the simulator's own speed.
 
@@ -126,12 +127,15 @@ def sweep(cfg, preset: str, precision: str, args) -> list:
             rows.append(dict(batch=b, does_not_fit=str(e)))
             continue
         rep = s.report
+        own, binding = rep["floors"]["program"], rep["floors"]["program_binding"]
         rows.append(dict(batch=b, decode_cycles_per_token=rep["decode_cycles_per_token"],
                          tokens_per_s_per_user=rep["tokens_per_s_per_user"],
-                         tokens_per_s_per_chip=rep["tokens_per_s_per_chip"]))
+                         tokens_per_s_per_chip=rep["tokens_per_s_per_chip"], multiply_floor=own["multiply"],
+                         install_floor=own["install"], program_binding=binding, binding_floor=own[binding]))
         print(f"  batch {b:2d}: {rep['decode_cycles_per_token']:,} cycles/token, "
-              f"{rep['tokens_per_s_per_user']:,.0f} tokens/s per user, {rep['tokens_per_s_per_chip']:,.0f} per chip",
-              flush=True)
+              f"{rep['tokens_per_s_per_user']:,.0f} tokens/s per user, {rep['tokens_per_s_per_chip']:,.0f} per chip; "
+              f"floors multiply {own['multiply']:,.0f}, install {own['install']:,.0f}, largest {binding} "
+              f"{own[binding]:,.0f} ({rep['decode_cycles_per_token'] / own[binding]:.2f}x)", flush=True)
     return rows
 
 

@@ -15,6 +15,8 @@ and the system simulator's speed, measured side by side in one run (docs/multich
   system; where nothing fits or compiles, why.
 - The stages the planner sizes, one chip's share compiled for real (Llama-2-70B's
   heaviest at 2k and 4k on TSPs, Llama-3-70B's on LP30): resident, or weights streamed.
+- A Llama-2-70B middle stage (one chip's 1/8 of one layer, int8, 4k) at batch 1 to 16:
+  its cycles and tokens/s per chip beside its multiply and install floors.
 - The system simulator's speed on the 16-chip decode step: simulated chip-cycles per wall
   second, functional, and timing-only inline against timing-only in 2 worker processes.
 
@@ -22,8 +24,10 @@ The last line printed is JSON with ``planner_max_error`` (the largest relative e
 predicted against simulated decode cycles per token over the 2- to 16-chip cases),
 ``planner_chip_max_error`` (the same from one chip's samples, and the split mapping),
 ``llama2_70b_tokens_per_s_per_user``, ``llama2_70b_chips`` and ``llama2_70b_context``,
-and ``lp30_llama3_70b_tokens_per_s_per_user`` (batch 1, 4k context; null where no
-mapping fits or compiles, the reason beside them).
+``llama2_70b_4k_tokens_per_s_per_user`` (4k context, stages cut at half layers, the
+default SRAM budget), ``llama2_70b_4k_stage_batches`` (a middle stage at batch 1 to 16,
+each beside its floors) and ``lp30_llama3_70b_tokens_per_s_per_user`` (batch 1, 4k
+context; null where no mapping fits or compiles, the reason beside them).
 """
 
 from __future__ import annotations
@@ -130,6 +134,42 @@ def compiled_stages(name, config, system, precision, context, t, layers, stages,
     return out
 
 
+def stage_batches(name, config, system, precision, context, t, batches):
+    """One chip's share (``1/t``) of a middle pipeline stage of one layer (a stage between
+    the embedding's and the head's: three one-layer stages compiled, the middle one
+    timed), at each batch: decode cycles, tokens/s per chip, and the stage program's own
+    floors (multiply grows with the batch, install stays: the weights are installed once
+    per step), which says where a batch stops paying."""
+    from lpx_tvm.frontends.decoder_config import with_layers
+    from lpx_tvm.llm.capacity import shard_config
+    from lpx_tvm.runtime.floors import floors_of
+
+    rows = []
+    for b in batches:
+        start = time.perf_counter()
+        try:
+            s = lpx_tvm.compile_llm(shard_config(with_layers(config, 3), t), system=system, tensor_parallel=1,
+                                    pipeline_stages=3, precision=precision, max_context=context, batch=b,
+                                    embed_on_chip=False)
+        except lpx_tvm.LPXError as e:
+            rows.append(dict(batch=b, why=str(e)))
+            print(f"{name} stage (1/{t} of a layer, {precision}, context {context}), batch {b}: {e}", flush=True)
+            continue
+        # The middle stage's cycles: from the first stage's end (its rows sent) to its own.
+        ends = s.decode_stage_ends
+        cycles = ends[1] - ends[0]
+        own = floors_of(s.config, s.decode[sorted(s.decode)[1]].program.instrs)
+        binding, floor = own.largest()
+        floors = own.to_json()
+        per_chip = b * s.config.clock_hz / cycles
+        rows.append(dict(batch=b, cycles=cycles, tokens_per_s_per_chip=per_chip, floors=floors,
+                         binding=binding, over_floor=cycles / floor, compile_s=time.perf_counter() - start))
+        print(f"{name} stage (1/{t} of a layer, {precision}, context {context}), batch {b:2d}: {cycles:,} cycles "
+              f"a step, {per_chip:,.0f} tokens/s per chip; floors multiply {floors['multiply']:,.0f}, install "
+              f"{floors['install']:,.0f}, largest {binding} {floor:,.0f} ({cycles / floor:.2f}x)", flush=True)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--context", type=int, default=64)
@@ -234,8 +274,10 @@ def main() -> None:
     stages = [compiled_stages("Llama-2-70B", LLAMA2_70B, "groqnode", "int8", 2048, 8, 4, 3, split=True),
               compiled_stages("Llama-2-70B", LLAMA2_70B, "groqnode", "int8", 4096, 8, 4, 3, split=True),
               compiled_stages("Llama-3-70B", LLAMA3_70B, "lp30-rack", "fp8", 4096, 8, 5, 2)]
+    # A Llama-2-70B middle stage (one chip's 1/8 of a layer) at 4k, batch 1 to 16.
+    stage_curve = stage_batches("Llama-2-70B", LLAMA2_70B, "groqnode", "int8", 4096, 8, [1, 2, 4, 8, 16])
     big = [c for c in cases if c["chips"] >= 2]
-    l2, l3 = llama2.get("best"), llama3.get("best")
+    l2, l3, l2_4k = llama2.get("best"), llama3.get("best"), llama2_4k.get("best")
     print(json.dumps(dict(planner_max_error=max(abs(c["decode_error"]) for c in big),
                           planner_max_ttft_error=max(abs(c["ttft_error"]) for c in big),
                           one_chip_decode_error=next(c["decode_error"] for c in cases if c["chips"] == 1),
@@ -243,6 +285,8 @@ def main() -> None:
                                                      [abs(c["decode_error"]) for c in split_cases]),
                           llama2_70b_tokens_per_s_per_user=l2 and l2["tokens_per_s_per_user"],
                           llama2_70b_chips=l2 and l2["chips"], llama2_70b_context=llama2["context"],
+                          llama2_70b_4k_tokens_per_s_per_user=l2_4k and l2_4k["tokens_per_s_per_user"],
+                          llama2_70b_4k_stage_batches=stage_curve,
                           lp30_llama3_70b_tokens_per_s_per_user=l3 and l3["tokens_per_s_per_user"],
                           llama2_70b=llama2, llama2_70b_4k=llama2_4k,
                           llama2_70b_4k_at_92_percent=llama2_4k_edge, llama2_70b_whole_layers=llama2_whole,
