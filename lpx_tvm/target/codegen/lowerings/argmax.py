@@ -15,8 +15,8 @@ from ..row_passes import reduce_tiles
 from ..registry import OpPattern, register_lowering, register_pattern
 from ..pattern_checks import last_axis_rows_problem, type_problem
 from ..relax_exprs import expr_shape
-from ..storage import chunk_of, one, runs
-from ..values import new_value
+from ..storage import Stored, chunk_of, one, runs, slices_of
+from ..values import copy_value, new_value
 
 
 # (m - x) * 2^100 * 2^100 is at least 2^51 for any positive fp32 difference (the smallest
@@ -52,6 +52,11 @@ def lower_argmax(ctx: LoweringContext, op: RegionOp, is_output: bool):
     neg = ctx.temp(new_value(ctx, f"{op.out}.first", (rows, lanes), avoid=[x, mx], dtype=f32))
     y = new_value(ctx, op.out, (rows, 1), is_output, avoid=[neg], dtype=DType.INT32)
     iota = iota_vector(ctx, cols)
+    # A tile's group reads the tile, the row maximum, the running result and the tile's
+    # lane indices, each through its own slice's port: a table of indices on a slice of
+    # those is read from a copy clear of them (one tile a group: no run avoids it).
+    if {sl for sl, _ in iota.layout.tiles} & set(slices_of([x, mx, neg])):
+        iota = ctx.temp(copy_value(ctx, Stored(iota, (1, cols)), f"{op.out}.iota", avoid=[x, mx, neg])).tensor
     tensors = [x.tensor, mx.tensor, neg.tensor, y.tensor]
     for r0, r1 in runs(rows, lambda r: tuple(chunk_of(t, r) for t in tensors)):
         reduce_tiles(ctx, f"{op.out}.max", x, mx, r0, r1, "vxm.reduce_max", "vxm.max")
