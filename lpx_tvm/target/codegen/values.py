@@ -132,5 +132,8 @@ def apart(ctx: LoweringContext, x: Stored, other: Stored, tag: str) -> Stored:
         used = ctx.builder.slice_lines_used
         slices = [min((s for s in range(ctx.cfg.mem_slices) if s not in b), key=lambda s: (used[s], s))
                   for b in os_]
-        return ctx.temp(copy_value(ctx, x, f"{tag}.apart", slices=slices))
+        try:
+            return ctx.temp(copy_value(ctx, x, f"{tag}.apart", slices=slices))
+        except SramFull:
+            pass  # a slice's lines in use do not say it has a hole that long: anywhere clear of ``other``
     return ctx.temp(copy_value(ctx, x, f"{tag}.apart", avoid=[other]))
