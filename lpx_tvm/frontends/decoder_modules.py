@@ -375,7 +375,7 @@ class DecoderStep(torch.nn.Module):
             # RoPE: x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] head by
             # head, is x's halves swapped (lanes moved on the SXM) times a sine whose
             # first half is negated: one row of each table per position, gathered for
-            # the step's query rows (r, b, t) and key rows (b, t).
+            # a sequence's query rows (r, t) and key rows t (every sequence's, all at one position).
             # Both in one table, side by side, when a vector holds both rows (head_dim
             # <= lanes / 2): one gather, and a table of 4k rows stored once, not twice (a
             # row of 128 values takes a whole vector; 2.6 MiB a table at 4k in fp16).
@@ -411,10 +411,11 @@ class DecoderStep(torch.nn.Module):
         i32 = torch.int32
         B, T, C = spec.batch, steps, spec.max_context
         t = torch.arange(T, dtype=i32)
-        # Row (b, t) of a step's tokens -> its position, less the step's first position.
-        self.register_buffer("token_offsets", t.repeat(B))  # [B*T]
-        if B > 1:  # ... and row t of each sequence's (the RoPE tables' rows)
-            self.register_buffer("sequence_offsets", t)
+        # The rows a step looks positions up for -> their position, less the step's first:
+        # every token row (b, t) for learned positions, which are added to each row; one
+        # sequence's rows t for RoPE, whose table rows every sequence shares (all are at
+        # the same position).
+        self.register_buffer("token_offsets", t if self.family.rope else t.repeat(B))  # [T] or [B*T]
         # Each sequence has caches of its own, all at the same position: row t of one
         # -> its cache row at position 0.
         self.register_buffer("row_offsets", t[:, None])  # [T, 1]
@@ -446,12 +447,12 @@ class DecoderStep(torch.nn.Module):
         model = self.scope("model")  # each op in its part of the step (the report's rows)
         x = model("embed_tokens")(self.embed.index_select, 0, input_ids) if self.embed_in_step and self.first \
             else input_ids
-        pos_rows = model("positions")(torch.add, position, self.token_offsets)  # [B*T] int32
+        pos_rows = model("positions")(torch.add, position, self.token_offsets)  # int32 (_register_positions)
         rope = None
         if not self.family.rope:
             if self.first:
                 x = model("embed_tokens")(lambda x, p: x + self.positions.index_select(0, p), x, pos_rows)
-        elif attends:  # the tables' rows for the (b, t) rows, the queries' scaled
+        elif attends:  # the tables' rows for a sequence's rows t, the queries' scaled
             def tables(pos_rows):  # the queries' scaled by 1/sqrt(D) (Attention.queries)
                 if s.rope_tables_shared:
                     both, D = self.cos_sin.index_select(0, pos_rows), s.head_dim
@@ -459,9 +460,7 @@ class DecoderStep(torch.nn.Module):
                 else:
                     cos, sin = self.cos.index_select(0, pos_rows), self.sin_signed.index_select(0, pos_rows)
                 return cos * self.scale, sin * self.scale, cos, sin
-            # One sequence's rows: every sequence of a batch is at the same position.
-            rope = model("rotary_emb")(tables, pos_rows if B == 1 else
-                                       model("positions")(torch.add, position, self.sequence_offsets))
+            rope = model("rotary_emb")(tables, pos_rows)
         mask = places = None
         if attends:
             # 0 where a query row may see a cache row, -1e4 elsewhere (exp(-1e4) is 0 in
