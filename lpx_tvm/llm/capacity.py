@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from ..errors import ConfigError, LPXError
 from ..frontends import decoder_config, decoders
 from ..machine.system import load_system
-from ..target.system_programs import collective, point_to_point
+from ..target.system_programs import collective, handoff, handoff_sharded, point_to_point
 from .session import compile_llm, fit_problem, host_table_values, load_decoder, matrix_parameters
 from .sizing import (FLOAT_OF, cache_bytes_as_stored, float_bytes, half_layer_stored, matrix_value_bytes, matrix_values,
                      rope_table_values)
@@ -364,6 +364,22 @@ class _Runs:
                 collective(kind, self.system, chips, vectors, dtype)
         return self._collectives[key]
 
+    def handoff(self, g, h, vectors: int, dtype: str) -> tuple:
+        """(cycles, link bytes) of a stage boundary's hand-off of ``vectors`` rows of lanes
+        from group ``g`` to group ``h``: the simulated
+        :func:`~lpx_tvm.target.system_programs.handoff` where each rank's two chips are
+        linked (built once a group size: a system's links are alike), else the whole rows
+        from each chip point to point along the longest rank's path."""
+        if all(self.system.links_between(a, b) for a, b in zip(g, h)):
+            key = ("handoff", len(g), vectors, dtype)
+            if key not in self._collectives:
+                self._collectives[key] = handoff(self.system, g, h, vectors, dtype)
+            c = self._collectives[key]
+            return c.cycles, c.bytes_moved
+        a, b = max(zip(g, h), key=lambda ab: self.system.hops(*ab))
+        c = self.collective("send", (a, b), vectors, dtype)
+        return c.cycles, c.bytes_moved * len(g)
+
     def path_extra(self, a: int, b: int, vectors: int, dtype: str) -> int:
         """Cycles a point-to-point transfer of ``vectors`` rows from chip ``a`` to chip
         ``b`` takes past one between linked chips."""
@@ -448,13 +464,19 @@ def _composed(m: Mapping, spec, runs: _Runs, groups) -> Mapping:
         for g, h in zip(groups, groups[1:]):
             a, b = max(zip(g, h), key=lambda ab: system.hops(*ab))
             hops = system.hops(a, b)
-            decode += runs.path_extra(a, b, batch * tiles, dtype)
-            ttft += runs.path_extra(a, b, batch * runs.prompt_len * tiles, dtype)
+            decode += runs.path_extra(a, b, _link_vectors(cfg, t, batch * tiles, dtype), dtype)
+            ttft += runs.path_extra(a, b, _link_vectors(cfg, t, batch * runs.prompt_len * tiles, dtype), dtype)
             link_bytes += handoff_bytes * hops
             directed += t * hops
         m.handoff_cycles = round((decode - one_stage) / (stages - 1))  # against one stage
         interval = max(stage_d)
     return _rates(m, cfg, decode, ttft, interval, link_bytes, directed)
+
+
+def _link_vectors(cfg, t: int, vectors: int, dtype: str) -> int:
+    """Vectors of a hand-off of ``vectors`` that one rank's link between two stages of
+    ``t`` chips carries: a shard when the hand-off is sharded, else all of them."""
+    return -(-vectors // t) if handoff_sharded(cfg, t, vectors, dtype) else vectors
 
 
 def _rates(m: Mapping, cfg, decode: int, ttft: int, interval: int, link_bytes: float, directed: int) -> Mapping:
@@ -512,12 +534,11 @@ def _composed_from_chip(m: Mapping, spec, runs: _Runs, groups) -> Mapping:
     link_bytes = 2 * L * bytes_d + lbytes
     directed = stages * t * (t - 1)
     for k, (g, h) in enumerate(zip(groups, groups[1:])):
-        a_, b_ = max(zip(g, h), key=lambda ab: system.hops(*ab))
-        send_d = runs.collective("send", (a_, b_), batch * hidden, dtype)
-        span_d[k] += send_d.cycles
-        span_p[k] += runs.collective("send", (a_, b_), batch * runs.prompt_len * hidden, dtype).cycles
-        link_bytes += send_d.bytes_moved * t
-        directed += t * system.hops(a_, b_)
+        send_d, bytes_sent = runs.handoff(g, h, batch * hidden, dtype)
+        span_d[k] += send_d
+        span_p[k] += runs.handoff(g, h, batch * runs.prompt_len * hidden, dtype)[0]
+        link_bytes += bytes_sent
+        directed += t * max(system.hops(a_, b_) for a_, b_ in zip(g, h))
     decode, ttft = sum(span_d), sum(span_p)
     if stages > 1:
         m.handoff_cycles = round((decode - (rest_d + L * layer_d)) / (stages - 1))

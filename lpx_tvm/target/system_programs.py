@@ -9,8 +9,10 @@ group's order, its ranks); in the reduce-scatter each chip sends shard ``d`` to 
 its shard, its own first, then its peers' in the group's order, on the VXM as they
 arrive; in the all-gather each chip sends its shard to every peer. A shard is sent one
 message per SRAM chunk of the tensors it is read from and written to (one message for a
-tensor a slice holds). An all-reduce is the two, back to back: 2 (N - 1) / N of
-the tensor crosses each chip's links, in two link latencies.
+tensor a slice holds). An all-reduce is the two, pipelined: its shards go in several
+messages each (``MESSAGES_PER_SHARD``), and each message's sum is sent on as soon as its
+copies are in, so the all-gather runs one message behind the reduce-scatter: 2 (N - 1)
+/ N of the tensor crosses each chip's links, in two link latencies.
 
 Each chip gets one program (inputs ``X``, outputs ``Y``), built by the program builder.
 A chip's receive waits for its data's arrival, which its sender's schedule fixes: the
@@ -34,6 +36,7 @@ from ..machine.system import System, load_system
 from .builder import ProgramBuilder
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+MESSAGES_PER_SHARD = 8  # an all-reduce's messages a shard (fewer for a shard of fewer vectors)
 ADDABLE = (DType.FP32, DType.FP16, DType.BF16, DType.INT32)
 
 
@@ -127,6 +130,45 @@ def point_to_point(system, src: int, dst: int, rows: int, dtype="fp16") -> Colle
         raise LPXError(f"a transfer from chip {src} to itself")
     path = tuple(system.path(src, dst))
     return _settle("send", system, path, rows, dt, lambda c, place: _forward(place, rows, dt))
+
+
+def handoff(system, senders, receivers, rows: int, dtype="fp16") -> Collective:
+    """A pipeline stage's hand-off of a ``rows x lanes`` tensor of ``dtype`` that every
+    chip of the group ``senders`` holds (input ``X``) to every chip of the group
+    ``receivers`` (output ``Y``), rank to rank over a link
+    (:func:`emit_send`, :func:`emit_receive`): each sender sends its shard alone and the
+    receivers gather the rest from each other. ``Collective.chips`` is the senders, then
+    the receivers."""
+    system = load_system(system)
+    senders, receivers = _chips(system, senders), _chips(system, receivers)
+    dt = _dtype(dtype)
+    rows = _rows(rows, "a hand-off of")
+    if len(senders) != len(receivers) or len(set(senders + receivers)) != 2 * len(senders):
+        raise LPXError(f"a hand-off from chips {list(senders)} to {list(receivers)}: expected two groups of as "
+                       "many distinct chips")
+    for group in (senders, receivers):
+        for a in group:
+            for c in group:
+                if a != c and not system.links_between(a, c):
+                    raise LPXError(f"chips {a} and {c} of system {system.name} are not linked: a group's "
+                                   "chips gather the hand-off from each other")
+    for a, c in zip(senders, receivers):
+        if not system.links_between(a, c):
+            raise LPXError(f"chips {a} and {c} of system {system.name} are not linked: each chip hands its rows "
+                           "to the next group's chip of its rank over a link")
+    roles = {a: dict(chips=senders, downstream=c) for a, c in zip(senders, receivers)}
+    roles.update({c: dict(chips=receivers, upstream=a) for a, c in zip(senders, receivers)})
+
+    def build(c, place):
+        b = place.builder(system.config, f"handoff chip {c}")
+        if c in senders:
+            emit_send(b, place, b.input("X", (rows, system.config.lanes), dt))
+        else:
+            emit_receive(b, place, b.output("Y", (rows, system.config.lanes), dt))
+        return b.build()
+
+    programs, transfers = build_together(system, senders + receivers, build, "a hand-off", roles)
+    return Collective("handoff", system, senders + receivers, rows, dt, programs, transfers)
 
 
 def _whole(v) -> "int | None":
@@ -384,25 +426,17 @@ class ChipPlace:
 def emit_all_reduce(b: ProgramBuilder, place: ChipPlace, x, y, tag: str = "all_reduce"):
     """Groups of ``b`` that all-reduce SRAM tensor ``x`` over ``place``'s group into ``y``
     (same shape): the direct algorithm of this module, on the value's vectors (column
-    tile by column tile, row by row) cut into one shard per chip, each shard's rows one
-    message per SRAM chunk of ``x`` and of ``y``. Every chip adds its shard's copies in the
+    tile by column tile, row by row) cut into one shard per chip, each shard's rows in
+    messages of a few vectors (:func:`_message_vectors`), cut again where the SRAM chunks
+    of ``x`` and of ``y`` change. Every chip adds its shard's copies in the
     same order (its own, then its peers' in the group's order), so every chip's ``y`` is
     the same, bit for bit."""
-    n, rows = len(place.chips), x.layout.rows
-    parts = shards(rows * x.ntiles, n)
+    parts = shards(x.layout.rows * x.ntiles, len(place.chips))
+    most = _message_vectors(parts)
 
     def pieces(k):
-        """[(tile, first row, SramSpan of x)] of shard ``k``."""
-        first, size = parts[k]
-        out = []
-        for j in range(x.ntiles):
-            lo, hi = max(first, j * rows), min(first + size, (j + 1) * rows)
-            if lo < hi:
-                for r, reg in x.segments(j, lo - j * rows, hi - j * rows):
-                    # cut again where y's chunks change: a value goes to one slice, on one side
-                    for r0, part in y.segments(j, r, r + reg.count):
-                        out.append((j, r0, reg if part.count == reg.count else reg.rows(r0 - r, r0 - r + part.count)))
-        return out
+        # cut again where y's chunks change: a value goes to one slice, on one side
+        return _shard_messages(x, parts, k, most, y)
 
     def write(g, v, j, r):
         for r0, reg in y.segments(j, r, r + v.count):
@@ -428,24 +462,96 @@ def emit_all_reduce(b: ProgramBuilder, place: ChipPlace, x, y, tag: str = "all_r
 
 def emit_receive(b: ProgramBuilder, place: ChipPlace, t, tag: str = "handoff"):
     """Groups of ``b`` that write SRAM tensor ``t`` with the rows ``place.upstream``
-    sends (:func:`emit_send` of a tensor of the same layout), message by message
-    (:func:`_messages`)."""
+    sends (:func:`emit_send` of a tensor of the same layout), message by message. In a
+    group of several chips (tensor parallelism), the chip of each rank before sends
+    this chip's shard of the rows alone (every chip of a group holds the same rows):
+    this chip forwards each message to its peers as it arrives, from the stream, and
+    writes theirs as they come, so the link between the stages carries 1 / N of the
+    rows and the exchange within the group runs one message behind it."""
     port = place.port(place.upstream)
     place.check_builder(b)
-    for reg in _messages(t):
+    if not _sharded_handoff(place, t):
+        for reg in _messages(t):
+            place.expect(b, place.upstream)
+            g = b.group(f"{tag}.recv")
+            g.write(g.recv(port, reg.count, reg.dtype), reg)
+        return
+    parts = shards(t.layout.rows * t.ntiles, len(place.chips))
+    most = _message_vectors(parts)
+    for _, _, reg in _shard_messages(t, parts, place.chips.index(place.chip), most):
         place.expect(b, place.upstream)
         g = b.group(f"{tag}.recv")
-        g.write(g.recv(port, reg.count, reg.dtype), reg)
+        v = g.recv(port, reg.count, reg.dtype)
+        for d in place.peers:
+            g.send(place.port(d), v)
+        g.write(v, reg)
+    for d in place.peers:
+        for _, _, reg in _shard_messages(t, parts, place.chips.index(d), most):
+            place.expect(b, d)
+            g = b.group(f"{tag}.gather")
+            g.write(g.recv(place.port(d), reg.count, reg.dtype), reg)
 
 
 def emit_send(b: ProgramBuilder, place: ChipPlace, t, tag: str = "handoff"):
     """Groups of ``b`` that send SRAM tensor ``t`` to ``place.downstream``, as
-    :func:`emit_receive` takes it."""
+    :func:`emit_receive` takes it: all its rows from a chip alone, this chip's shard of
+    them from a group of several."""
     port = place.port(place.downstream)
     place.check_builder(b)
-    for reg in _messages(t):
+    if not _sharded_handoff(place, t):
+        regions = _messages(t)
+    else:
+        parts = shards(t.layout.rows * t.ntiles, len(place.chips))
+        regions = [reg for _, _, reg in _shard_messages(t, parts, place.chips.index(place.chip),
+                                                        _message_vectors(parts))]
+    for reg in regions:
         g = b.group(f"{tag}.send")
         g.send(port, g.read(reg))
+
+
+def _sharded_handoff(place: ChipPlace, t) -> bool:
+    return handoff_sharded(place.system.config, len(place.chips), t.layout.rows * t.ntiles, t.layout.dtype)
+
+
+def handoff_sharded(cfg, chips: int, vectors: int, dtype) -> bool:
+    """Whether a hand-off of ``vectors`` vectors of ``dtype`` from a group of ``chips``
+    chips goes in shards (:func:`emit_receive`): when the group has several chips and
+    the vectors a link no longer carries save more than the second link latency the
+    gather adds. A whole tensor of ``V`` vectors arrives ``V c + L`` after it is sent; a
+    shard of ``S``, sent and forwarded in messages of ``m``, about ``(S + m) c + 2 L``.
+    The sender and the receiver decide alike, from the tensor's shape."""
+    if chips == 1:
+        return False
+    shard = -(-vectors // chips)
+    message = _message_vectors([(0, shard)])
+    return (vectors - shard - message) * tm.c2c_cycles_per_vector(cfg, _dtype(dtype)) > cfg.c2c_latency
+
+
+def _message_vectors(parts) -> int:
+    """The most vectors a message of a sharded exchange carries: about
+    MESSAGES_PER_SHARD a shard, so that a chip passes a message on (its sum, or a copy)
+    as soon as it is in, one message behind the first link's, not a whole shard."""
+    return max(1, -(-max(size for _, size in parts) // MESSAGES_PER_SHARD))
+
+
+def _shard_messages(x, parts, k: int, most: int, y=None) -> list:
+    """[(tile, first row, SramSpan of x)] of shard ``k`` of ``x``'s vectors (column tile by
+    column tile, row by row; ``parts`` from :func:`shards`), one a message: cut where x's
+    SRAM chunks change (and ``y``'s, a tensor of the same shape, when given), and into
+    at most ``most`` vectors."""
+    rows = x.layout.rows
+    first, size = parts[k]
+    out = []
+    for j in range(x.ntiles):
+        lo, hi = max(first, j * rows), min(first + size, (j + 1) * rows)
+        if lo >= hi:
+            continue
+        for r, reg in x.segments(j, lo - j * rows, hi - j * rows):
+            for r0, part in (y.segments(j, r, r + reg.count) if y is not None else [(r, reg)]):
+                for a in range(r0 - r, r0 - r + part.count, most):
+                    end = min(a + most, r0 - r + part.count)
+                    out.append((j, r + a, reg if (a, end) == (0, reg.count) else reg.rows(a, end)))
+    return out
 
 
 def _messages(t) -> list:

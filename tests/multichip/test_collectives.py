@@ -76,26 +76,34 @@ def test_link_schedule_by_hand(chips):
     n, rows, dt = len(chips), 12, "fp32"
     col = collective("all_reduce", QUAD, chips, rows, dt)
     cpv = math.ceil(CFG.lanes * 4 / CFG.c2c_bytes_per_cycle)  # 5 on mini
-    alu = CFG.latency["vxm_alu"]
-    size = rows // n
+    alu, latency = CFG.latency["vxm_alu"], CFG.c2c_latency
+    size = rows // n  # 6 or 3 vectors a shard: under MESSAGES_PER_SHARD, a message each
     for t in col.transfers:
-        assert t.vectors == size and t.dtype == DType.FP32
-        assert t.arrival == t.send_cycle + size * cpv + CFG.c2c_latency
+        assert t.vectors == 1 and t.dtype == DType.FP32
+        assert t.arrival == t.send_cycle + cpv + latency
         assert QUAD.peer(t.src, t.src_link) == (t.dst, t.dst_link)
     # Each chip sends its N - 1 shards, then its reduced shard to its N - 1 peers.
-    assert len(col.transfers) == 2 * n * (n - 1)
+    assert len(col.transfers) == 2 * n * (n - 1) * size
     assert col.bytes_moved == 2 * n * (n - 1) * size * CFG.lanes * 4
     for c in chips:
-        got = sorted((t for t in col.transfers if t.dst == c), key=lambda t: t.arrival)[:n - 1]
-        second = [t for t in col.transfers if t.src == c][n - 1:]
-        # the reduce issues its k-th add (k = 1..N-1) once the k-th shard is in: the result
-        # leaves L_alu after the last add, which is at or after the last arrival + 1
-        last = max(t.arrival for t in got)
-        assert all(t.send_cycle >= last + 1 + alu for t in second)
-        if n == 2:
-            assert all(t.send_cycle == last + 1 + alu for t in second)
-    # two link latencies at least: the all-reduce's lower bound on these links
-    assert col.cycles > 2 * (size * cpv + CFG.c2c_latency)
+        peers = [d for d in chips if d != c]
+        inbound = {d: sorted((t for t in col.transfers if (t.src, t.dst) == (d, c)), key=lambda t: t.send_cycle)
+                   for d in peers}
+        outbound = {d: sorted((t for t in col.transfers if (t.src, t.dst) == (c, d)), key=lambda t: t.send_cycle)
+                    for d in peers}
+        for k in range(size):
+            # the k-th vector of c's shard is summed once every peer's copy is in: its last
+            # add issues a cycle after the last arrival and the sum leaves L_alu later
+            last = max(inbound[d][k].arrival for d in peers)
+            for d in peers:
+                sent = outbound[d][size + k].send_cycle
+                assert sent >= last + 1 + alu
+                if n == 2:
+                    assert sent == last + 1 + alu
+        # pipelined: c's first sum is on its way before the last copies of its shard arrive
+        assert max(outbound[d][size].send_cycle for d in peers) < min(inbound[d][-1].arrival for d in peers)
+    # the last vector crosses twice, behind the shard's other vectors on its first link
+    assert col.cycles > (size + 1) * cpv + 2 * latency
 
 
 def test_refusals():
@@ -163,3 +171,53 @@ def test_point_to_point_across_racks():
     r = SystemSimulator(s).run(col.programs, timing_only=True)
     assert r.cycles == col.cycles
     assert r.cycles >= (len(col.chips) - 1) * (2 * 42 + s.config.c2c_latency)  # 42 cycles an fp16 vector on tsp
+
+
+@pytest.mark.parametrize("rows", [20, 240])
+def test_handoff_between_groups(rows):
+    """A stage's hand-off from chips (0, 1) to (2, 3), rank to rank: 20 fp32 vectors go
+    whole from each chip (100 cycles on a link against 450 of latency: a shard would save
+    less than the second latency it adds); 240 go as each rank's shard of 120 in messages
+    of 15, which each receiver forwards to its peer a cycle after it arrives (the
+    receive emits the next cycle, the send takes it from the stream)."""
+    from lpx_tvm.target.system_programs import handoff, handoff_sharded, point_to_point
+
+    col = handoff(QUAD, (0, 1), (2, 3), rows, "fp32")
+    cpv = math.ceil(CFG.lanes * 4 / CFG.c2c_bytes_per_cycle)
+    x = _inputs(collective("all_reduce", QUAD, (0, 1), rows), 3)[0]
+    r = SystemSimulator(QUAD).run(col.programs, {0: {"X": x}, 1: {"X": x}})
+    for c in (2, 3):
+        np.testing.assert_array_equal(r.chips[c].outputs["Y"], x)
+    assert r.cycles == col.cycles
+    for t in col.transfers:
+        assert t.arrival == t.send_cycle + t.vectors * cpv + CFG.c2c_latency
+    whole = point_to_point(QUAD, 0, 2, rows, "fp32")
+    if rows == 20:
+        assert not handoff_sharded(CFG, 2, rows, "fp32")
+        assert {(t.src, t.dst) for t in col.transfers} == {(0, 2), (1, 3)}
+        assert col.bytes_moved == 2 * rows * CFG.lanes * 4 and col.cycles == whole.cycles
+        return
+    assert handoff_sharded(CFG, 2, rows, "fp32")
+    across = [t for t in col.transfers if (t.src, t.dst) in ((0, 2), (1, 3))]
+    assert sum(t.vectors for t in across) == rows and {t.vectors for t in across} == {15}
+    for src, dst in ((0, 2), (1, 3)):
+        came = [t for t in across if t.src == src]
+        went = [t for t in col.transfers if t.src == dst]
+        assert [t.send_cycle for t in went] == [t.arrival + 1 for t in came]
+    for a, b in ((2, 3), (3, 2)):  # each receiver passes its rank's shard on to its peer
+        assert sum(t.vectors for t in col.transfers if (t.src, t.dst) == (a, b)) == rows // 2
+    assert col.bytes_moved == 2 * rows * CFG.lanes * 4  # each vector over two links
+    assert col.cycles < whole.cycles  # 120 vectors a link instead of 240, one more latency
+
+
+def test_handoff_refusals():
+    from lpx_tvm.target.system_programs import handoff
+
+    with pytest.raises(LPXError, match="expected two groups of as many distinct chips"):
+        handoff(QUAD, (0, 1), (1, 2), 4)
+    with pytest.raises(LPXError, match="expected two groups of as many distinct chips"):
+        handoff(QUAD, (0, 1), (2,), 4)
+    with pytest.raises(LPXError, match="chips 0 and 2 of system line are not linked: a group's chips gather"):
+        handoff(LINE, (0, 2), (1, 3), 4)
+    with pytest.raises(LPXError, match="chips 0 and 2 of system line are not linked: each chip hands its rows"):
+        handoff(LINE, (0,), (2,), 4)
