@@ -17,6 +17,8 @@ and the system simulator's speed, measured side by side in one run (docs/multich
   heaviest at 2k and 4k on TSPs, Llama-3-70B's on LP30): resident, or weights streamed.
 - A Llama-2-70B middle stage (one chip's 1/8 of one layer, int8, 4k) at batch 1 to 16:
   its cycles and tokens/s per chip beside its multiply and install floors.
+- Each collective of the 70B plans (the hidden rows' all-reduce and hand-off at batch 1
+  and 8 and for a 128-token prompt, the logits' all-reduce) beside its link floor.
 - The system simulator's speed on the 16-chip decode step: simulated chip-cycles per wall
   second, functional, and timing-only inline against timing-only in 2 worker processes.
 
@@ -27,7 +29,8 @@ predicted against simulated decode cycles per token over the 2- to 16-chip cases
 ``llama2_70b_4k_tokens_per_s_per_user`` (4k context, stages cut at half layers, the
 default SRAM budget), ``llama2_70b_4k_stage_batches`` (a middle stage at batch 1 to 16,
 each beside its floors) and ``lp30_llama3_70b_tokens_per_s_per_user`` (batch 1, 4k
-context; null where no mapping fits or compiles, the reason beside them).
+context; null where no mapping fits or compiles, the reason beside them), and
+``collectives`` (each collective's cycles and link floor).
 """
 
 from __future__ import annotations
@@ -132,6 +135,35 @@ def compiled_stages(name, config, system, precision, context, t, layers, stages,
               f"{c['image_bytes'] / 2**20:,.1f} MiB resident, {c['streamed_bytes'] / 2**20:,.1f} MiB streamed"
               for c in chips) + f" of {s.config.sram_bytes / 2**20:,.0f}; stage ends {out['stage_ends']}", flush=True)
     return out
+
+
+def collective_floors(name, config, system, precision, t, batches, prompt=128):
+    """Each collective of a tensor-parallel stage of ``t`` chips on ``system`` alone,
+    beside its link floor (``Collective.link_floor``): the all-reduce of the hidden rows
+    (two a layer) and a stage's hand-off of them, at each decode batch and for a prompt of
+    ``prompt`` tokens, and the all-reduce of the logits."""
+    from lpx_tvm.llm.sizing import FLOAT_OF
+    from lpx_tvm.machine.system import load_system
+    from lpx_tvm.target.system_programs import collective, handoff
+
+    s = load_system(system)
+    lanes, dtype = s.config.lanes, FLOAT_OF.get(precision, precision)
+    first, second = s.stage_groups(t, 2)
+    hidden, vocab = -(-config["hidden_size"] // lanes), -(-config["vocab_size"] // lanes)
+    cases = [(f"all-reduce, hidden, batch {b}", "all_reduce", b * hidden) for b in batches] + \
+            [(f"hand-off, hidden, batch {b}", "handoff", b * hidden) for b in batches] + \
+            [(f"all-reduce, hidden, {prompt}-token prompt", "all_reduce", prompt * hidden),
+             (f"hand-off, hidden, {prompt}-token prompt", "handoff", prompt * hidden),
+             ("all-reduce, logits, batch 1", "all_reduce", vocab)]
+    rows = []
+    for what, kind, vectors in cases:
+        c = handoff(s, first, second, vectors, dtype) if kind == "handoff" else \
+            collective(kind, s, first, vectors, dtype)
+        rows.append(dict(what=what, vectors=vectors, cycles=c.cycles, link_floor=c.link_floor,
+                         over_floor=c.cycles / c.link_floor))
+        print(f"{name} TP{t} on {system}, {what} ({vectors} {dtype} vectors): {c.cycles:,} cycles, link floor "
+              f"{c.link_floor:,} ({c.cycles / c.link_floor:.2f}x)", flush=True)
+    return rows
 
 
 def stage_batches(name, config, system, precision, context, t, batches):
@@ -276,6 +308,9 @@ def main() -> None:
               compiled_stages("Llama-3-70B", LLAMA3_70B, "lp30-rack", "fp8", 4096, 8, 5, 2)]
     # A Llama-2-70B middle stage (one chip's 1/8 of a layer) at 4k, batch 1 to 16.
     stage_curve = stage_batches("Llama-2-70B", LLAMA2_70B, "groqnode", "int8", 4096, 8, [1, 2, 4, 8, 16])
+    # Each collective of those plans beside its link floor.
+    collectives = dict(llama2_70b_tsp=collective_floors("Llama-2-70B", LLAMA2_70B, "tsp-576", "int8", 8, [1, 8]),
+                       lp30_llama3_70b=collective_floors("Llama-3-70B", LLAMA3_70B, "lp30-rack", "fp8", 8, [1, 8]))
     big = [c for c in cases if c["chips"] >= 2]
     l2, l3, l2_4k = llama2.get("best"), llama3.get("best"), llama2_4k.get("best")
     print(json.dumps(dict(planner_max_error=max(abs(c["decode_error"]) for c in big),
@@ -292,7 +327,8 @@ def main() -> None:
                           llama2_70b_4k_at_92_percent=llama2_4k_edge, llama2_70b_whole_layers=llama2_whole,
                           lp30_llama3_70b=llama3, lp30_llama3_70b_batches=llama3_batches, lp30_llama3_8b=llama3_8b,
                           lp30_llama3_8b_batches=llama3_8b_batches, plan_s=plan_s, cases=cases,
-                          split_cases=split_cases, simulator=speed, compiled_stages=stages)))
+                          split_cases=split_cases, simulator=speed, compiled_stages=stages,
+                          collectives=collectives)))
 
 
 if __name__ == "__main__":

@@ -77,6 +77,36 @@ class Collective:
         return max(max((tm.timing(self.system.config, i).done for i in p.instrs), default=0)
                    for p in self.programs.values())
 
+    @property
+    def link_floor(self) -> int:
+        """Cycles no schedule of this collective's algorithm can beat on its links: its
+        link latencies in series plus the vectors that cross one link in series before
+        the last one lands (``hops L + n c``, ``c`` a vector's cycles on a link), or its
+        busiest link's vectors and one latency, whichever is longer. An all-reduce (and
+        a sharded hand-off): two latencies, a shard's ``S`` vectors on its first link and
+        the last one's sum (``n = S + 1``); a reduce-scatter or all-gather: one, ``S``; a
+        transfer along a path of ``h`` links: ``h`` latencies, all its vectors and one
+        more a chip between (forwarding as the first vector arrives, at best); a whole
+        hand-off: one latency, all its vectors."""
+        cfg = self.system.config
+        c, latency = tm.c2c_cycles_per_vector(cfg, self.dtype), cfg.c2c_latency
+        groups = 2 if self.kind == "handoff" else 1
+        group = len(self.chips) // groups
+        shard = max(size for _, size in shards(self.rows, group))
+        if self.kind == "send":
+            hops, serial = len(self.chips) - 1, self.rows + len(self.chips) - 2
+        elif self.kind == "all_reduce" or (self.kind == "handoff" and
+                                           handoff_sharded(cfg, group, self.rows, self.dtype)):
+            hops, serial = 2, shard + 1
+        elif self.kind == "handoff":
+            hops, serial = 1, self.rows
+        else:
+            hops, serial = 1, shard
+        busiest = {}
+        for t in self.transfers:
+            busiest[t.src, t.src_link] = busiest.get((t.src, t.src_link), 0) + t.vectors
+        return max(hops * latency + serial * c, latency + max(busiest.values(), default=0) * c)
+
     def shard(self, chip: int) -> tuple:
         """(first row, rows) of ``chip``'s shard."""
         return shards(self.rows, len(self.chips))[self.chips.index(chip)]

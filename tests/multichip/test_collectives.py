@@ -102,8 +102,9 @@ def test_link_schedule_by_hand(chips):
                     assert sent == last + 1 + alu
         # pipelined: c's first sum is on its way before the last copies of its shard arrive
         assert max(outbound[d][size].send_cycle for d in peers) < min(inbound[d][-1].arrival for d in peers)
-    # the last vector crosses twice, behind the shard's other vectors on its first link
-    assert col.cycles > (size + 1) * cpv + 2 * latency
+    # the last vector crosses twice, behind the shard's other vectors on its first link:
+    # the link floor, which the reads, adds and writes around the messages leave it above
+    assert col.link_floor == (size + 1) * cpv + 2 * latency < col.cycles
 
 
 def test_refusals():
@@ -152,6 +153,8 @@ def test_point_to_point_forwards_along_the_path(dtype):
     assert [t.arrival - t.send_cycle for t in col.transfers] == [hop] * 3
     assert sends[1] == col.transfers[0].arrival + 1 and sends[2] == col.transfers[1].arrival + 1
     assert col.bytes_moved == 3 * rows * CFG.lanes * DType.parse(dtype).itemsize
+    # at best each chip between forwards as the first vector arrives
+    assert col.link_floor == 3 * CFG.c2c_latency + (rows + 2) * cpv < col.cycles
     x = (np.arange(rows * CFG.lanes) % 100 - 50).reshape(rows, CFG.lanes).astype(NP.get(dtype, np.int8))
     r = SystemSimulator(LINE).run(col.programs, {0: {"X": x}})
     np.testing.assert_array_equal(r.chips[3].outputs["Y"], x)
@@ -196,6 +199,7 @@ def test_handoff_between_groups(rows):
         assert not handoff_sharded(CFG, 2, rows, "fp32")
         assert {(t.src, t.dst) for t in col.transfers} == {(0, 2), (1, 3)}
         assert col.bytes_moved == 2 * rows * CFG.lanes * 4 and col.cycles == whole.cycles
+        assert col.link_floor == CFG.c2c_latency + rows * cpv < col.cycles
         return
     assert handoff_sharded(CFG, 2, rows, "fp32")
     across = [t for t in col.transfers if (t.src, t.dst) in ((0, 2), (1, 3))]
@@ -208,6 +212,7 @@ def test_handoff_between_groups(rows):
         assert sum(t.vectors for t in col.transfers if (t.src, t.dst) == (a, b)) == rows // 2
     assert col.bytes_moved == 2 * rows * CFG.lanes * 4  # each vector over two links
     assert col.cycles < whole.cycles  # 120 vectors a link instead of 240, one more latency
+    assert col.link_floor == 2 * CFG.c2c_latency + (rows // 2 + 1) * cpv < col.cycles
 
 
 def test_handoff_refusals():
