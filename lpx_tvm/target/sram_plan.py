@@ -294,8 +294,9 @@ class SramPlan:
         in row tiles that start at multiples of ``install_align`` rows, and each such tile is
         cut into one chunk per install lane, the chunks of a tile on different slices, so
         that all lanes read at once (a slice reads one line per cycle). ``install_pools(j,
-        q)`` may name the slices chunk ``q`` of column tile ``j`` is best kept in (those of
-        the plane and lane that install it), or None; a full pool falls back to any slice.
+        q)`` names pools of slices chunk ``q`` of column tile ``j`` is best kept in (those of
+        the plane and lane that install it), in the order to try; when all are full (or
+        none is named), any slice.
         ``margin``: rows of spare lines held before and after each chunk (TensorLayout)."""
         dt = DType.parse(dtype)
         shape = tuple(int(s) for s in shape)
@@ -372,8 +373,11 @@ class SramPlan:
                         if distinct > 1 and q else tuple(avoid)
                     lines = (n + 2 * margin) * w
                     if constant and want is None:
-                        pool = pools(j, q) if pools is not None else None
-                        placed = self._alloc_among(lines, near, pool) if pool else None
+                        placed = None
+                        for pool in pools(j, q) if pools is not None else ():
+                            placed = self._alloc_among(lines, near, pool) if pool else None
+                            if placed:
+                                break
                         tiles.append((*(placed or self._alloc_near(self.allocator.alloc_constant, lines, near, avoid)),
                                       lines))
                     else:

@@ -8,6 +8,9 @@ expected figures come from the ``tsp`` floorplan (MXM, MXM, SXM, 44 MEM, VXM, 44
 MXM, MXM), not from the compiler.
 """
 
+import json
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -93,3 +96,49 @@ def test_gemv_planes_and_slices(tmp_path):
     assert all(len(s) == 2 for s in lanes.values())
     used = {s for ss in lanes.values() for s in ss}
     assert used == set(range(32)) | set(range(56, 88)) and len(used) == len(feeds)
+
+
+def _install_sources(cfg, instrs) -> dict:
+    """(plane, lane) -> the slices its installs read, each install matched to its read."""
+    reads = {}
+    for ins in instrs:
+        if ins.op == "mem.read":
+            t = timing(cfg, ins)
+            reads[(ins.dst, t.emit - ins.dst.sign * t.position)] = ins.unit
+    lanes = {}
+    for ins in instrs:
+        if ins.op == "mxm.install":
+            src = reads[(ins.src0, ins.cycle - ins.src0.sign * timing(cfg, ins).position)]
+            lanes.setdefault((ins.unit, ins.aux1), set()).add(src)
+    return lanes
+
+
+def test_weights_beyond_the_pools(tmp_path):
+    # lp30's floorplan with slices of 100 lines (32,000 bytes): 80 slices a side, the 32
+    # farthest from the VXM the pools (west 0-31, east 128-159), the 48 nearer ones
+    # (west 32-79, east 80-127) beyond them. The same fp16 GEMV: each plane installs 5
+    # tiles, each cut over its 8 lanes into chunks of 40 rows (80 lines), so a slice holds
+    # one chunk. A side's 16 lanes get 2 pool slices each (lane k of the west: k, k + 16)
+    # and 3 beyond (32 + k, 48 + k, 64 + k): all 5 chunks on its own side, no slice
+    # shared by two lanes. Dealt to any slice once the pools were full, a west plane's
+    # fifth chunk lay east of the VXM (a row of every tile crossing it).
+    spec = json.loads((Path(lpx_tvm.__file__).parent / "machine/presets/lp30.json").read_text())
+    spec["mem"]["slice_bytes"] = 32000
+    spec["name"] = "lp30_small_slices"
+    preset = tmp_path / "lp30_small_slices.json"
+    preset.write_text(json.dumps(spec))
+    k, n = 1280, 1600
+    path = str(tmp_path / "gemv.onnx")
+    w = _gemv_model(path, k, n)
+    model = lpx_tvm.compile_model(path, preset=str(preset), precision="fp16")
+    x = np.random.default_rng(1).standard_normal((1, k)).astype(np.float32)
+    got, want = model.run({"x": x})["y"], x @ w
+    assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
+    (region,) = model.executable.regions.values()
+    lanes = _install_sources(load_config(str(preset)), region.program.instrs)
+    assert len(lanes) == 4 * 8
+    for (plane, lane), slices in lanes.items():
+        k_ = (plane % 2) * 8 + lane  # the lane's index among its side's 16
+        first = 0 if plane < 2 else 128  # the side's pool slices, in index order
+        rest = 32 if plane < 2 else 80
+        assert slices == {first + k_, first + 16 + k_, rest + k_, rest + 16 + k_, rest + 32 + k_}, (plane, lane)

@@ -25,7 +25,8 @@ def install_pool(cfg, plane: int, lane: int, lanes: int) -> tuple:
     reads one chunk at a time: one slice per lane of the widest case (int8, a lane per
     install stream) is enough, and the side's slices beyond those, the ones nearest the
     VXM, are left to the working space (the layer's input and output, K parts' sums),
-    whose reads would otherwise hold a port an install part needs for all its rows."""
+    whose reads would otherwise hold a port an install part needs for all its rows
+    (weights go there, :func:`install_pool_beyond`, once these are full)."""
     planes = planes_beside(cfg, plane)
     slices = slices_beside(cfg, plane)
     k, n = planes.index(plane) * lanes + lane, len(planes) * lanes
@@ -33,6 +34,18 @@ def install_pool(cfg, plane: int, lane: int, lanes: int) -> tuple:
     if len(slices) > widest:
         slices = sorted(nearest_vxm(cfg, slices)[-widest:])  # the farthest from the VXM
     return tuple(slices[k::n]) if len(slices) >= n else (slices[k % len(slices)],)
+
+
+def install_pool_beyond(cfg, plane: int, lane: int, lanes: int) -> tuple:
+    """Where install lane ``lane`` of ``plane`` keeps its weight rows once its
+    :func:`install_pool` is full (a chip holding more layers than those slices do): the
+    side's nearer slices, dealt out to the lanes the same way, so that the planes and
+    lanes still read through different ports and no weight crosses the VXM."""
+    planes = planes_beside(cfg, plane)
+    widest = len(planes) * install_lanes(cfg, DType.INT8)
+    rest = sorted(nearest_vxm(cfg, slices_beside(cfg, plane))[:-widest])
+    k, n = planes.index(plane) * lanes + lane, len(planes) * lanes
+    return tuple(rest[k::n]) if len(rest) >= n else ()
 
 
 def _install_pools(ctx: LoweringContext, op: RegionOp, matrix, align: int):
@@ -49,9 +62,10 @@ def _install_pools(ctx: LoweringContext, op: RegionOp, matrix, align: int):
     per = -(-min(align, k) // lanes)  # a chunk's rows (builder.tensor's install_align cut)
     chunks = -(-align // per)
 
-    def pools(j, q):
+    def pools(j, q):  # in the order to try
         plane = planes.get((j, q // chunks))
-        return None if plane is None else install_pool(ctx.cfg, plane, q % chunks, lanes)
+        return () if plane is None else (install_pool(ctx.cfg, plane, q % chunks, lanes),
+                                         install_pool_beyond(ctx.cfg, plane, q % chunks, lanes))
 
     return pools if planes else None
 
