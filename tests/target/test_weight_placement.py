@@ -115,19 +115,20 @@ def _install_sources(cfg, instrs) -> dict:
 
 def test_weights_beyond_the_pools(tmp_path):
     # lp30's floorplan with slices of 100 lines (32,000 bytes): 80 slices a side, the 32
-    # farthest from the VXM the pools (west 0-31, east 128-159), the 48 nearer ones
-    # (west 32-79, east 80-127) beyond them. The same fp16 GEMV: each plane installs 5
-    # tiles, each cut over its 8 lanes into chunks of 40 rows (80 lines), so a slice holds
-    # one chunk. A side's 16 lanes get 2 pool slices each (lane k of the west: k, k + 16)
-    # and 3 beyond (32 + k, 48 + k, 64 + k): all 5 chunks on its own side, no slice
-    # shared by two lanes. Dealt to any slice once the pools were full, a west plane's
-    # fifth chunk lay east of the VXM (a row of every tile crossing it).
+    # farthest from the VXM the pools (west 0-31, east 128-159), the next 32 beyond them
+    # (west 32-63, east 96-127), the 16 nearest the VXM left to the working space. An fp16
+    # GEMV of 1 x 1280 x 1280: each plane installs one column block, 4 tiles, each cut
+    # over its 8 lanes into chunks of 40 rows (80 lines), so a slice holds one chunk. A
+    # side's 16 lanes get 2 pool slices each (lane k of the west: k, k + 16) and 2
+    # beyond (32 + k, 48 + k): all 4 chunks on its own side, no slice shared by two
+    # lanes. Dealt to the least-used slice once the pools were full, plane 0's lane 0
+    # took slices 8 and 24, plane 1's lane 0's pool: two planes on one read port.
     spec = json.loads((Path(lpx_tvm.__file__).parent / "machine/presets/lp30.json").read_text())
     spec["mem"]["slice_bytes"] = 32000
     spec["name"] = "lp30_small_slices"
     preset = tmp_path / "lp30_small_slices.json"
     preset.write_text(json.dumps(spec))
-    k, n = 1280, 1600
+    k, n = 1280, 1280
     path = str(tmp_path / "gemv.onnx")
     w = _gemv_model(path, k, n)
     model = lpx_tvm.compile_model(path, preset=str(preset), precision="fp16")
@@ -139,6 +140,5 @@ def test_weights_beyond_the_pools(tmp_path):
     assert len(lanes) == 4 * 8
     for (plane, lane), slices in lanes.items():
         k_ = (plane % 2) * 8 + lane  # the lane's index among its side's 16
-        first = 0 if plane < 2 else 128  # the side's pool slices, in index order
-        rest = 32 if plane < 2 else 80
-        assert slices == {first + k_, first + 16 + k_, rest + k_, rest + 16 + k_, rest + 32 + k_}, (plane, lane)
+        pool, beyond = (0, 32) if plane < 2 else (128, 96)  # each tier's first slice
+        assert slices == {pool + k_, pool + 16 + k_, beyond + k_, beyond + 16 + k_}, (plane, lane)

@@ -39,13 +39,18 @@ def install_pool(cfg, plane: int, lane: int, lanes: int) -> tuple:
 def install_pool_beyond(cfg, plane: int, lane: int, lanes: int) -> tuple:
     """Where install lane ``lane`` of ``plane`` keeps its weight rows once its
     :func:`install_pool` is full (a chip holding more layers than those slices do): the
-    side's nearer slices, dealt out to the lanes the same way, so that the planes and
-    lanes still read through different ports and no weight crosses the VXM."""
+    side's next slices towards the VXM, as many again (one per int8 lane), dealt out to
+    the lanes the same way, so that the planes and lanes still read through different
+    ports and no weight crosses the VXM; the slices nearer still stay with the working
+    space. None where the side has not that many (``tsp``: 12 beyond its pools)."""
     planes = planes_beside(cfg, plane)
     widest = len(planes) * install_lanes(cfg, DType.INT8)
-    rest = sorted(nearest_vxm(cfg, slices_beside(cfg, plane))[:-widest])
+    rest = nearest_vxm(cfg, slices_beside(cfg, plane))[:-widest]
+    if len(rest) < widest:
+        return ()
+    nxt = sorted(rest[-widest:])  # the farthest from the VXM of the rest
     k, n = planes.index(plane) * lanes + lane, len(planes) * lanes
-    return tuple(rest[k::n]) if len(rest) >= n else ()
+    return tuple(nxt[k::n])
 
 
 def _install_pools(ctx: LoweringContext, op: RegionOp, matrix, align: int):
