@@ -51,6 +51,18 @@ def _gemv_model(path, k, n, seed=0):
     return w
 
 
+def _install_reads(cfg, instrs) -> list:
+    """(plane, lane, slice) of each install: the slice of the read that put its rows on
+    the stream (same stream register, same ``D = cycle - sign * position``)."""
+    reads = {}
+    for ins in instrs:
+        if ins.op == "mem.read":
+            t = timing(cfg, ins)
+            reads[(ins.dst, t.emit - ins.dst.sign * t.position)] = ins.unit
+    return [(ins.unit, ins.aux1, reads[(ins.src0, ins.cycle - ins.src0.sign * timing(cfg, ins).position)])
+            for ins in instrs if ins.op == "mxm.install"]
+
+
 def test_gemv_planes_and_slices(tmp_path):
     # fp16, 1 x 1280 x 1600: 4 reduction tiles of 320 rows, 5 column blocks of 320. Blocks
     # 0-3 take planes 0-3 (4 tiles each); block 4 is split into 4 parts of one tile, one
@@ -71,23 +83,16 @@ def test_gemv_planes_and_slices(tmp_path):
     muls = [ins.unit for ins in instrs if ins.op in ("mxm.mul", "mxm.mac")]
     assert [muls.count(p) for p in range(4)] == [5, 5, 5, 5]
 
-    reads = {}
-    for ins in instrs:
-        if ins.op == "mem.read":
-            t = timing(cfg, ins)
-            reads[(ins.dst, t.emit - ins.dst.sign * t.position)] = ins.unit
     feeds = {}  # slice -> planes it installs into
     lanes = {}  # (plane, lane) -> slices
-    installs = [ins for ins in instrs if ins.op == "mxm.install"]
+    installs = _install_reads(cfg, instrs)
     # 20 tiles of 320 fp16 rows, each cut over the plane's 8 lanes (16 install streams, 2 bytes a row).
     assert len(installs) == 20 * 8
-    for ins in installs:
-        plane_position = timing(cfg, ins).position
-        src = reads[(ins.src0, ins.cycle - ins.src0.sign * plane_position)]
-        feeds.setdefault(src, set()).add(ins.unit)
-        lanes.setdefault((ins.unit, ins.aux1), set()).add(src)
-        west_plane = ins.unit < 2
-        assert (src < 44) == west_plane, f"plane {ins.unit} installs from slice {src} across the VXM"
+    for plane, lane, src in installs:
+        feeds.setdefault(src, set()).add(plane)
+        lanes.setdefault((plane, lane), set()).add(src)
+        west_plane = plane < 2
+        assert (src < 44) == west_plane, f"plane {plane} installs from slice {src} across the VXM"
     assert all(len(planes) == 1 for planes in feeds.values()), "a slice feeds two planes"
     assert len(lanes) == 4 * 8
     # A side keeps for the pools its 32 slices farthest from the VXM, one per int8 lane
@@ -96,21 +101,6 @@ def test_gemv_planes_and_slices(tmp_path):
     assert all(len(s) == 2 for s in lanes.values())
     used = {s for ss in lanes.values() for s in ss}
     assert used == set(range(32)) | set(range(56, 88)) and len(used) == len(feeds)
-
-
-def _install_sources(cfg, instrs) -> dict:
-    """(plane, lane) -> the slices its installs read, each install matched to its read."""
-    reads = {}
-    for ins in instrs:
-        if ins.op == "mem.read":
-            t = timing(cfg, ins)
-            reads[(ins.dst, t.emit - ins.dst.sign * t.position)] = ins.unit
-    lanes = {}
-    for ins in instrs:
-        if ins.op == "mxm.install":
-            src = reads[(ins.src0, ins.cycle - ins.src0.sign * timing(cfg, ins).position)]
-            lanes.setdefault((ins.unit, ins.aux1), set()).add(src)
-    return lanes
 
 
 def test_weights_beyond_the_pools(tmp_path):
@@ -136,7 +126,9 @@ def test_weights_beyond_the_pools(tmp_path):
     got, want = model.run({"x": x})["y"], x @ w
     assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
     (region,) = model.executable.regions.values()
-    lanes = _install_sources(load_config(str(preset)), region.program.instrs)
+    lanes = {}
+    for plane, lane, src in _install_reads(load_config(str(preset)), region.program.instrs):
+        lanes.setdefault((plane, lane), set()).add(src)
     assert len(lanes) == 4 * 8
     for (plane, lane), slices in lanes.items():
         k_ = (plane % 2) * 8 + lane  # the lane's index among its side's 16

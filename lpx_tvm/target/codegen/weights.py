@@ -27,13 +27,11 @@ def install_pool(cfg, plane: int, lane: int, lanes: int) -> tuple:
     VXM, are left to the working space (the layer's input and output, K parts' sums),
     whose reads would otherwise hold a port an install part needs for all its rows
     (weights go there, :func:`install_pool_beyond`, once these are full)."""
-    planes = planes_beside(cfg, plane)
     slices = slices_beside(cfg, plane)
-    k, n = planes.index(plane) * lanes + lane, len(planes) * lanes
-    widest = len(planes) * install_lanes(cfg, DType.INT8)
+    widest = _widest(cfg, plane)
     if len(slices) > widest:
         slices = sorted(nearest_vxm(cfg, slices)[-widest:])  # the farthest from the VXM
-    return tuple(slices[k::n]) if len(slices) >= n else (slices[k % len(slices)],)
+    return _dealt(cfg, slices, plane, lane, lanes)
 
 
 def install_pool_beyond(cfg, plane: int, lane: int, lanes: int) -> tuple:
@@ -43,14 +41,26 @@ def install_pool_beyond(cfg, plane: int, lane: int, lanes: int) -> tuple:
     the lanes the same way, so that the planes and lanes still read through different
     ports and no weight crosses the VXM; the slices nearer still stay with the working
     space. None where the side has not that many (``tsp``: 12 beyond its pools)."""
-    planes = planes_beside(cfg, plane)
-    widest = len(planes) * install_lanes(cfg, DType.INT8)
+    widest = _widest(cfg, plane)
     rest = nearest_vxm(cfg, slices_beside(cfg, plane))[:-widest]
     if len(rest) < widest:
         return ()
-    nxt = sorted(rest[-widest:])  # the farthest from the VXM of the rest
+    return _dealt(cfg, sorted(rest[-widest:]), plane, lane, lanes)  # the farthest of the rest
+
+
+def _widest(cfg, plane: int) -> int:
+    """Install lanes of the planes on ``plane``'s side in the widest case (int8): the
+    slices a tier of pools holds, one a lane."""
+    return len(planes_beside(cfg, plane)) * install_lanes(cfg, DType.INT8)
+
+
+def _dealt(cfg, slices: list, plane: int, lane: int, lanes: int) -> tuple:
+    """``slices`` dealt out in turn to the ``lanes`` install lanes of each plane on
+    ``plane``'s side: lane ``lane`` of ``plane``'s share (one of them when there are fewer
+    slices than lanes)."""
+    planes = planes_beside(cfg, plane)
     k, n = planes.index(plane) * lanes + lane, len(planes) * lanes
-    return tuple(nxt[k::n])
+    return tuple(slices[k::n]) if len(slices) >= n else (slices[k % len(slices)],)
 
 
 def _install_pools(ctx: LoweringContext, op: RegionOp, matrix, align: int):
@@ -67,10 +77,10 @@ def _install_pools(ctx: LoweringContext, op: RegionOp, matrix, align: int):
     per = -(-min(align, k) // lanes)  # a chunk's rows (builder.tensor's install_align cut)
     chunks = -(-align // per)
 
-    def pools(j, q):  # in the order to try
+    def pools(j, q):  # in the order to try, each made only when the one before is full
         plane = planes.get((j, q // chunks))
-        return () if plane is None else (install_pool(ctx.cfg, plane, q % chunks, lanes),
-                                         install_pool_beyond(ctx.cfg, plane, q % chunks, lanes))
+        return () if plane is None else (tier(ctx.cfg, plane, q % chunks, lanes)
+                                         for tier in (install_pool, install_pool_beyond))
 
     return pools if planes else None
 
