@@ -248,13 +248,18 @@ class Attention:
         def scores_of(q, k):
             return masked(q @ k)  # q carries the scale
 
-        def decode_scores(q, old, k):  # as scores_of(q, the cache with the new keys)
+        def decode_scores(q, old, k):  # two terms whose sum is scores_of(q, the cache with the new keys)
             # The old cache's new columns are zero (a request's caches start empty and a
             # step writes only its own columns), so q @ old is 0 there; (q * k) @
             # new_columns puts each query row's product with its key in every new column
-            # (the mask hides the others), beside q @ old, not after it.
+            # (the mask hides the others), beside q @ old, not after it. The mask goes on q @
+            # old, which does not wait for the product q * k, and the softmax adds the two
+            # as it reads them (``lpx.softmax_of_sum``): no pass after the last product.
             qk = q * k if rep == 1 else (q.reshape(rep, T, D) * k).reshape(rep * T, D)
-            return q @ old + masked(qk @ places.new_columns)
+            return masked(q @ old), qk @ places.new_columns
+
+        def softmax_of_sum(a, b):
+            return torch.softmax(a + b, -1)
 
         # Every group's keys and queries first, then the scores: a program's order is its
         # schedule's, so a group's rows are not held up behind the scores before them.
@@ -267,17 +272,19 @@ class Attention:
         qgs = [[at("self_attn.rotary" if rope is not None else "self_attn.scores")(queries, t, g) for g in range(KVH)]
                for t in rows]
         seqs = list(zip(s.sequences, qgs, ks))
+        softmax = at("self_attn.softmax")
         if T == 1:
             # A decode step meets each cache as it was, the new keys' products added: the
-            # keys' way into the caches (a transpose, a blend) is off the chain.
-            scores = [[at("self_attn.scores")(decode_scores, qg, caches[f"k_cache_{c}_{g}{q}"], k)
-                       for g, (qg, k) in enumerate(zip(qs, kg))] for q, qs, kg in seqs]
+            # keys' way into the caches (a transpose, a blend) is off the chain. Each
+            # group's softmax follows its scores in the program, before the next group's.
+            scores = at("self_attn.scores")
+            probs = [[softmax(softmax_of_sum, *scores(decode_scores, qg, caches[f"k_cache_{c}_{g}{q}"], k))
+                      for g, (qg, k) in enumerate(zip(qs, kg))] for q, qs, kg in seqs]
             k_caches = [[at("self_attn.kv_cache")(write_keys, k, g, q) for g, k in enumerate(kg)] for q, _, kg in seqs]
         else:
             k_caches = [[at("self_attn.kv_cache")(write_keys, k, g, q) for g, k in enumerate(kg)] for q, _, kg in seqs]
-            scores = [[at("self_attn.scores")(scores_of, qg, kc) for qg, kc in zip(qs, kcs)]
-                      for (_, qs, _), kcs in zip(seqs, k_caches)]
-        probs = [[at("self_attn.softmax")(torch.softmax, sc, -1) for sc in scs] for scs in scores]
+            probs = [[softmax(torch.softmax, at("self_attn.scores")(scores_of, qg, kc), -1) for qg, kc in zip(qs, kcs)]
+                     for (_, qs, _), kcs in zip(seqs, k_caches)]
 
         def values(v, *ps):  # p @ V of a pack's groups at once, cut into their heads
             # The groups' rows stacked, so the pack's value rows are installed once; group

@@ -82,3 +82,33 @@ def test_a_long_softmax_sums_its_tiles_two_to_a_pass():
     # 13 exp tiles written; the 12 whole tiles in six runs of two (on distinct slices
     # here) and the partial tile alone: 7 running sums, where a group a tile wrote 13.
     assert writes["exp"] == 13 + 7
+
+
+class SoftmaxOfSum(torch.nn.Module):
+    def forward(self, a, b):
+        return torch.softmax(a * 1.5 + b * 0.5, dim=-1)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("cols", [300, COLS])
+def test_softmax_of_a_sum_reads_the_add_in_its_passes(precision, cols):
+    """``softmax(a + b)`` (a decode step's scores: ``q @ cache`` plus the new key's) is one
+    composite: a row of one lane tile has no pass of its own for the add; a longer row is
+    added first, then a softmax's passes."""
+    torch.manual_seed(1)
+    a, b = torch.randn(ROWS, cols) * 3, torch.randn(ROWS, cols) * 3
+    b[0, 5] = 40.0  # a row maximum set by b alone
+    compiled = lpx_tvm.from_torch(SoftmaxOfSum().eval(), (a, b), preset="tsp", precision=precision)
+    got = compiled.run([a.numpy(), b.numpy()])["output_0"]
+    with torch.no_grad():
+        want = SoftmaxOfSum()(a, b).numpy()
+    tol = dict(rtol=1e-4, atol=1e-6) if precision == "fp32" else dict(rtol=2e-2, atol=1e-3)
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, **tol)
+    writes = _writes_by_pass(compiled)  # by the last part of a group's tag
+    if cols == 300:  # max 1; exp: the tile's exp(x - max) and the sum's reciprocal; scale 1
+        assert "add" not in writes
+        assert writes["max"] == 1 and writes["exp"] == 2 and writes["scale"] == 1
+    else:  # the add's 3 tiles, then as test_softmax_writes_its_reciprocal_in_the_sum_pass
+        assert writes["add"] == 3
+        if precision == "fp32":  # (the sum's tiles on three slices)
+            assert writes["max"] == 1 and writes["exp"] == 5 and writes["scale"] == 3

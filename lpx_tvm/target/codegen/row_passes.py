@@ -72,7 +72,7 @@ SUM_TILES = 2
 TREE_COMBINES = ("vxm.max", "vxm.min", "vxm.add")
 
 
-def reduce_tiles(ctx: LoweringContext, tag: str, x: Stored, acc: Stored, r0: int, r1: int, reduce: str,
+def reduce_tiles(ctx: LoweringContext, tag: str, x, acc: Stored, r0: int, r1: int, reduce: str,
                  combine: str, each=None, scale=None, last=None, written=None):
     """Reduce rows r0 .. r1 of ``x`` across all its lanes into ``acc`` (fp32, one tile;
     the reduction fills each vector), a group per run of lane tiles (TREE_TILES, SUM_TILES): the
@@ -81,13 +81,16 @@ def reduce_tiles(ctx: LoweringContext, tag: str, x: Stored, acc: Stored, r0: int
     reduced over the valid lanes, combined with the runs before, and multiplied by
     ``scale`` at the last, or transformed there by ``last(group, value)`` (in the same
     pass: no group of its own). ``written``: a value ``each`` writes tile ``j`` of (a
-    run's tiles then write different slices too)."""
+    run's tiles then write different slices too). ``x`` may be a list of values of one
+    shape on different slices: their sum, added as it is read (in their dtype, as an
+    add of its own would)."""
+    terms = x if isinstance(x, list) else [x]
+    x = terms[0]
     lanes, ntiles = ctx.cfg.lanes, x.tensor.ntiles
     dst = one(acc.tensor.segments(0, r0, r1))
     cols = x.tensor.layout.cols
-    most = 1 if combine not in TREE_COMBINES or each is not None and combine == "vxm.max" else \
-        SUM_TILES if combine == "vxm.add" else TREE_TILES
-    runs = _tile_runs(x, r0, r1, dst.slice, ntiles, most, written)
+    most = 1 if combine not in TREE_COMBINES else SUM_TILES if combine == "vxm.add" else TREE_TILES
+    runs = _tile_runs(terms, r0, r1, dst.slice, ntiles, most, written)
     if each is not None:
         runs = [part for run in runs for part in _even_runs(run, cols // lanes)]
     # A run whose group needs more stream registers than the machine has (wide rows, fp32
@@ -98,7 +101,7 @@ def reduce_tiles(ctx: LoweringContext, tag: str, x: Stored, acc: Stored, r0: int
         while pending:
             part = pending.pop(0)
             final = i == len(runs) - 1 and not pending  # the scale or the transform, in the same pass
-            g = _reduce_group(ctx, tag, x, dst, r0, r1, part, reduce, combine, each, kept > 0,
+            g = _reduce_group(ctx, tag, terms, dst, r0, r1, part, reduce, combine, each, kept > 0,
                               scale if final else None, last if final else None)
             if len(part) == 1 or ctx.builder.fits_alone(g):
                 ctx.builder.keep(g)
@@ -108,11 +111,11 @@ def reduce_tiles(ctx: LoweringContext, tag: str, x: Stored, acc: Stored, r0: int
                 pending[:0] = [part[:half], part[half:]]
 
 
-def _reduce_group(ctx, tag, x, dst, r0, r1, run, reduce, combine, each, after, scale=None, last=None):
-    """The group reducing lane tiles ``run`` of rows r0 .. r1 of ``x`` into ``dst``,
-    combined with ``dst``'s runs before (``after``); not yet in the program."""
+def _reduce_group(ctx, tag, terms, dst, r0, r1, run, reduce, combine, each, after, scale=None, last=None):
+    """The group reducing lane tiles ``run`` of rows r0 .. r1 of the sum of ``terms``
+    into ``dst``, combined with ``dst``'s runs before (``after``); not yet in the program."""
     lanes, f32 = ctx.cfg.lanes, ctx.acc
-    cols = x.tensor.layout.cols
+    cols = terms[0].tensor.layout.cols
     g = ctx.builder.trial_group(tag)
     shared = {}
 
@@ -123,7 +126,9 @@ def _reduce_group(ctx, tag, x, dst, r0, r1, run, reduce, combine, each, after, s
 
     tiles = []
     for j in run:
-        v = g.read(one(x.tensor.segments(j, r0, r1)))
+        v = g.read(one(terms[0].tensor.segments(j, r0, r1)))
+        for t in terms[1:]:
+            v = g.vxm("vxm.add", v, g.read(one(t.tensor.segments(j, r0, r1))))
         v = v if v.dtype == f32 else g.vxm("vxm.cvt", v, to=f32)
         tiles.append((j, each(g, j, v, read) if each is not None else v))
     whole = [v for j, v in tiles if cols - j * lanes >= lanes]
@@ -144,14 +149,15 @@ def _reduce_group(ctx, tag, x, dst, r0, r1, run, reduce, combine, each, after, s
     return g
 
 
-def _tile_runs(x: Stored, r0: int, r1: int, dst_slice: int, ntiles: int, most: int, written=None) -> list:
+def _tile_runs(terms: list, r0: int, r1: int, dst_slice: int, ntiles: int, most: int, written=None) -> list:
     """The lane tiles of rows r0 .. r1 dealt into runs of at most ``most`` tiles on
-    different slices (a group reads each through its own slice's port, and writes tile
-    ``j`` of ``written`` through another's), each tile to the first run it fits, the runs
-    after the first also apart from the accumulator's slice (they read it)."""
+    different slices (a group reads each, of every term, through its own slice's port,
+    and writes tile ``j`` of ``written`` through another's), each tile to the first run
+    it fits, the runs after the first also apart from the accumulator's slice (they read
+    it)."""
     runs = []  # [(tiles, slices used)]
     for j in range(ntiles):
-        sls = {one(x.tensor.segments(j, r0, r1)).slice}
+        sls = {one(t.tensor.segments(j, r0, r1)).slice for t in terms}
         if written is not None:
             sls.add(one(written.tensor.segments(j, r0, r1)).slice)
         for tiles, used in runs:

@@ -51,12 +51,11 @@ def lower_argmax(ctx: LoweringContext, op: RegionOp, is_output: bool):
     mx = ctx.temp(new_value(ctx, f"{op.out}.max", (rows, lanes), avoid=[x], dtype=f32))
     neg = ctx.temp(new_value(ctx, f"{op.out}.first", (rows, lanes), avoid=[x, mx], dtype=f32))
     y = new_value(ctx, op.out, (rows, 1), is_output, avoid=[neg], dtype=DType.INT32)
-    iota = iota_vector(ctx, cols)
-    # A tile's group reads the tile, the row maximum, the running result and the tile's
-    # lane indices, each through its own slice's port: a table of indices on a slice of
-    # those is read from a copy clear of them (one tile a group: no run avoids it).
+    # One row of a vector's lane indices, which every tile's group reads once (tile j adds
+    # j * lanes): on a slice apart from the tiles, the row maximum and the running result.
+    iota = iota_vector(ctx, lanes)
     if {sl for sl, _ in iota.layout.tiles} & set(slices_of([x, mx, neg])):
-        iota = ctx.temp(copy_value(ctx, Stored(iota, (1, cols)), f"{op.out}.iota", avoid=[x, mx, neg])).tensor
+        iota = ctx.temp(copy_value(ctx, Stored(iota, (1, lanes)), f"{op.out}.iota", avoid=[x, mx, neg])).tensor
     tensors = [x.tensor, mx.tensor, neg.tensor, y.tensor]
     for r0, r1 in runs(rows, lambda r: tuple(chunk_of(t, r) for t in tensors)):
         reduce_tiles(ctx, f"{op.out}.max", x, mx, r0, r1, "vxm.reduce_max", "vxm.max")
@@ -66,8 +65,8 @@ def lower_argmax(ctx: LoweringContext, op: RegionOp, is_output: bool):
             gap = g.vxm("vxm.sub", read(m), v)
             gap = g.vxm("vxm.mul", g.vxm("vxm.mul", gap, imm=_HUGE), imm=_HUGE)
             not_max = g.vxm("vxm.min", gap, imm=1.0)
-            index = g.vxm("vxm.add", g.vxm("vxm.mul", not_max, imm=_NOT_MAX), g.read(iota.tile(j).repeat(r1 - r0)))
-            return g.vxm("vxm.mul", index, imm=-1.0)
+            index = g.vxm("vxm.add", g.vxm("vxm.mul", not_max, imm=_NOT_MAX), read(iota.tile(0).repeat(r1 - r0)))
+            return g.vxm("vxm.mul", g.vxm("vxm.add", index, imm=float(j * lanes)), imm=-1.0)
         reduce_tiles(ctx, f"{op.out}.first", x, neg, r0, r1, "vxm.reduce_max", "vxm.max", each=first)
         g = ctx.builder.group(f"{op.out}.index")
         v = g.vxm("vxm.mul", g.read(one(neg.tensor.segments(0, r0, r1))), imm=-1.0)
