@@ -56,13 +56,14 @@ def rotary(x, cos, sin_signed, lanes=None):
     return x[:, a:b] * cos + torch.cat([x[:, a + half:b], x[:, a:a + half]], dim=1) * sin_signed
 
 
-def swiglu(dense, h_in):
-    gate_up = dense(h_in, "gate_up")  # [B*T, 2 I]: gate's outputs, then up's
-    units = gate_up.shape[1] // 2
-    return torch.nn.functional.silu(gate_up[:, :units]) * gate_up[:, units:]
+def swiglu(dense, h_in, units):
+    # [B*T, 2 I]: gate's outputs, then up's; gate's padded to whole lane tiles where that
+    # costs no tile (decoders._fused), so up is the last I.
+    gate_up = dense(h_in, "gate_up")
+    return torch.nn.functional.silu(gate_up[:, :units]) * gate_up[:, -units:]
 
 
-def gelu_tanh(dense, h_in):
+def gelu_tanh(dense, h_in, units):
     return torch.nn.functional.gelu(dense(h_in, "fc"), approximate="tanh")
 
 
@@ -71,7 +72,7 @@ class FamilyLayer:
     """What a family's layers are made of."""
 
     norm: Callable  # (x, w, b, eps)
-    mlp: Callable  # (dense, its input) -> the MLP's hidden units, before down
+    mlp: Callable  # (dense, its input, the number of hidden units) -> the hidden units, before down
     rope: bool  # positions by rotary tables (else learned rows added to the embedding)
 
 
@@ -321,7 +322,7 @@ class MLP:
     def __call__(self, step, x, w, dense):
         at = step.scope(f"layers.{self.layer}")
         h = at("post_attention_layernorm")(step.family.norm, x, w["post_norm"], w.get("post_norm_b"), w["eps"])
-        m = at("mlp.act_fn")(step.family.mlp, dense, h)
+        m = at("mlp.act_fn")(step.family.mlp, dense, h, w["down"].shape[1])
         return at("mlp.down_proj")(lambda x, m: x + step.summed(dense(m, "down")), x, m)
 
 

@@ -407,7 +407,7 @@ def decoder_step(model, spec: DecoderSpec, steps: int, embed_in_step: bool = Tru
         spec = stage_spec(spec, stage)
     else:
         halves = [(True, True)] * len(weights["layers"])
-    weights = dict(weights, layers=[_fused(layer) for layer in weights["layers"]])
+    weights = dict(weights, layers=[_fused(layer, spec.lanes) for layer in weights["layers"]])
     from . import decoder_modules as parts  # torch, imported when a step is built
 
     linears = parts.FloatLinears() if quant is None else parts.EightBitLinears(quant)
@@ -470,13 +470,24 @@ def _gpt2_weights(model) -> dict:
                 norm_w=tr.ln_f.weight.detach(), norm_b=tr.ln_f.bias.detach(), eps=tr.ln_f.eps)
 
 
-def _fused(layer: dict) -> dict:
+def _fused(layer: dict, lanes: int) -> dict:
     """A layer's q, k and v as one matrix ``qkv``, its rows theirs stacked (and gate with
     up as ``gate_up``): one projection, sliced after. Wider matrices waste less of their
     last lane tile: a chip's eighth of Llama-2-70B has q, k and v of 1,024, 128 and 128
-    outputs, 1,280 + 320 + 320 lanes a row stored apart and 1,280 together."""
+    outputs, 1,280 + 320 + 320 lanes a row stored apart and 1,280 together. Gate's
+    outputs are padded with zero rows to whole lane tiles where that costs the matrix no
+    tile (2 x 2,816 outputs and 2,880 + 2,816 are 18 tiles): gate and up then start on a
+    tile, and the SwiGLU takes them as they lie (a slice from a tile's first lane moves
+    nothing)."""
     torch = _torch()
     out = dict(layer)
+    if out.get("gate") is not None and out.get("up") is not None:
+        units = out["gate"].shape[0]
+        padded = -(-units // lanes) * lanes
+        if -(-(padded + units) // lanes) == -(-2 * units // lanes):
+            out["gate"] = torch.cat([out["gate"], out["gate"].new_zeros(padded - units, out["gate"].shape[1])])
+            if out.get("gate_bias") is not None:
+                out["gate_bias"] = torch.cat([out["gate_bias"], out["gate_bias"].new_zeros(padded - units)])
     for fused, keys in FUSED.items():
         if not all(out.get(k) is not None for k in keys):
             continue

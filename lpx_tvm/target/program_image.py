@@ -34,6 +34,11 @@ class OffchipTensor:
         return -(-self.layout.cols // self.lanes)
 
     @property
+    def base(self) -> "OffchipTensor":
+        """The tensor whose bytes these are: itself (as :attr:`SramTensor.base`)."""
+        return self
+
+    @property
     def vector_bytes(self) -> int:
         return self.lanes * self.layout.dtype.itemsize
 

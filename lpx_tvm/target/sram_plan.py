@@ -78,6 +78,21 @@ class SramTensor:
     def ntiles(self) -> int:
         return len(self.layout.tiles) // self.layout.nchunks
 
+    @property
+    def base(self) -> "SramTensor":
+        """The tensor whose lines these are (itself; a :class:`TileView`'s, its base's)."""
+        return self
+
+    def column_tiles(self, first: int, shape: tuple, lanes: int) -> "TileView":
+        """Column tiles ``first`` .. of this tensor's lines seen as a tensor of stored
+        ``shape`` (a slice of the last axis that starts on a tile: no copy)."""
+        lay, n = self.layout, -(-int(shape[-1]) // lanes)
+        if first + n > self.ntiles:
+            raise SchedulingError(f"tiles {first} .. {first + n - 1} of {self.name}, which has {self.ntiles}")
+        tiles = lay.tiles[first * lay.nchunks:(first + n) * lay.nchunks]
+        view = TensorLayout(tuple(shape), lay.dtype, tiles, lay.row_stride, lay.chunk_rows, lay.margin)
+        return TileView(f"{self.name}[{first}:]", view, self.base)
+
     def tile(self, j: int = 0) -> SramSpan:
         """Column tile ``j`` as one region (the tensor must fit one chunk)."""
         if self.layout.nchunks != 1:
@@ -117,6 +132,17 @@ class SramTensor:
             out.append((i * cols, base.window(start - c0, i1 - i, cols, row_pitch, col_step)))
             i = i1
         return out
+
+
+@dataclass(frozen=True)
+class TileView(SramTensor):
+    """Column tiles of another tensor, on its lines: freed with it, never alone."""
+
+    of: SramTensor = None
+
+    @property
+    def base(self) -> SramTensor:
+        return self.of
 
 
 SPREAD_MARGIN = 1  # spare rows either side of a spread value's chunk (TensorLayout.margin)

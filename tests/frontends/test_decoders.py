@@ -131,3 +131,17 @@ def test_refusals():
         decoders.decoder_steps(_model("llama"), 256, 4)
     with pytest.raises(ModelError, match="no room"):
         decoders.decoder_steps(_model("llama"), 8, 8)
+
+
+@pytest.mark.parametrize("units, padded", [(2816, 2880), (3584, 3584), (640, 640), (100, 100), (200, 320)])
+def test_gate_padded_to_whole_tiles_only_where_it_costs_no_tile(units, padded):
+    """2 x 2,816 outputs and 2,880 + 2,816 are 18 lane tiles of 320: gate padded, so up
+    starts on a tile. 2 x 3,584 are 23 tiles, 3,840 + 3,584 would be 24: not padded. The
+    projection's outputs are gate's, zeros, then up's, and its bias likewise."""
+    gate, up = torch.randn(units, 8), torch.randn(units, 8)
+    gate_bias, up_bias = torch.randn(units), torch.randn(units)
+    fused = decoders._fused(dict(gate=gate, up=up, gate_bias=gate_bias, up_bias=up_bias), 320)
+    assert fused["gate_up"].shape == (padded + units, 8)
+    assert torch.equal(fused["gate_up"][:units], gate) and torch.equal(fused["gate_up"][-units:], up)
+    assert not fused["gate_up"][units:padded].any() and not fused["gate_up_bias"][units:padded].any()
+    assert torch.equal(fused["gate_up_bias"][-units:], up_bias)

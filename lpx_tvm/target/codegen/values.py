@@ -85,12 +85,13 @@ def copy_value(ctx: LoweringContext, x: Stored, name: str, is_output: bool = Fal
 
 
 def release(ctx: LoweringContext, name: str):
-    """Free a dead value's tensor unless another live value (a reshape alias) shares it."""
+    """Free a dead value's tensor unless another live value (a reshape alias, a view of
+    its tiles) shares its lines."""
     tensor = ctx.values.pop(name).tensor
     if isinstance(tensor, OffchipTensor):
         return  # off-chip working space is not reused
-    if all(v.tensor is not tensor for v in ctx.values.values()):
-        ctx.builder.free(tensor)
+    if all(v.tensor.base is not tensor.base for v in ctx.values.values()):
+        ctx.builder.free(tensor.base)
 
 
 def whole_groups(ctx: LoweringContext, x: Stored, rows: int, tag: str) -> Stored:

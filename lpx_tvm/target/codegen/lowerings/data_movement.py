@@ -32,6 +32,7 @@ from ..rules import (
 )
 from ..storage import Stored, chunk_of, one, row_align, runs, stored_shape
 from ..values import copy_value, new_value, whole_groups
+from ...program_image import OffchipTensor
 
 # Concats of up to this many lane slices become one composite (``lpx.concat_slices_<n>``:
 # a decode step's heads, a chip's query heads; 64 in Llama-2-70B on one chip).
@@ -226,6 +227,12 @@ def lower_slice(ctx: LoweringContext, op: RegionOp, is_output: bool):
     axis, or axis 1 of a 4-D value (stored NHWC, its channels in lanes: a C2f block's split)."""
     x = ctx.value(op.main.args[0])
     begin, end = _slice_bounds(op.main, stored_shape(x.shape)[-1])
+    lanes = ctx.cfg.lanes
+    if begin % lanes == 0 and not is_output and not isinstance(x.tensor, OffchipTensor):
+        # From a tile's first lane: the tiles themselves, no move (a SwiGLU's gate and up
+        # cut from one projection whose gate fills whole tiles).
+        ctx.values[op.out] = Stored(x.tensor.column_tiles(begin // lanes, stored_shape(op.shape), lanes), op.shape)
+        return
     moves = [LaneMove(0, 0, x.tensor.layout.rows, begin, 0, end - begin)]
     y = new_value(ctx, op.out, op.shape, is_output, avoid=[x],
                   beside=[_moved_into(ctx, moves, stored_shape(op.shape))])

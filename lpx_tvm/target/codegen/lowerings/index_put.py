@@ -88,7 +88,7 @@ def _written_in_place(ctx: LoweringContext, op: RegionOp, data, x: Stored, is_ou
     """(the value to write into, whether it is ``data``'s own lines): ``data`` itself when
     no later op reads it and no other live value (a reshape alias) shares it, else a copy."""
     in_place = ctx.last_use.get(data.name, -1) <= ctx.op_index and \
-        all(s.tensor is not x.tensor for name, s in ctx.values.items() if name != data.name)
+        all(s.tensor.base is not x.tensor.base for name, s in ctx.values.items() if name != data.name)
     return (x if in_place else copy_value(ctx, x, op.out, is_output)), in_place
 
 
