@@ -483,11 +483,12 @@ def _fused(layer: dict, lanes: int) -> dict:
     out = dict(layer)
     if out.get("gate") is not None and out.get("up") is not None:
         units = out["gate"].shape[0]
-        padded = -(-units // lanes) * lanes
-        if -(-(padded + units) // lanes) == -(-2 * units // lanes):
-            out["gate"] = torch.cat([out["gate"], out["gate"].new_zeros(padded - units, out["gate"].shape[1])])
+        pad = -units % lanes  # gate's zero rows up to its last tile's end
+        if pad and -(-(2 * units + pad) // lanes) == -(-2 * units // lanes):
+            pad_rows = torch.nn.functional.pad
+            out["gate"] = pad_rows(out["gate"], (0, 0, 0, pad))
             if out.get("gate_bias") is not None:
-                out["gate_bias"] = torch.cat([out["gate_bias"], out["gate_bias"].new_zeros(padded - units)])
+                out["gate_bias"] = pad_rows(out["gate_bias"], (0, pad))
     for fused, keys in FUSED.items():
         if not all(out.get(k) is not None for k in keys):
             continue
