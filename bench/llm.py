@@ -8,6 +8,9 @@ For each machine (``tsp``, then ``lp30``):
 - ``decode_floor_cycles``: the larger of the decode program's MXM weight bytes over the
   chip's install bandwidth and the KV cache's values over its SRAM read bandwidth
   (docs/llm.md, "The report"), ``decode_over_floor`` (target: <= 1.4);
+- ``decode_latency_floor_cycles``: the fewest cycles any schedule of the step's dataflow
+  takes on the machine (its floorplan's trips to the VXM, its weight buffers; docs/llm.md,
+  "The latency floor"), and ``decode_over_latency_floor``;
 - the decode program's own floors (multiply, install, SRAM, stream, VXM, SXM) and the
   largest of them;
 - a batch sweep (1 to 16) of the decode program: tokens/s per user against tokens/s per
@@ -20,6 +23,7 @@ Each machine runs its own precision (``--precision tsp=int8 lp30=fp8`` by defaul
 one's 8-bit W8A8 path, docs/llm.md: int8 on tsp, fp8 e4m3 on lp30) on a model sized to
 fit one chip at that precision. The last line printed is JSON with
 ``ttft_cycles``, ``ttft_floor_cycles``, ``decode_cycles_per_token``, ``decode_floor_cycles``,
+``decode_latency_floor_cycles``,
 ``tokens_per_s_per_user`` for the tsp case at batch 1 and the same keys prefixed
 ``lp30_``.
 """
@@ -96,7 +100,8 @@ def measure(preset: str, precision: str, args) -> dict:
     torch_s = torch_step_s(session)
     row = {k: rep[k] for k in ("parameters", "ttft_cycles", "ttft_floor_cycles", "ttft_floor_kind", "ttft_over_floor",
                                "decode_cycles_per_token", "decode_floor_cycles",
-                               "decode_floor_kind", "decode_over_floor", "tokens_per_s_per_user",
+                               "decode_floor_kind", "decode_over_floor", "decode_latency_floor_cycles",
+                               "decode_over_latency_floor", "tokens_per_s_per_user",
                                "mxm_utilization", "install_utilization")}
     row.update(preset=preset, precision=precision, context=args.context, prompt_len=args.prompt_len,
                compile_s=compile_s, program_floors=rep["floors"]["program"],
@@ -108,6 +113,7 @@ def measure(preset: str, precision: str, args) -> dict:
           f"({rep['ttft_floor_kind']}) -> {rep['ttft_over_floor']:.1f}x; decode {rep['decode_cycles_per_token']:,} "
           f"cycles/token = {rep['tokens_per_s_per_user']:,.0f} tokens/s per user; floor "
           f"{rep['decode_floor_cycles']:,.0f} ({rep['decode_floor_kind']}) -> {rep['decode_over_floor']:.1f}x; "
+          f"latency floor {rep['decode_latency_floor_cycles']:,.0f} -> {rep['decode_over_latency_floor']:.2f}x; "
           f"program's own largest floor {rep['floors']['program_binding']} "
           f"{rep['floors']['program'][rep['floors']['program_binding']]:,.0f}; "
           f"sim/torch per step {sim_step_s / torch_s:.1f}x", flush=True)
@@ -179,7 +185,7 @@ def main() -> None:
         row = measure(preset, precision, args)
         prefix = "" if preset == "tsp" else f"{preset}_"
         for k in ("ttft_cycles", "ttft_floor_cycles", "decode_cycles_per_token", "decode_floor_cycles",
-                  "tokens_per_s_per_user"):
+                  "decode_latency_floor_cycles", "tokens_per_s_per_user"):
             out[prefix + k] = row[k]
         out[f"{preset}_details"] = row
         if row.get("batches") and args.png:

@@ -31,6 +31,7 @@ from ..sim import Simulator
 from ..target.builder import SharedSram, chunk_lines
 from ..target.sram_plan import SPREAD_MARGIN, spread_chunks
 from ..target.codegen.interface import ProgramInterface
+from .latency_floor import decode_latency_floor, layer_matrices
 from .sizing import (EIGHT_BIT, FLOAT_OF, cache_bytes_as_stored, float_bytes, matrix_value_bytes, rope_table_values,
                      weight_bytes)
 from .step_program import (WEIGHT_BUDGET, DoesNotFit, StepProgram, embed_choice, embeds_on_chip, generation_arguments,
@@ -529,6 +530,9 @@ def llm_report(session: LLMSession) -> dict:
     per_user = cfg.clock_hz / decode_cycles
     last = session._last
     ttft = ttft_floors(spec, session.matrix_parameters, last.get("prompt_len"), peak, floor_install)
+    latency = decode_latency_floor(cfg, spec.family, spec.layers,
+                                   layer_matrices(decoders.layer_matrix_shapes(session.model, spec)),
+                                   spec.vocab * spec.hidden, session.precision, session.float_precision, spec.batch)
     report = dict(
         preset=cfg.name, precision=session.precision, family=spec.family, parameters=spec.parameters,
         layers=spec.layers, batch=spec.batch, max_context=spec.max_context,
@@ -544,7 +548,9 @@ def llm_report(session: LLMSession) -> dict:
         decode_floor_cycles=floor, decode_floor_kind=floor_kind,
         decode_over_floor=decode_cycles / floor if floor else None,
         decode_dependency_cycles=dec.region.dependency_cycles,
-        floors=dict(weights_over_install=floor_install, kv_over_sram_read=floor_kv,
+        decode_latency_floor_cycles=latency.cycles,
+        decode_over_latency_floor=decode_cycles / latency.cycles,
+        floors=dict(weights_over_install=floor_install, kv_over_sram_read=floor_kv, latency=latency.to_json(),
                     program=own.to_json(), program_binding=own.largest()[0],
                     program_dependency=dec.region.dependency_cycles, ttft=ttft),
         sram=dict(capacity_bytes=cfg.sram_bytes, weights_bytes=image_bytes, kv_cache_bytes=kv_bytes,

@@ -133,6 +133,7 @@ def test_fp8_session_against_its_reference_and_the_floor():
     assert rep["floors"]["weights_over_install"] == pytest.approx(
         session.matrix_parameters / (cfg.mxm_planes * cfg.mxm_install_streams * cfg.lanes))
     assert rep["decode_cycles_per_token"] > rep["decode_floor_cycles"]
+    assert rep["decode_cycles_per_token"] >= rep["decode_latency_floor_cycles"] > rep["decode_floor_cycles"]
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "int8"])

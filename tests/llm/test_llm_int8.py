@@ -146,3 +146,4 @@ def test_int8_session_against_its_reference_and_the_floor():
     assert rep["mxm_weight_bytes"] == session.matrix_parameters
     assert rep["floors"]["weights_over_install"] == pytest.approx(session.matrix_parameters / install_bw)
     assert rep["decode_cycles_per_token"] > rep["decode_floor_cycles"]
+    assert rep["decode_cycles_per_token"] >= rep["decode_latency_floor_cycles"] > rep["decode_floor_cycles"]
