@@ -307,7 +307,7 @@ class SramPlan:
 
     def tensor(self, name: str, shape, dtype, *, role: "str | None" = None, data=None, slices=None,
                avoid=(), tile_avoid=None, row_align: int = 1, spread: int = 1, install_align: int = 0,
-               install_pools=None, margin: int = 0) -> SramTensor:
+               install_pools=None, margin: int = 0, tiles_apart: bool = False) -> SramTensor:
         """Allocate a tensor in SRAM, one column tile of ``lanes`` columns per allocation.
 
         ``avoid``: slices to keep clear of, e.g. those of a tensor this one is read beside
@@ -323,7 +323,11 @@ class SramPlan:
         q)`` names pools of slices chunk ``q`` of column tile ``j`` is best kept in (those of
         the plane and lane that install it), in the order to try; when all are full (or
         none is named), any slice.
-        ``margin``: rows of spare lines held before and after each chunk (TensorLayout)."""
+        ``margin``: rows of spare lines held before and after each chunk (TensorLayout).
+        ``tiles_apart``: each chunk (a column tile, or a row chunk of one) kept off the slices
+        of the chunks before it where there is room (a matrix product reads its input a
+        column tile at a time, once per column block of the product, and the planes read
+        their rows side by side: on one slice those reads queue on its one read port)."""
         dt = DType.parse(dtype)
         shape = tuple(int(s) for s in shape)
         key = None
@@ -355,7 +359,7 @@ class SramPlan:
             try:
                 tiles = self._alloc_chunks(rows, ntiles, w, chunk_rows, slices, avoid, constant=data is not None,
                                            tile_avoid=tile_avoid, distinct=distinct, pools=install_pools,
-                                           margin=margin)
+                                           margin=margin, tiles_apart=tiles_apart)
                 break
             except SchedulingError as e:
                 # No hole holds a whole chunk: try chunks half as long (whole row groups).
@@ -383,7 +387,7 @@ class SramPlan:
         return out
 
     def _alloc_chunks(self, rows, ntiles, w, chunk_rows, slices, avoid, constant=False, tile_avoid=None,
-                      distinct=1, pools=None, margin: int = 0) -> list:
+                      distinct=1, pools=None, margin: int = 0, tiles_apart: bool = False) -> list:
         per = chunk_rows or rows
         nchunks = -(-rows // per)
         tiles = []
@@ -397,6 +401,8 @@ class SramPlan:
                     # Chunks read at once (by the install lanes) keep to different slices.
                     near = tuple(avoid) + tuple(sl for sl, _, _ in tiles[len(tiles) - min(q, distinct - 1):]) \
                         if distinct > 1 and q else tuple(avoid)
+                    if tiles_apart:
+                        near = near + tuple(sl for sl, _, _ in tiles)
                     lines = (n + 2 * margin) * w
                     if constant and want is None:
                         placed = None

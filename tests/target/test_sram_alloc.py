@@ -1,5 +1,7 @@
 """The SRAM allocator's choice of lines, checked by hand (lpx_tvm/target/sram_alloc.py)."""
 
+import numpy as np
+
 from lpx_tvm import load_config
 from lpx_tvm.target.program_image import ProgramImage
 from lpx_tvm.target.sram_alloc import HOP_BUCKET, NEAR_LINES, SramAllocator
@@ -49,3 +51,25 @@ def test_the_plan_measures_distance_on_the_floorplan():
     assert config.position("VXM") - config.position("MEM", 42) == 2
     assert plan.alloc_lines(1) == (42, 0)
     assert plan.alloc_lines(64) == (0, 0)
+
+
+
+def test_a_tall_values_tiles_keep_apart_where_one_slice_would_take_them_all():
+    # mini: 8 slices of 4,096 lines. Constants (weights) take the top 3,800 lines of
+    # every slice but 5, so working space there soon raises its mark past half the room
+    # under them, and the allocator puts each tile of 64 fp16 rows (128 lines) on slice 5,
+    # where a product reading them a tile at a time would queue on its one read port.
+    # ``tiles_apart`` keeps each tile off the slices of the tiles before it.
+    config = load_config("mini")
+
+    def plan_with_weights():
+        plan = SramPlan(config, ProgramImage(config))
+        for sl in set(range(config.mem_slices)) - {5}:
+            plan.tensor(f"w{sl}", (3800, 16), "int8", data=np.zeros((3800, 16)), slices=[sl])
+        return plan
+
+    packed = plan_with_weights().tensor("x", (64, 64), "fp16")
+    assert {sl for sl, _ in packed.layout.tiles} == {5}
+    apart = plan_with_weights().tensor("x", (64, 64), "fp16", tiles_apart=True)
+    slices = [sl for sl, _ in apart.layout.tiles]
+    assert slices[0] == 5 and len(set(slices)) == 4, slices

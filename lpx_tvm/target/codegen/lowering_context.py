@@ -101,6 +101,8 @@ class LoweringContext:
     last_use: dict = field(default_factory=dict)
     op_index: int = 0
     updated_in_place: set = field(default_factory=set)  # values stored in an input's lines
+    installed: frozenset = frozenset()  # values a product installs as its matrix (a runtime B)
+    multiplied: frozenset = frozenset()  # values multiplied by a runtime B
 
     @classmethod
     def fresh(cls, cfg: LPXConfig, precision: str, name: str, policy: TilingPolicy, options: CodegenOptions,

@@ -254,7 +254,7 @@ def emit_mxm(ctx: LoweringContext, op: RegionOp, steps, window, weights, block, 
     wdt, acc_dt = ctx.mxm_dtype(op), ctx.acc_dtype(op)
     if isinstance(W, StreamedWeights):
         staging = [ctx.temp(b.tensor(f"{op.out}.staging{i}", (lanes, lanes), wdt)) for i in range(2)]
-    y = new_value(ctx, op.out, op.shape, is_output, dtype=q.out_dtype if q else None)
+    y = new_value(ctx, op.out, op.shape, is_output, dtype=q.out_dtype if q else None, drained=True)
     epi = q.epilogue if q else epilogue_steps(ctx, op, channels)
     tag = op.out
     keys = [block(s) for s in steps]

@@ -207,8 +207,19 @@ def _plan_liveness(ctx: LoweringContext, region: Region) -> None:
             if arg.name in names:
                 last_use[arg.name] = i
     ctx.last_use = {**last_use, **{name: len(region.ops) for name in region.outputs}}
+    ctx.installed, ctx.multiplied = _runtime_products(region)
     if ctx.int8 and not ctx.offchip:
         ctx.dequantized = fusable_dequantizes(region, ctx.cfg.vxm_alus, ctx.cfg.mxm_planes)
+
+
+def _runtime_products(region: Region) -> tuple:
+    """The values the products of two runtime values (attention's) install as their
+    matrix (2-D: laid out for the install lanes) and multiply (spread over a slice per
+    plane, which the planes then read side by side)."""
+    products = [op.main.args for op in region.ops
+                if op.main.op == "matmul" and len(op.main.args) > 1 and not op.main.args[1].is_const]
+    return (frozenset(b.name for _, b, *_ in products if len(b.shape) == 2),
+            frozenset(a.name for a, *_ in products if not a.is_const))
 
 
 def _lower_ops(ctx: LoweringContext, region: Region) -> None:

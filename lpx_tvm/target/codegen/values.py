@@ -12,6 +12,13 @@ from .row_passes import rowwise
 from .storage import Stored, row_align, slices_of, stored_shape
 
 
+# A sequence's value (2-D or 3-D) of this many rows or more keeps its column tiles (and
+# row chunks) on distinct slices where there is room: a prefill's activations (a row per
+# token), read by a product a tile at a time, once per column block. A decode step's row
+# or few rows are read in a few cycles anyway; images keep the allocator's packing.
+APART_ROWS = 16
+
+
 def constant_beside(ctx: LoweringContext, name: str, array, first, dtype: DType = DType.FP32):
     """A constant row read beside ``first`` (another constant row) in one drain, tile by
     tile: clear of every slice of ``first``, or, where ``first``'s tiles already cover
@@ -23,15 +30,25 @@ def constant_beside(ctx: LoweringContext, name: str, array, first, dtype: DType 
 
 
 def new_value(ctx: LoweringContext, name: str, shape: tuple, is_output: bool = False, avoid=(),
-              dtype=None, beside=None) -> Stored:
+              dtype=None, beside=None, drained: bool = False) -> Stored:
     """A new value of logical ``shape`` (an output binding when ``is_output``), clear of
     the slices of the values in ``avoid`` — or, when those cover every slice with room
     (a value of many column tiles spreads over all of them), each column tile clear of
     the slices of the tiles of ``avoid`` read beside it (:func:`beside_slices`; ``beside``
     names those tiles when the default rule does not know them). An output binding goes
-    next to the VXM."""
-    kw = dict(role="output" if is_output else None, row_align=row_align(shape), spread=ctx.spread_of(shape))
+    next to the VXM. ``drained``: the MXM planes write it (a product's output)."""
     stored, dt = stored_shape(shape), dtype or ctx.dtype
+    tall = len(shape) in (2, 3) and not ctx.offchip and _rows(stored) >= APART_ROWS
+    kw = dict(role="output" if is_output else None, row_align=row_align(shape), spread=ctx.spread_of(shape),
+              tiles_apart=tall)
+    if tall and (name in ctx.multiplied or drained) and -(-stored[-1] // ctx.cfg.lanes) < ctx.cfg.mxm_planes:
+        # Fewer column tiles than planes: the planes read (or drain) its rows side by
+        # side, a row chunk each, each on its own slice.
+        kw.update(spread=ctx.cfg.mxm_planes)
+    if tall and name in ctx.installed and len(shape) == 2:
+        # A product installs it: a tile's rows cut into a chunk per install lane, on
+        # different slices, which then read at the install rate, not one port's.
+        kw.update(row_align=1, install_align=ctx.cfg.lanes)
     clear = set(slices_of(avoid))
     near = nearest_vxm(ctx.cfg, [s for s in range(ctx.cfg.mem_slices) if s not in clear]) if is_output else []
     if near:
@@ -49,6 +66,13 @@ def new_value(ctx: LoweringContext, name: str, shape: tuple, is_output: bool = F
         ntiles = -(-stored[-1] // ctx.cfg.lanes)
         t = ctx.builder.tensor(name, stored, dt, tile_avoid=beside_slices(avoid, ntiles, beside), **kw)
     return Stored(t, shape)
+
+
+def _rows(stored: tuple) -> int:
+    rows = 1
+    for n in stored[:-1]:
+        rows *= n
+    return rows
 
 
 def beside_slices(values, ntiles: int, beside=None) -> list:
