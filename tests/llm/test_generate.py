@@ -92,6 +92,40 @@ def test_half_precision_logits_within_1e2(kind, precision, batch):
     check_half_logits(tokens, logits, want, half)
 
 
+def _mqa_decoder(seed):
+    # 4 heads of 64 over one kv head: q and k take 320 columns, so v starts a lane tile
+    # of the fused q, k and v (384 columns) and is a view of that tile.
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(**{**LLAMA, "hidden_size": 256, "num_attention_heads": 4,
+                                         "num_key_value_heads": 1, "head_dim": 64})
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(2.0)
+    return model.eval()
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "mqa"])
+def test_a_long_prompt_prefills_through_tall_values(kind):
+    # 70 prompt rows: the prefill's values are tall (docs/compiler.md, "Storage inside a
+    # region"). A product of fewer lane tiles than the 4 planes (q, k and v) is drained
+    # in a row chunk per plane, the probabilities are cut likewise, and the new rows
+    # (mqa: v, a view of such a product's tile) are scattered into the caches chunk by
+    # chunk.
+    make = (lambda: _mqa_decoder(5)) if kind == "mqa" else (lambda: _model(kind, seed=5, scale=2.0))
+    model = make()
+    ids = np.random.default_rng(6).integers(0, 320, (1, 70))
+    session = lpx_tvm.compile_llm(model, preset="tsp", precision="fp16", max_context=96)
+    tokens, logits = session.generate(ids, 6, return_logits=True)
+    want = _torch_logits(model, session.spec, ids, tokens)
+    half = _torch_logits(make().to(torch.float16), session.spec, ids, tokens)
+    check_half_logits(tokens, logits, want, half)
+    chunked = [s for s in session.prefill_step(70).program.symbols.values()
+               if isinstance(s, dict) and s.get("shape", [0])[0] == 70 and s.get("chunk_rows")]
+    assert chunked, "no value of the prefill's rows is cut into chunks"
+
+
 def test_state_stays_on_chip_and_requests_start_clean():
     model = _model("llama", seed=5)
     session = lpx_tvm.compile_llm(model, preset="tsp", precision="fp32", max_context=40)

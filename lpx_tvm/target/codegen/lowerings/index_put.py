@@ -60,13 +60,15 @@ def lower_index_put(ctx: LoweringContext, op: RegionOp, is_output: bool):
     for b0 in range(0, n, lanes):
         b1 = min(n, b0 + lanes)
         for j in range(y.tensor.ntiles):
-            for q in range(lay.nchunks):
-                g = ctx.builder.group(f"{op.out}.scatter")
-                index = g.read(one(idx.segments(0, b0, b1)))
-                if lay.nchunks > 1:
-                    index = chunk_index(g, index, lay, q)
-                rows_in = g.read(one(v.tensor.segments(j, b0, b1)))
-                g.scatter(rows_in, index, chunk_span(y.tensor.layout, j, q))
+            # The new rows as they lie (a prefill's rows may be cut into chunks), each
+            # piece with its own indices.
+            for s0, rows_span in v.tensor.segments(j, b0, b1):
+                for q in range(lay.nchunks):
+                    g = ctx.builder.group(f"{op.out}.scatter")
+                    index = g.read(one(idx.segments(0, s0, s0 + rows_span.count)))
+                    if lay.nchunks > 1:
+                        index = chunk_index(g, index, lay, q)
+                    g.scatter(g.read(rows_span), index, chunk_span(y.tensor.layout, j, q))
     ctx.values[op.out] = Stored(y.tensor, tuple(op.shape))
     if in_place:
         ctx.updated_in_place.add(op.out)
