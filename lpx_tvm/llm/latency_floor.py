@@ -23,8 +23,8 @@ three paths: its chain of trips with its tiles installed ahead; its last-install
 shortest way to the segment's end; and all its install work past the buffers. Each term
 counts only what no schedule avoids (a norm's reduction, its reciprocal square root and
 its scale; one exponent; one activation; one conversion), so the floor is a lower bound:
-``tests/llm/test_latency_floor.py`` checks it by hand and checks that no compiled step
-beats it.
+``tests/llm/test_latency_floor.py`` derives it by hand, and the LLM tests check that no
+compiled step beats it.
 """
 
 from __future__ import annotations
