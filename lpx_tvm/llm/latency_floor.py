@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..machine.config import LPXConfig
-from .sizing import EIGHT_BIT, FLOAT_OF
+from .sizing import FLOAT_OF, matrix_value_bytes
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,6 @@ def decode_latency_floor(cfg: LPXConfig, family: str, layers: int, layer: LayerM
     vxm = cfg.position("VXM")
     d = min(abs(cfg.position("MXM", p) - vxm) for p in range(cfg.mxm_planes))
     fn = _function_latencies(cfg, family)
-    dense = "fp8" if precision == "fp8" else precision
     floats = float_precision or FLOAT_OF.get(precision, precision)
     cpv = cfg.mxm_cycles_per_vector
 
@@ -109,7 +108,7 @@ def decode_latency_floor(cfg: LPXConfig, family: str, layers: int, layer: LayerM
         # input at the plane -> its last accumulator row landed
         return cpv[dtype] * rows + lat["mxm_mul"] - 1
 
-    m_dense, m_attention = product(dense, batch), product(floats, 1)
+    m_dense, m_attention = product(precision, batch), product(floats, 1)
     trip = lat["mxm_drain"] + 2 * d
 
     def hop(function: str) -> int:
@@ -118,7 +117,7 @@ def decode_latency_floor(cfg: LPXConfig, family: str, layers: int, layer: LayerM
             return lat["mxm_drain"]
         return trip + fn[function]
 
-    weight_bytes = 1 if precision in EIGHT_BIT else {"fp16": 2, "bf16": 2, "fp32": 4}[precision]
+    weight_bytes = matrix_value_bytes(precision)
     per_cycle = cfg.install_bytes_per_cycle
     # The buffers' tiles, installed by all planes at once: a plane's share of them.
     credit = cfg.mxm_weight_buffers * cfg.mxm_rows * weight_bytes / cfg.mxm_install_streams

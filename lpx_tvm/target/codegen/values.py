@@ -3,6 +3,8 @@ read side by side on different slices (a slice has one read port)."""
 
 from __future__ import annotations
 
+import math
+
 from ...errors import SramFull
 from ...machine.isa import DType
 from ...machine.timing import nearest_vxm
@@ -38,10 +40,11 @@ def new_value(ctx: LoweringContext, name: str, shape: tuple, is_output: bool = F
     names those tiles when the default rule does not know them). An output binding goes
     next to the VXM. ``drained``: the MXM planes write it (a product's output)."""
     stored, dt = stored_shape(shape), dtype or ctx.dtype
-    tall = len(shape) in (2, 3) and not ctx.offchip and _rows(stored) >= APART_ROWS
+    ntiles = -(-stored[-1] // ctx.cfg.lanes)
+    tall = len(shape) in (2, 3) and not ctx.offchip and math.prod(stored[:-1]) >= APART_ROWS
     kw = dict(role="output" if is_output else None, row_align=row_align(shape), spread=ctx.spread_of(shape),
               tiles_apart=tall)
-    if tall and (name in ctx.multiplied or drained) and -(-stored[-1] // ctx.cfg.lanes) < ctx.cfg.mxm_planes:
+    if tall and (name in ctx.multiplied or drained) and ntiles < ctx.cfg.mxm_planes:
         # Fewer column tiles than planes: the planes read (or drain) its rows side by
         # side, a row chunk each, each on its own slice.
         kw.update(spread=ctx.cfg.mxm_planes)
@@ -63,16 +66,8 @@ def new_value(ctx: LoweringContext, name: str, shape: tuple, is_output: bool = F
     except SramFull:
         if not avoid:
             raise
-        ntiles = -(-stored[-1] // ctx.cfg.lanes)
         t = ctx.builder.tensor(name, stored, dt, tile_avoid=beside_slices(avoid, ntiles, beside), **kw)
     return Stored(t, shape)
-
-
-def _rows(stored: tuple) -> int:
-    rows = 1
-    for n in stored[:-1]:
-        rows *= n
-    return rows
 
 
 def beside_slices(values, ntiles: int, beside=None) -> list:
