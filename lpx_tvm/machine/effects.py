@@ -10,7 +10,8 @@ simulator's race checks see the same windows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -19,11 +20,39 @@ from .isa import DType, Instr
 from .timing import mem_write_landing, mxm_rate, mxm_row_landing, timing
 
 
+@dataclass(frozen=True, eq=False)
+class Walk:
+    """When each index of an access is touched: index ``lo + offsets[j]`` at cycle
+    ``start + cycles[j]`` (an index may appear more than once)."""
+
+    offsets: np.ndarray
+    cycles: np.ndarray
+    unique: bool  # no index appears twice
+
+
+@lru_cache(maxsize=4096)
+def vector_walk(stride: int, count: int, width: int, inner: int = 0, outer: int = 0, pace: int = 1) -> Walk:
+    """The walk of ``count`` vectors of ``width`` indices, vector ``k`` at ``k * pace`` and
+    at ``k * stride`` from the first (``(k // inner) * outer + (k % inner) * stride`` when
+    ``inner`` is set), relative to the lowest index touched."""
+    k = np.arange(count, dtype=np.int64)
+    starts = (k // inner) * outer + (k % inner) * stride if inner else k * stride
+    starts = starts - starts.min()
+    offsets = (starts[:, None] + np.arange(width, dtype=np.int64)).ravel()
+    cycles = np.repeat(k * pace, width)
+    for a in (offsets, cycles):
+        a.setflags(write=False)
+    return Walk(offsets, cycles, len(np.unique(offsets)) == len(offsets))
+
+
 @dataclass(frozen=True)
 class Effect:
     """Access ``kind`` ("r" or "w") of indices ``lo..hi`` of state ``key`` from cycle
     ``start`` to ``end``, by an instruction that issues at ``issue`` (all three relative
-    to one origin: the instruction's issue, or its group's start once placed)."""
+    to one origin: the instruction's issue, or its group's start once placed). ``walk``,
+    when known, is the cycle each index is touched (a vector a cycle from ``start``, or
+    an accumulator row at the MXM's rate): dependencies then meet index by index, so a
+    consumer streams behind its producer instead of waiting for the last vector."""
 
     key: tuple  # ("sram", slice), ("wbuf", plane, buf), ("acc", plane), ("link", link), ("host",), ...
     lo: int
@@ -32,6 +61,7 @@ class Effect:
     start: int
     end: int
     issue: int = 0
+    walk: "Walk | None" = field(default=None, compare=False, repr=False)
 
     def after(self, cycles: int) -> "Effect":
         """The same access, its origin ``cycles`` earlier."""
@@ -65,10 +95,17 @@ def instr_effects(cfg: LPXConfig, ins: Instr, *, weights: "DType | None" = None,
     touch (its addresses are data, so the whole table counts); ``loopback``: whether the
     chip's links loop back to itself (a chip alone) or go to other chips."""
     op, n = ins.op, ins.count
-    if op in ("mem.read", "mem.gather"):
+    if op in ("mem.read", "mem.write"):
+        lo, hi = sram_lines(ins)
+        walk = vector_walk(ins.stride, n, ins.dtype.itemsize, ins.inner, ins.outer)
+        if op == "mem.read":
+            return [Effect(("sram", ins.unit), lo, hi, "r", 0, n - 1, walk=walk)]
+        land = mem_write_landing(cfg, ins) - ins.cycle
+        return [Effect(("sram", ins.unit), lo, hi, "w", land, n - 1 + land, walk=walk)]
+    if op == "mem.gather":  # its addresses are data: the whole table, all of it at once
         lo, hi = lines or sram_lines(ins)
         return [Effect(("sram", ins.unit), lo, hi, "r", 0, n - 1)]
-    if op in ("mem.write", "mem.scatter"):
+    if op == "mem.scatter":
         lo, hi = lines or sram_lines(ins)
         land = mem_write_landing(cfg, ins) - ins.cycle
         return [Effect(("sram", ins.unit), lo, hi, "w", land, n - 1 + land)]
@@ -90,13 +127,14 @@ def instr_effects(cfg: LPXConfig, ins: Instr, *, weights: "DType | None" = None,
         acc = ins.addr
         # It reads every row of the buffer: no install of the next fill, whatever its rows,
         # may issue before it (that install would join this fill).
+        rows = vector_walk(1, n, 1, pace=r)
         out = [Effect(("wbuf", ins.unit, ins.buf), 0, cfg.mxm_rows - 1, "r", 0, r * n - 1),
-               Effect(("acc", ins.unit), acc, acc + n - 1, "w", first, last)]
+               Effect(("acc", ins.unit), acc, acc + n - 1, "w", first, last, walk=rows)]
         if op == "mxm.mac":  # each row is read the cycle before its sum lands
-            out.append(Effect(("acc", ins.unit), acc, acc + n - 1, "r", first - 1, last - 1))
+            out.append(Effect(("acc", ins.unit), acc, acc + n - 1, "r", first - 1, last - 1, walk=rows))
         return out
     if op == "mxm.drain":
-        return [Effect(("acc", ins.unit), ins.addr, ins.addr + n - 1, "r", 0, n - 1)]
+        return [Effect(("acc", ins.unit), ins.addr, ins.addr + n - 1, "r", 0, n - 1, walk=vector_walk(1, n, 1))]
     if op == "c2c.send":
         if loopback:
             done = timing(cfg, ins).done - ins.cycle

@@ -38,16 +38,17 @@ class IntervalSet:
 
 class _LineStamps:
     """Per unit of one piece of state (an SRAM line, an accumulator row, a block of
-    off-chip bytes): the latest write end, read end and read issue of any access that
-    touched it. A dependency query is then a max over the unit range it touches — the
-    same answer as scanning every earlier access window that overlaps, in time
+    off-chip bytes): the latest write end, write issue, read end and read issue of any
+    access that touched it. A dependency query is then a max over the units it touches —
+    the same answer as scanning every earlier access window that overlaps, in time
     independent of how many there were."""
 
-    __slots__ = ("unit", "wend", "rend", "rissue")
+    __slots__ = ("unit", "wend", "wissue", "rend", "rissue")
 
     def __init__(self, unit: int):
         self.unit = unit  # how many state indices share one stamp (coarser is only stricter)
         self.wend = np.full(64, -(1 << 60), np.int64)
+        self.wissue = self.wend.copy()
         self.rend = self.wend.copy()
         self.rissue = self.wend.copy()
 
@@ -56,25 +57,47 @@ class _LineStamps:
         if b > len(self.wend):
             grow = max(b, 2 * len(self.wend)) - len(self.wend)
             pad = np.full(grow, -(1 << 60), np.int64)
-            self.wend, self.rend, self.rissue = (np.concatenate([x, pad]) for x in
-                                                 (self.wend, self.rend, self.rissue))
+            self.wend, self.wissue, self.rend, self.rissue = (
+                np.concatenate([x, pad]) for x in (self.wend, self.wissue, self.rend, self.rissue))
         return slice(a, b)
 
-    def bound(self, lo: int, hi: int, kind: str, rel_start: int, rel_issue: int) -> int:
-        sl = self._span(lo, hi)
-        if kind == "r":
-            return int(self.wend[sl].max()) - rel_start  # read once the last write landed
-        # A write lands after earlier writes and reads, and issues after earlier reads issue.
-        return max(int(self.wend[sl].max()) + 1 - rel_start, int(self.rend[sl].max()) + 1 - rel_start,
-                   int(self.rissue[sl].max()) + 1 - rel_issue)
+    def bound(self, e) -> int:
+        """Earliest origin of effect ``e`` (:class:`~lpx_tvm.machine.effects.Effect`) after
+        every earlier access of its units."""
+        sl = self._span(e.lo, e.hi)
+        walk = e.walk if self.unit == 1 else None
+        if walk is None:
+            if e.kind == "r":
+                return int(self.wend[sl].max()) - e.start  # read once the last write landed
+            # A write lands after earlier writes and reads, and issues after earlier reads issue.
+            return max(int(self.wend[sl].max()) + 1 - e.start, int(self.rend[sl].max()) + 1 - e.start,
+                       int(self.rissue[sl].max()) + 1 - e.issue)
+        # Unit by unit: each is touched at its own cycle. The simulator runs instructions in
+        # issue order, so an access also issues after the writes it follows (and a write
+        # after the reads it follows), which the whole-range rule above implies.
+        idx = walk.offsets + e.lo
+        at = walk.cycles + e.start
+        order = int(self.wissue[sl].max()) + 1 - e.issue
+        if e.kind == "r":
+            return max(int((self.wend[idx] - at).max()), order)
+        return max(int((self.wend[idx] - at).max()) + 1, int((self.rend[idx] - at).max()) + 1, order,
+                   int(self.rissue[sl].max()) + 1 - e.issue)
 
-    def record(self, lo: int, hi: int, kind: str, end: int, issue: int):
-        sl = self._span(lo, hi)
-        if kind == "r":
-            np.maximum(self.rend[sl], end, out=self.rend[sl])
-            np.maximum(self.rissue[sl], issue, out=self.rissue[sl])
+    def record(self, e, t: int):
+        """Stamp effect ``e`` placed with its origin at cycle ``t``."""
+        sl = self._span(e.lo, e.hi)
+        walk = e.walk if self.unit == 1 else None
+        end, issue = (self.rend, self.rissue) if e.kind == "r" else (self.wend, self.wissue)
+        np.maximum(issue[sl], t + e.issue, out=issue[sl])
+        if walk is None:
+            np.maximum(end[sl], t + e.end, out=end[sl])
+            return
+        idx = walk.offsets + e.lo
+        at = walk.cycles + (t + e.start)
+        if walk.unique:
+            end[idx] = np.maximum(end[idx], at)
         else:
-            np.maximum(self.wend[sl], end, out=self.wend[sl])
+            np.maximum.at(end, idx, at)
 
 
 class Reservations:
@@ -108,9 +131,9 @@ class Reservations:
         for e in effects:
             st = self.accesses.get(e.key)
             if st is not None:
-                lb = max(lb, st.bound(e.lo, e.hi, e.kind, e.start, e.issue))
+                lb = max(lb, st.bound(e))
         return lb
 
     def record(self, effects, t: int):
         for e in effects:
-            self._stamps(e.key).record(e.lo, e.hi, e.kind, t + e.end, t + e.issue)
+            self._stamps(e.key).record(e, t)

@@ -149,7 +149,11 @@ def test_small_mobilenet_v2_matches_torch():
     with torch.no_grad():
         want = net(x).numpy()
     assert np.abs(want).max() > 0.1
-    tvm.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    # fp32 sums in another order than torch's, over 17 layers and their BatchNorms: about
+    # 1.2e-5 of the output's largest value, moving with the schedule (which K splits the
+    # simulator sums in one call follows the issue order, sim/mxm.py); a wrong answer is
+    # off by far more.
+    tvm.testing.assert_allclose(got, want, rtol=1e-4, atol=3e-5 * np.abs(want).max())
     offload = compiled.report["offload"]
     assert offload["cpu"] == {} and offload["regions"] == 1, offload
 

@@ -410,6 +410,53 @@ def test_dependency_floor_frees_the_ports_but_keeps_the_chain():
     assert b.dependency_cycles == Simulator("mini").run(prog, timing_only=True).cycles
 
 
+def test_a_copy_of_a_copy_streams_behind_it():
+    """Dependencies meet line by line: the second copy reads line k of t the cycle it
+    lands, not after t's last line. x on slice 0 (pos 2) read at 0 comes out at 2 and
+    reaches slice 4 (pos 7) at 7, line k landing at 9 + k; the second copy reads line k
+    at 9 + k, so its read issues at 9 (not 9 + 63 = 72), reaches slice 5 (pos 8) at 12,
+    and its last line lands at 12 + 2 + 63 = 77 (140 when it waited for the whole of t)."""
+    b = ProgramBuilder("mini")
+    x = b.input("x", (64, 16), "int8", slices=[0])
+    t = b.tensor("t", (64, 16), "int8", slices=[4])
+    y = b.output("y", (64, 16), "int8", slices=[5])
+    for src, dst in ((x, t), (t, y)):
+        g = b.group("copy")
+        g.write(g.read(src.tile(0)), dst.tile(0))
+    prog = b.build()
+    assert [(i.op, i.cycle) for i in prog.instrs] == [("mem.read", 0), ("mem.write", 7), ("mem.read", 9),
+                                                      ("mem.write", 12)]
+    data = RNG.integers(-100, 100, (64, 16)).astype(np.int8)
+    r = Simulator("mini").run(prog, {"x": data})
+    assert r.cycles == 77 and b.dependency_cycles == 77
+    assert np.array_equal(r.outputs["y"], data)
+
+
+def test_a_read_issues_after_the_writes_it_follows():
+    """The simulator runs instructions in issue order, so a read issues after every write
+    of its lines, even where its lines alone would let it go first. t's two halves are
+    copied from x by two groups (slice 0's read port takes one at a time: the second reads
+    at 64 and writes at 71, row 64 + j landing at 73 + j); a copy of all of t could read
+    line k at 9 + k as far as the lines go, but issues at 72, after that write. Its last
+    line lands at 72 + 2 + 1 + 2 + 127 = 204, and y is x (at 9, its second half would be
+    what t held before)."""
+    b = ProgramBuilder("mini")
+    x = b.input("x", (128, 16), "int8", slices=[0])
+    t = b.tensor("t", (128, 16), "int8", slices=[4])
+    y = b.output("y", (128, 16), "int8", slices=[5])
+    for rows in ((0, 64), (64, 128)):
+        g = b.group("half")
+        g.write(g.read(x.tile(0).rows(*rows)), t.tile(0).rows(*rows))
+    g = b.group("copy")
+    g.write(g.read(t.tile(0)), y.tile(0))
+    prog = b.build()
+    assert [(i.op, i.cycle) for i in prog.instrs if i.tag == "copy"] == [("mem.read", 72), ("mem.write", 75)]
+    data = RNG.integers(-100, 100, (128, 16)).astype(np.int8)
+    r = Simulator("mini").run(prog, {"x": data})
+    assert r.cycles == 204
+    assert np.array_equal(r.outputs["y"], data)
+
+
 # ---- per-tag breakdown and timing-only agreement on a mixed program -----------------
 
 def test_tag_counters_add_up():

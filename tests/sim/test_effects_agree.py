@@ -2,7 +2,8 @@
 builder, every SRAM and accumulator access the simulator stamps (from the placed
 instruction alone) is one of the effects the builder placed that instruction by
 (machine.effects.instr_effects, shifted to its group's start), and every such effect the
-simulator checks is stamped.
+simulator checks is stamped. Where an effect gives the cycle of each line or row (its
+walk, which the scheduler meets line by line), those are the cycles the simulator stamps.
 """
 
 from __future__ import annotations
@@ -33,12 +34,12 @@ def _stamps(monkeypatch) -> list:
     """(instruction index, Effect) of each access the simulator stamps, as it runs."""
     seen = []
 
-    def lines(self, me, bank, index, first, last, kind):
+    def lines(self, me, bank, index, first, last, kind, cycles):
         if isinstance(index, slice):
             index = np.arange(index.start, index.stop, index.step or 1)
         index = np.asarray(index)
         seen.append((me, Effect((KEYS[self.name], bank), int(index.min()), int(index.max()), kind, first, last,
-                                first)))
+                                first), set(zip(index.ravel().tolist(), np.ravel(cycles).tolist()))))
 
     def wrap(method, kind):
         real = getattr(Banked, method)
@@ -46,7 +47,8 @@ def _stamps(monkeypatch) -> list:
         def spy(self, bank, addr, stride, count, width, first_cycle, me, *, per_vector=True, inner=0, outer=0):
             index = real(self, bank, addr, stride, count, width, first_cycle, me, per_vector=per_vector,
                          inner=inner, outer=outer)
-            lines(self, me, bank, index, first_cycle, first_cycle + (count - 1 if per_vector else 0), kind)
+            cycles = self._cycles(first_cycle, count, width, index, per_vector) - self.base
+            lines(self, me, bank, index, first_cycle, first_cycle + (count - 1 if per_vector else 0), kind, cycles)
             return index
         monkeypatch.setattr(Banked, method, spy)
 
@@ -56,8 +58,8 @@ def _stamps(monkeypatch) -> list:
 
     def rows_spy(self, bank, rows, first, step, me, *, read):
         real_rows(self, bank, rows, first, step, me, read=read)
-        last = first + step * (rows.stop - rows.start - 1)
-        lines(self, me, bank, np.arange(rows.start, rows.stop), first, last, "r" if read else "w")
+        k = np.arange(rows.stop - rows.start)
+        lines(self, me, bank, rows.start + k, first, first + step * k[-1], "r" if read else "w", first + step * k)
     monkeypatch.setattr(Banked, "access_rows", rows_spy)
     return seen
 
@@ -85,6 +87,11 @@ def _key(e: Effect) -> tuple:
     return (e.key, e.lo, e.hi, e.kind, e.start, e.end)
 
 
+def _walked(e: Effect) -> set:
+    """(line or row, cycle) of each index the effect's walk touches."""
+    return set(zip((e.lo + e.walk.offsets).tolist(), (e.start + e.walk.cycles).tolist()))
+
+
 @pytest.mark.parametrize("preset", ["mini", "tsp"])
 @settings(max_examples=30, deadline=None)
 @given(data=st.data())
@@ -100,11 +107,18 @@ def test_builder_windows_are_the_simulators(preset, data):
         program = m.b.build()
         seen = _stamps(mp)
         Simulator(preset).run(program, m.inputs)
-    stamped = {}
-    for i, e in seen:
+    stamped, touched = {}, {}
+    for i, e, at in seen:
         stamped.setdefault(i, set()).add(_key(e))
+        touched[i, _key(e)] = at
+    walked = 0
     for i, ins in enumerate(program.instrs):
         if ins.op not in STAMPED:
             continue
-        placed = {_key(e) for e in windows[id(ins)] if e.key[0] in ("sram", "acc")}
-        assert stamped.get(i, set()) == placed, (ins, stamped.get(i), placed)
+        placed = [e for e in windows[id(ins)] if e.key[0] in ("sram", "acc")]
+        assert stamped.get(i, set()) == {_key(e) for e in placed}, (ins, stamped.get(i), placed)
+        for e in placed:
+            if e.walk is not None:
+                assert _walked(e) == touched[i, _key(e)], ins
+                walked += 1
+    assert walked or not any(ins.op in ("mem.read", "mem.write", "mxm.drain") for ins in program.instrs)
