@@ -392,13 +392,8 @@ def test_builder_two_groups_share_a_slice_port():
     assert r.counters.by_tag["copy"].sram_bytes_read == 2 * 64 * 16
 
 
-def test_dependency_floor_frees_the_ports_but_keeps_the_chain():
-    """The builder's dependency floor places the same groups with every port free: the two
-    copies of the test above both read at 0, and the second lands at 8 + 63 + 2 = 73
-    (137 - 64, the port's wait); a chain through SRAM (a copy, then a copy of the copy)
-    keeps its order, so its floor is its schedule."""
-    b, prog = _two_copies_of_one_slice()
-    assert Simulator("mini").run(prog, timing_only=True).cycles == 137 and b.dependency_cycles == 73
+def _copy_of_a_copy():
+    """(builder, program): x on slice 0 copied to t on slice 4, t copied to y on slice 5."""
     b = ProgramBuilder("mini")
     x = b.input("x", (64, 16), "int8", slices=[0])
     t = b.tensor("t", (64, 16), "int8", slices=[4])
@@ -407,6 +402,17 @@ def test_dependency_floor_frees_the_ports_but_keeps_the_chain():
         g = b.group("copy")
         g.write(g.read(src.tile(0)), dst.tile(0))
     prog = b.build()
+    return b, prog
+
+
+def test_dependency_floor_frees_the_ports_but_keeps_the_chain():
+    """The builder's dependency floor places the same groups with every port free: the two
+    copies of the test above both read at 0, and the second lands at 8 + 63 + 2 = 73
+    (137 - 64, the port's wait); a chain through SRAM (a copy, then a copy of the copy)
+    keeps its order, so its floor is its schedule."""
+    b, prog = _two_copies_of_one_slice()
+    assert Simulator("mini").run(prog, timing_only=True).cycles == 137 and b.dependency_cycles == 73
+    b, prog = _copy_of_a_copy()
     assert b.dependency_cycles == Simulator("mini").run(prog, timing_only=True).cycles
 
 
@@ -416,14 +422,7 @@ def test_a_copy_of_a_copy_streams_behind_it():
     reaches slice 4 (pos 7) at 7, line k landing at 9 + k; the second copy reads line k
     at 9 + k, so its read issues at 9 (not 9 + 63 = 72), reaches slice 5 (pos 8) at 12,
     and its last line lands at 12 + 2 + 63 = 77 (140 when it waited for the whole of t)."""
-    b = ProgramBuilder("mini")
-    x = b.input("x", (64, 16), "int8", slices=[0])
-    t = b.tensor("t", (64, 16), "int8", slices=[4])
-    y = b.output("y", (64, 16), "int8", slices=[5])
-    for src, dst in ((x, t), (t, y)):
-        g = b.group("copy")
-        g.write(g.read(src.tile(0)), dst.tile(0))
-    prog = b.build()
+    b, prog = _copy_of_a_copy()
     assert [(i.op, i.cycle) for i in prog.instrs] == [("mem.read", 0), ("mem.write", 7), ("mem.read", 9),
                                                       ("mem.write", 12)]
     data = RNG.integers(-100, 100, (64, 16)).astype(np.int8)
