@@ -30,16 +30,22 @@ class Walk:
     unique: bool  # no index appears twice
 
 
+def vector_starts(stride: int, count: int, inner: int = 0, outer: int = 0) -> np.ndarray:
+    """Where each of ``count`` vectors starts, from the first address: vector ``k`` at
+    ``k * stride`` or, a two-level walk when ``inner`` is set, at
+    ``(k // inner) * outer + (k % inner) * stride``."""
+    k = np.arange(count, dtype=np.int64)
+    return (k // inner) * outer + (k % inner) * stride if inner else k * stride
+
+
 @lru_cache(maxsize=4096)
 def vector_walk(stride: int, count: int, width: int, inner: int = 0, outer: int = 0, pace: int = 1) -> Walk:
-    """The walk of ``count`` vectors of ``width`` indices, vector ``k`` at ``k * pace`` and
-    at ``k * stride`` from the first (``(k // inner) * outer + (k % inner) * stride`` when
-    ``inner`` is set), relative to the lowest index touched."""
-    k = np.arange(count, dtype=np.int64)
-    starts = (k // inner) * outer + (k % inner) * stride if inner else k * stride
+    """The walk of ``count`` vectors of ``width`` indices placed as :func:`vector_starts`
+    says, vector ``k`` at ``k * pace``, relative to the lowest index touched."""
+    starts = vector_starts(stride, count, inner, outer)
     starts = starts - starts.min()
     offsets = (starts[:, None] + np.arange(width, dtype=np.int64)).ravel()
-    cycles = np.repeat(k * pace, width)
+    cycles = np.repeat(np.arange(count, dtype=np.int64) * pace, width)
     for a in (offsets, cycles):
         a.setflags(write=False)
     return Walk(offsets, cycles, len(np.unique(offsets)) == len(offsets))
@@ -74,11 +80,9 @@ class Effect:
 
 
 def line_span(addr: int, stride: int, count: int, itemsize: int, inner: int = 0, outer: int = 0) -> tuple:
-    """(first, last) line ``count`` vectors of ``itemsize`` lines touch, vector ``k`` at
-    ``addr + k * stride`` or, a two-level walk when ``inner`` is set, at
-    ``addr + (k // inner) * outer + (k % inner) * stride``."""
-    k = np.arange(count)
-    starts = addr + ((k // inner) * outer + (k % inner) * stride if inner else k * stride)
+    """(first, last) line ``count`` vectors of ``itemsize`` lines touch, placed from
+    ``addr`` as :func:`vector_starts` says."""
+    starts = addr + vector_starts(stride, count, inner, outer)
     return int(starts.min()), int(starts.max()) + itemsize - 1
 
 
@@ -95,20 +99,15 @@ def instr_effects(cfg: LPXConfig, ins: Instr, *, weights: "DType | None" = None,
     touch (its addresses are data, so the whole table counts); ``loopback``: whether the
     chip's links loop back to itself (a chip alone) or go to other chips."""
     op, n = ins.op, ins.count
-    if op in ("mem.read", "mem.write"):
-        lo, hi = sram_lines(ins)
-        walk = vector_walk(ins.stride, n, ins.dtype.itemsize, ins.inner, ins.outer)
-        if op == "mem.read":
+    if op in ("mem.read", "mem.write", "mem.gather", "mem.scatter"):
+        lo, hi = lines or sram_lines(ins)
+        # A gather's or scatter's addresses are data: the whole table, all of it at once.
+        walk = vector_walk(ins.stride, n, ins.dtype.itemsize, ins.inner, ins.outer) \
+            if op in ("mem.read", "mem.write") else None
+        if op in ("mem.read", "mem.gather"):
             return [Effect(("sram", ins.unit), lo, hi, "r", 0, n - 1, walk=walk)]
         land = mem_write_landing(cfg, ins) - ins.cycle
         return [Effect(("sram", ins.unit), lo, hi, "w", land, n - 1 + land, walk=walk)]
-    if op == "mem.gather":  # its addresses are data: the whole table, all of it at once
-        lo, hi = lines or sram_lines(ins)
-        return [Effect(("sram", ins.unit), lo, hi, "r", 0, n - 1)]
-    if op == "mem.scatter":
-        lo, hi = lines or sram_lines(ins)
-        land = mem_write_landing(cfg, ins) - ins.cycle
-        return [Effect(("sram", ins.unit), lo, hi, "w", land, n - 1 + land)]
     if op in ("dma.load", "dma.store"):
         lo, hi = sram_lines(ins)
         done = timing(cfg, ins).done - ins.cycle

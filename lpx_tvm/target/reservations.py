@@ -61,12 +61,19 @@ class _LineStamps:
                 np.concatenate([x, pad]) for x in (self.wend, self.wissue, self.rend, self.rissue))
         return slice(a, b)
 
+    def _walked(self, e):
+        """(units, cycles from the origin) of effect ``e``'s walk, or None where it has none
+        or the stamps are coarser than its indices."""
+        if e.walk is None or self.unit != 1:
+            return None
+        return e.walk.offsets + e.lo, e.walk.cycles + e.start
+
     def bound(self, e) -> int:
         """Earliest origin of effect ``e`` (:class:`~lpx_tvm.machine.effects.Effect`) after
         every earlier access of its units."""
         sl = self._span(e.lo, e.hi)
-        walk = e.walk if self.unit == 1 else None
-        if walk is None:
+        walked = self._walked(e)
+        if walked is None:
             if e.kind == "r":
                 return int(self.wend[sl].max()) - e.start  # read once the last write landed
             # A write lands after earlier writes and reads, and issues after earlier reads issue.
@@ -75,8 +82,7 @@ class _LineStamps:
         # Unit by unit: each is touched at its own cycle. The simulator runs instructions in
         # issue order, so an access also issues after the writes it follows (and a write
         # after the reads it follows), which the whole-range rule above implies.
-        idx = walk.offsets + e.lo
-        at = walk.cycles + e.start
+        idx, at = walked
         order = int(self.wissue[sl].max()) + 1 - e.issue
         if e.kind == "r":
             return max(int((self.wend[idx] - at).max()), order)
@@ -86,15 +92,15 @@ class _LineStamps:
     def record(self, e, t: int):
         """Stamp effect ``e`` placed with its origin at cycle ``t``."""
         sl = self._span(e.lo, e.hi)
-        walk = e.walk if self.unit == 1 else None
+        walked = self._walked(e)
         end, issue = (self.rend, self.rissue) if e.kind == "r" else (self.wend, self.wissue)
         np.maximum(issue[sl], t + e.issue, out=issue[sl])
-        if walk is None:
+        if walked is None:
             np.maximum(end[sl], t + e.end, out=end[sl])
             return
-        idx = walk.offsets + e.lo
-        at = walk.cycles + (t + e.start)
-        if walk.unique:
+        idx, at = walked
+        at = at + t
+        if e.walk.unique:
             end[idx] = np.maximum(end[idx], at)
         else:
             np.maximum.at(end, idx, at)
