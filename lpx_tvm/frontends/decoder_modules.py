@@ -262,30 +262,41 @@ class Attention:
         def softmax_of_sum(a, b):
             return torch.softmax(a + b, -1)
 
-        # Every group's keys and queries first, then the scores: a program's order is its
-        # schedule's, so a group's rows are not held up behind the scores before them.
         # The group's query heads share one pass over its keys: rows (r, t). The key
         # cache, stored as K^T, is installed as it lies and the few query rows stream
         # through; streaming the C key rows past installed queries cost C vectors at the
         # 16-bit rate and a transpose of the scores (-33% cycles of a decode step at C = 256).
-        ks = [[at("self_attn.rotary" if rope is not None else "self_attn.kv_cache")(keys, t, g) for g in range(KVH)]
-              for t in rows]
-        qgs = [[at("self_attn.rotary" if rope is not None else "self_attn.scores")(queries, t, g) for g in range(KVH)]
-               for t in rows]
-        seqs = list(zip(s.sequences, qgs, ks))
-        softmax = at("self_attn.softmax")
+        # A program's order is its schedule's (the placer takes groups in order).
+        rotated_keys = at("self_attn.rotary" if rope is not None else "self_attn.kv_cache")
+        rotated_queries = at("self_attn.rotary" if rope is not None else "self_attn.scores")
+        scores, softmax, cache = at("self_attn.scores"), at("self_attn.softmax"), at("self_attn.kv_cache")
         if T == 1:
-            # A decode step meets each cache as it was, the new keys' products added: the
-            # keys' way into the caches (a transpose, a blend) is off the chain. Each
-            # group's softmax follows its scores in the program, before the next group's.
-            scores = at("self_attn.scores")
+            # Every group's keys and queries first, then the scores, so that a group's
+            # rows are not held up behind the scores before them. A decode step meets each
+            # cache as it was, the new keys' products added: the keys' way into the caches
+            # (a transpose, a blend) is off the chain. Each group's softmax follows its
+            # scores in the program, before the next group's.
+            ks = [[rotated_keys(keys, t, g) for g in range(KVH)] for t in rows]
+            qgs = [[rotated_queries(queries, t, g) for g in range(KVH)] for t in rows]
+            seqs = list(zip(s.sequences, qgs, ks))
             probs = [[softmax(softmax_of_sum, *scores(decode_scores, qg, caches[f"k_cache_{c}_{g}{q}"], k))
                       for g, (qg, k) in enumerate(zip(qs, kg))] for q, qs, kg in seqs]
-            k_caches = [[at("self_attn.kv_cache")(write_keys, k, g, q) for g, k in enumerate(kg)] for q, _, kg in seqs]
+            k_caches = [[cache(write_keys, k, g, q) for g, k in enumerate(kg)] for q, _, kg in seqs]
         else:
-            k_caches = [[at("self_attn.kv_cache")(write_keys, k, g, q) for g, k in enumerate(kg)] for q, _, kg in seqs]
-            probs = [[softmax(torch.softmax, at("self_attn.scores")(scores_of, qg, kc), -1) for qg, kc in zip(qs, kcs)]
-                     for (_, qs, _), kcs in zip(seqs, k_caches)]
+            # A prompt goes group by group: a group's keys and queries, its key cache, its
+            # scores and softmax, then the next group's. At T rows a group's lane moves on
+            # the SXM (RoPE's, the keys' transpose) take hundreds of cycles; the next
+            # group's then run beside this group's products rather than all of them
+            # before the first (BENCHMARKS.md, "Prefill group by group").
+            k_caches, probs = [], []
+            for t, q in zip(rows, s.sequences):
+                kcs, ps = [], []
+                for g in range(KVH):
+                    k, qg = rotated_keys(keys, t, g), rotated_queries(queries, t, g)
+                    kcs.append(cache(write_keys, k, g, q))
+                    ps.append(softmax(torch.softmax, scores(scores_of, qg, kcs[-1]), -1))
+                k_caches.append(kcs)
+                probs.append(ps)
 
         def values(v, *ps):  # p @ V of a pack's groups at once, cut into their heads
             # The groups' rows stacked, so the pack's value rows are installed once; group
