@@ -353,6 +353,54 @@ class ProgramBuilder:
             out.append(g)
         return out
 
+    def install_by_index(self, tag: str, plane: int, buf: int, segments, entries: int, entry_rows: int,
+                         base: SramSpan, counting: SramSpan, width: int):
+        """Install one of ``entries`` weight matrices that lie side by side, the one a
+        runtime index names (an expert of a mixture-of-experts layer): ``segments``,
+        ``[(first row, SramSpan)]`` covering rows 0..K-1, are entry 0's rows, and entry
+        ``e``'s lie ``e * entry_rows`` vectors further in each region. ``base`` is one
+        int32 vector holding ``e * entry_rows`` in lane 0, computed on chip; ``counting``
+        int32 vectors holding 0, 1, 2, .. in lane 0.
+
+        Rows are cut into parts per install lane as :meth:`install` cuts them; the parts
+        that share no slice and no lane form one group, which reads ``counting`` and
+        ``base`` once, adds them on the VXM (the indices ``e * entry_rows + k``) and sends
+        the indices to every part's ``mem.gather``, each streaming its rows into its
+        lane's install. The program, and so every cycle, is the same whatever ``e`` is
+        (docs/moe.md, "Experts installed by address")."""
+        segments = list(segments)
+        dtype = segments[0][1].dtype
+        k = sum(r.count for _, r in segments)
+        lanes = install_lanes(self.config, dtype)
+        parts = install_parts(segments, -(-k // lanes))
+        rounds = []  # [(slices, lanes, parts)]: parts that can run side by side
+        for i, part in enumerate(parts):
+            sl, lane = part[1].slice, i % lanes
+            for r in rounds:
+                if sl not in r[0] and lane not in r[1]:
+                    break
+            else:
+                r = (set(), set(), [])
+                rounds.append(r)
+            r[0].add(sl)
+            r[1].add(lane)
+            r[2].append((lane, part))
+        out = []
+        for _, _, members in rounds:
+            n = max(p[3] for _, p in members)
+            if n > counting.count:
+                raise SchedulingError(f"{tag}: a part of {n} rows, but {counting.count} counting rows")
+            g = self.group(tag)
+            index = g.vxm("vxm.add", g.read(counting.rows(0, n)), g.read(base.repeat(n)))
+            for lane, (row0, region, a, rows) in members:
+                stride = region.stride
+                # The table the gather reads: this part's rows of every entry.
+                table = SramSpan(region.slice, region.addr + a * stride, (entries - 1) * entry_rows + rows,
+                                 stride, dtype)
+                g.install(plane, buf, g.gather(index.part(0, rows), table), width, row=row0 + a, lane=lane)
+            out.append(g)
+        return out
+
     def hoist(self, groups: list, limit: int = 2000):
         self.schedule.hoist(groups, limit)
 
