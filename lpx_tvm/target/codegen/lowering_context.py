@@ -66,6 +66,9 @@ class LoweringContext:
         (:func:`~.quant.fusable_dequantizes`).
     fills, lane_maps
         Constant fill vectors and SXM permutation tables made so far (shared).
+    stacks
+        Constant stacks of matrices placed so far, by content (the products that pick
+        from one stack, a layer's experts, share its lines).
     scratch
         Tensors that live only while the current op is emitted.
     macs, op_counts
@@ -92,6 +95,7 @@ class LoweringContext:
     dequantized: dict = field(default_factory=dict)
     fills: dict = field(default_factory=dict)
     lane_maps: dict = field(default_factory=dict)
+    stacks: dict = field(default_factory=dict)
     scratch: list = field(default_factory=list)
     macs: int = 0
     op_counts: dict = field(default_factory=dict)

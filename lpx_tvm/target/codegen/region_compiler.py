@@ -241,12 +241,19 @@ def _compiled(ctx: LoweringContext, region: Region, outputs: list) -> CompiledRe
     prog = ctx.builder.build()
     weights = [w for w in ctx.weights.values() if w is not None]
     streamed = sum(w.nbytes for w in weights if isinstance(w, StreamedWeights))
-    resident = sum(w.ntiles * w.layout.rows * ctx.cfg.lanes * w.layout.dtype.itemsize
-                   for w in weights if not isinstance(w, StreamedWeights))
+    resident = sum(_resident_bytes(w, ctx.cfg.lanes) for w in weights if not isinstance(w, StreamedWeights))
     return CompiledRegion(region.name, prog, [(p.name, p.shape) for p in region.params], outputs, ctx.macs,
                           ctx.op_counts, resident + streamed, streamed, ctx.input_transforms,
                           constants=ctx.builder.shareable_constants, sram_lines=ctx.builder.peak_lines,
                           dependency_cycles=ctx.builder.dependency_cycles)
+
+
+def _resident_bytes(w, lanes: int) -> int:
+    """SRAM bytes of a weight matrix, or what a layout that is not one tensor says it takes
+    (a stack of experts: ``resident_bytes``)."""
+    if hasattr(w, "resident_bytes"):
+        return w.resident_bytes
+    return w.ntiles * w.layout.rows * lanes * w.layout.dtype.itemsize
 
 
 def _output_kind(ctx: LoweringContext, name: str, in_names: set) -> OutputKind:

@@ -93,8 +93,11 @@ def _take_pattern():
 
 def _take_check(a, settings):
     op, table, idx = a["root"], a["input"], a["indices"]
-    if not is_const(table) or len(expr_shape(table)) != 2:
+    if not is_const(table):
         return op, "take from a runtime tensor: LPX gathers rows of a constant 2-D table"
+    if len(expr_shape(table)) != 2:
+        return op, (f"take from a {len(expr_shape(table))}-D constant: LPX gathers rows of a 2-D table, "
+                    "and installs a matrix of a 3-D stack only for a product by it (docs/moe.md)")
     if op.attrs.axis is None or int(op.attrs.axis) != 0:
         return op, "take along an axis other than 0: LPX gathers whole rows"
     problem = type_problem(op.ty, settings)
