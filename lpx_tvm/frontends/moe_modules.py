@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ..relax_passes.errors import ModelError
+
 # Subtracted from a chosen expert's logit so that the next round's argmax passes it: far
 # beyond any logit, finite in fp16 (an infinity times a 0 of the mask would be NaN).
 PASSED = 60000.0
@@ -23,8 +25,13 @@ class RoutedExperts(torch.nn.Module):
 
     def __init__(self, router, gate_up, down, top_k: int, normalize: bool, act):
         super().__init__()
-        experts, two_i, _ = gate_up.shape
+        experts, two_i, hidden = gate_up.shape
         inner = two_i // 2
+        if tuple(router.shape) != (experts, hidden) or two_i % 2 or tuple(down.shape) != (experts, hidden, inner):
+            raise ModelError(f"experts of shapes router {tuple(router.shape)}, gate_up {tuple(gate_up.shape)}, "
+                             f"down {tuple(down.shape)}: expected (E, H), (E, 2I, H) and (E, H, I)")
+        if not 1 <= top_k <= experts:
+            raise ModelError(f"top-{top_k} of {experts} experts: a token picks 1 to {experts}")
         stack = lambda w: torch.nn.Parameter(w.detach().transpose(1, 2).contiguous(), requires_grad=False)  # noqa: E731
         self.router = torch.nn.Parameter(router.detach().t().contiguous(), requires_grad=False)  # (H, E)
         self.gate, self.up = stack(gate_up[:, :inner]), stack(gate_up[:, inner:])  # (E, H, I) each
@@ -47,6 +54,8 @@ class RoutedExperts(torch.nn.Module):
         return (self.act(h @ pick(self.gate)) * (h @ pick(self.up))) @ pick(self.down)
 
     def forward(self, h):
+        if h.dim() != 2 or h.shape[0] != 1:
+            raise ModelError(f"a sparse MoE MLP of {tuple(h.shape)} rows: RoutedExperts runs one token's row (1, H)")
         logits = h @ self.router  # (1, E)
         probs = torch.softmax(logits, -1)
         rest, picks, weights = logits, [], []

@@ -62,3 +62,17 @@ def test_routed_experts_match_transformers(name, make):
         cycles.add(compiled.report["cycles"])
     assert len(routes) > 1, "the rows route to different experts"
     assert len(cycles) == 1, f"{name}: cycles differ by route: {cycles}"
+
+
+def test_routed_experts_refuse_what_they_do_not_run():
+    from lpx_tvm.relax_passes.errors import ModelError
+
+    block = randomized(mixtral_block(3, 2))
+    routed = RoutedExperts.from_block(block)
+    with pytest.raises(ModelError, match="one token's row"):
+        routed(torch.randn(2, 48))
+    e = block.experts
+    with pytest.raises(ModelError, match="top-4 of 3 experts"):
+        RoutedExperts(block.gate.weight, e.gate_up_proj, e.down_proj, 4, True, e.act_fn)
+    with pytest.raises(ModelError, match="expected"):
+        RoutedExperts(block.gate.weight[:, :40], e.gate_up_proj, e.down_proj, 2, True, e.act_fn)
