@@ -43,7 +43,7 @@ class ExpertStack:
     entry_rows: int
     parts: dict
     plane: dict
-    counting: object
+    counting: dict  # plane -> its counting rows (SramSpan)
     resident_bytes: int
 
 
